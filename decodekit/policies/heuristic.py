@@ -1,0 +1,45 @@
+"""transformers' ``num_assistant_tokens_schedule="heuristic"``: +2 after a fully accepted draft, else -1."""
+
+from __future__ import annotations
+
+import torch
+
+from decodekit.errors import ConfigError
+from decodekit.registry import register
+from decodekit.state import DecodeState
+from decodekit.types import Draft, DraftBudget, Verdict
+
+
+@register("policy", "heuristic")
+class HeuristicLength:
+    """Per-row draft length that grows by ``increase`` when every drafted token was accepted and shrinks by
+    ``decrease`` otherwise, within ``[min_len, max_len]``. Rounds that drafted nothing leave it unchanged.
+
+    State is per call (like ``heuristic_transient``): each :func:`~decodekit.generate` starts at ``initial``.
+    """
+
+    def __init__(
+        self, initial: int = 5, increase: int = 2, decrease: int = 1, min_len: int = 1, max_len: int = 64
+    ) -> None:
+        if not 0 <= min_len <= initial <= max_len:
+            raise ConfigError(f"need 0 <= min_len <= initial <= max_len, got {min_len}, {initial}, {max_len}")
+        self.initial, self.increase, self.decrease = initial, increase, decrease
+        self.min_len, self.max_len = min_len, max_len
+        self.lengths: torch.Tensor | None = None
+
+    def begin(self, state: DecodeState) -> None:
+        self.lengths = torch.full_like(state.lengths, self.initial)
+
+    def plan(self, state: DecodeState) -> DraftBudget:
+        if self.lengths is None:  # used outside generate(), which calls begin()
+            self.begin(state)
+        return DraftBudget(self.lengths.clone())
+
+    def observe(self, state: DecodeState, draft: Draft, verdict: Verdict) -> None:
+        drafted = draft.num_valid
+        step = torch.where(verdict.num_accepted == drafted, self.increase, -self.decrease)
+        step = torch.where(drafted > 0, step, 0)
+        self.lengths = (self.lengths + step).clamp(self.min_len, self.max_len)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.lengths = self.lengths[rows]

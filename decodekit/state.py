@@ -1,0 +1,94 @@
+"""DecodeState: the live rows of a :func:`decodekit.generate` call, as drafters and policies see them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from decodekit.types import SamplingParams
+
+
+@dataclass
+class DecodeState:
+    """Per-row token history of the rows still generating.
+
+    Each row holds its prompt and everything generated so far; the last token is the *pending* token
+    (sampled, not yet in the target's cache). Rows leave the batch when they finish, so index ``b`` of these
+    tensors is not the caller's row: ``rows[b]`` is.
+
+    Attributes:
+        tokens: ``[B, C + 1]`` prompt + generated tokens, right-padded with 0 (the last column is scratch).
+        lengths: ``[B]`` number of real tokens per row (the pending token is at ``lengths - 1``).
+        prompt_lengths: ``[B]`` prompt length per row.
+        max_lengths: ``[B]`` the length at which a row stops (prompt + max_new_tokens, capped by the context).
+        rows: ``[B]`` index of each live row in the caller's batch.
+        pending: ``[B]`` the pending token of each row (``tokens[b, lengths[b] - 1]``).
+        sampling: the sampling parameters of the call.
+        generator: the call's random generator (None = torch's global one).
+    """
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    prompt_lengths: torch.Tensor
+    max_lengths: torch.Tensor
+    rows: torch.Tensor
+    pending: torch.Tensor
+    sampling: SamplingParams
+    generator: torch.Generator | None = None
+
+    @classmethod
+    def from_prompts(
+        cls,
+        prompts: list[list[int]],
+        max_lengths: list[int],
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        device: torch.device,
+    ) -> DecodeState:
+        """Right-pad ``prompts`` into a state with room for ``max_lengths`` tokens per row."""
+        tokens = torch.zeros(len(prompts), max(max_lengths) + 1, dtype=torch.long)
+        for b, prompt in enumerate(prompts):
+            tokens[b, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        return cls(
+            tokens=tokens.to(device),
+            lengths=lengths.to(device),
+            prompt_lengths=lengths.to(device),
+            max_lengths=torch.tensor(max_lengths, dtype=torch.long, device=device),
+            rows=torch.arange(len(prompts), device=device),
+            pending=tokens.gather(1, (lengths - 1)[:, None])[:, 0].to(device),
+            sampling=sampling,
+            generator=generator,
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    @property
+    def remaining(self) -> torch.Tensor:
+        """``[B]`` how many more tokens each row may generate."""
+        return self.max_lengths - self.lengths
+
+    def append(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> None:
+        """Append ``new_tokens [B, M]``, of which row ``b`` uses the first ``counts[b]`` (must fit max_lengths)."""
+        if new_tokens.shape[1] == 1:  # one token per row (plain decoding): counts are 0 or 1
+            self.tokens.scatter_(1, self.lengths[:, None], new_tokens)
+            self.lengths = self.lengths + counts
+            self.pending = torch.where(counts > 0, new_tokens[:, 0], self.pending)
+            return
+        offsets = torch.arange(new_tokens.shape[1], device=self.device)
+        slots = torch.where(offsets < counts[:, None], self.lengths[:, None] + offsets, self.tokens.shape[1] - 1)
+        self.tokens.scatter_(1, slots, new_tokens)  # writes past a row's count land in the scratch column
+        self.lengths = self.lengths + counts
+        self.pending = self.tokens.gather(1, (self.lengths - 1)[:, None])[:, 0]
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows [B']`` (indices into the current batch)."""
+        for name in ("tokens", "lengths", "prompt_lengths", "max_lengths", "rows", "pending"):
+            setattr(self, name, getattr(self, name)[rows])

@@ -1,0 +1,56 @@
+"""Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) for chain drafts."""
+
+from __future__ import annotations
+
+import torch
+
+from decodekit.errors import IncompatibleDraftError
+from decodekit.registry import register
+from decodekit.sampling import probs_from_logits, sample, uniform
+from decodekit.types import Draft, DraftKind, SamplingParams, Verdict
+
+
+@register("verifier", "rejection")
+class RejectionVerifier:
+    """Lossless speculative sampling of a chain draft.
+
+    With ``p`` the target's warped distribution and ``q`` the one each draft token was drawn from, token ``x_i``
+    is accepted with probability ``min(1, p(x_i) / q(x_i))`` until the first rejection; the next token is drawn
+    from ``norm(max(p - q, 0))`` at the rejected position, or from ``p`` after the last token (bonus).
+    Deterministic drafts are point masses (``q = one-hot``): accept with probability ``p(x)``, residual ``p``
+    with ``x`` removed. At temperature 0 this is greedy decoding.
+    """
+
+    accepts = frozenset({DraftKind.SAMPLED, DraftKind.DETERMINISTIC})
+    lossless = True
+
+    def verify(
+        self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+    ) -> Verdict:
+        if not draft.is_chain:
+            raise IncompatibleDraftError("RejectionVerifier verifies chains only; use a tree verifier for tree drafts")
+        if draft.kind not in self.accepts:
+            raise IncompatibleDraftError(f"RejectionVerifier cannot verify {draft.kind.value} drafts")
+        batch, n = draft.tokens.shape
+        p = probs_from_logits(logits, sampling)  # [B, N + 1, V]
+        if n == 0:
+            nxt = sample(p[:, 0], generator)
+            return Verdict(accepted=draft.tokens, num_accepted=torch.zeros_like(nxt), next_token=nxt)
+        rows = torch.arange(batch, device=p.device)
+        x = draft.tokens[..., None]
+        p_x = p[:, :n].gather(-1, x)[..., 0]
+        q_x = draft.q.float().gather(-1, x)[..., 0] if draft.kind == DraftKind.SAMPLED else torch.ones_like(p_x)
+        coins = uniform((batch, n), generator, p.device)
+        ok = draft.valid & (q_x > 0) & (coins * q_x < p_x)
+        num = ok.long().cumprod(-1).sum(-1)
+        target = p[rows, num]  # [B, V]: the target row after the last accepted token
+        rejected = num < draft.num_valid
+        if bool(rejected.any()):
+            at = num.clamp(max=n - 1)
+            if draft.kind == DraftKind.SAMPLED:
+                residual = (target - draft.q[rows, at].float()).clamp_(min=0)
+            else:
+                residual = target.scatter(1, draft.tokens[rows, at][:, None], 0.0)
+            usable = rejected & (residual.sum(-1) > 0)  # rounding can empty a residual: fall back to p
+            target = torch.where(usable[:, None], residual, target)
+        return Verdict(accepted=draft.path(num - 1, num), num_accepted=num, next_token=sample(target, generator))
