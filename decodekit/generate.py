@@ -121,7 +121,7 @@ def _propose(
             f"(it accepts: {', '.join(sorted(k.value for k in verifier.accepts))})"
         )
     draft.check(state.batch_size, vocab, budget.lengths)
-    return draft
+    return draft.trimmed()
 
 
 @functools.lru_cache(maxsize=64)

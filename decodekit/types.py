@@ -154,6 +154,18 @@ class Draft:
         """``[B, N]`` depth of each node; children of the pending token have depth 1 (0 for invalid nodes)."""
         return self.ancestors.sum(-1) * self.valid
 
+    def trimmed(self) -> Draft:
+        """This draft without the trailing node columns no row uses (each would cost a verified position)."""
+        used = self.valid.any(0)
+        width = int(used.nonzero().max()) + 1 if bool(used.any()) else 0
+        if width == self.num_nodes:
+            return self
+        q = None if self.q is None else self.q[:, :width]
+        out = Draft(self.tokens[:, :width], self.parents[:, :width], self.valid[:, :width], self.kind, q)
+        if "is_chain" in self.__dict__:
+            out.__dict__["is_chain"] = self.__dict__["is_chain"]
+        return out
+
     def path(self, leaf: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
         """Root-to-leaf node indices ending at ``leaf [B]``, for rows with ``length [B] > 0``.
 
