@@ -1,0 +1,1 @@
+"""Benchmarks: tasks, the timing protocol, runners and reports."""
