@@ -1,0 +1,132 @@
+"""What a benchmark runs: decodekit methods (a drafter, verifier and policy) and transformers baselines.
+
+Both kinds expose ``generate(model, prompts, setting, max_new_tokens, seed) -> Run``, timed with the same
+protocol (synchronised ``perf_counter`` around the call; tokenisation happens before, in the task loader).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+import decodekit as dk
+from decodekit.bench.timing import timed_call
+from decodekit.models import LanguageModel
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A sampling setting (``temperature == 0`` is greedy)."""
+
+    name: str
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Run:
+    """One timed call on one batch of prompts.
+
+    Attributes:
+        sequences: generated tokens per prompt.
+        wall_s: wall time of the call.
+        prefill_s: time to the first token (prefill); the rest of ``wall_s`` is decoding.
+        stats: decodekit's counters (None for transformers baselines).
+    """
+
+    sequences: list[list[int]]
+    wall_s: float
+    prefill_s: float
+    stats: dk.SpecStats | None = None
+
+
+@dataclass
+class Method:
+    """A decodekit configuration: ``drafter=None`` is autoregressive decoding."""
+
+    name: str
+    drafter: Any = None
+    verifier: Any = None
+    policy: Any = None
+    max_batch: int | None = None
+
+    def generate(
+        self, model: LanguageModel, prompts: list[list[int]], setting: Setting, max_new_tokens: int, seed: int
+    ) -> Run:
+        out, wall = timed_call(
+            lambda: dk.generate(
+                model,
+                prompts,
+                self.drafter,
+                self.verifier,
+                self.policy,
+                max_new_tokens=max_new_tokens,
+                temperature=setting.temperature,
+                top_k=setting.top_k,
+                top_p=setting.top_p,
+                seed=seed,
+            ),
+            model.device,
+        )
+        return Run(out.sequences, wall, out.stats.prefill_time_s, out.stats)
+
+
+@dataclass
+class TransformersBaseline:
+    """transformers' own ``generate``: plain, prompt lookup (``prompt_lookup_num_tokens``) or assisted generation
+    (``assistant_model``). Prompt lookup and assisted generation are batch-1 only in transformers.
+
+    Rows of a batch are left-padded (as transformers requires); prefill time is measured by a separate
+    ``max_new_tokens=1`` call on the same batch.
+    """
+
+    name: str
+    kind: Literal["greedy", "prompt_lookup", "assisted"] = "greedy"
+    k: int = 4
+    assistant: Any = None
+    max_ngram: int = 3
+
+    @property
+    def max_batch(self) -> int | None:
+        return None if self.kind == "greedy" else 1
+
+    def generate(
+        self, model: LanguageModel, prompts: list[list[int]], setting: Setting, max_new_tokens: int, seed: int
+    ) -> Run:
+        hf = model.hf
+        width = max(len(p) for p in prompts)
+        pad = hf.generation_config.pad_token_id
+        pad = pad if pad is not None else (model.eos_token_ids[0] if model.eos_token_ids else 0)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+        kwargs: dict[str, Any] = dict(attention_mask=mask, pad_token_id=pad, do_sample=not setting.greedy)
+        if not setting.greedy:
+            kwargs.update(temperature=setting.temperature, top_k=setting.top_k or 0, top_p=setting.top_p or 1.0)
+        if self.kind == "prompt_lookup":
+            kwargs.update(prompt_lookup_num_tokens=self.k, max_matching_ngram_size=self.max_ngram)
+        elif self.kind == "assisted":
+            assistant = self.assistant.hf if isinstance(self.assistant, LanguageModel) else self.assistant
+            kwargs.update(assistant_model=assistant)
+            assistant.generation_config.num_assistant_tokens = self.k
+            assistant.generation_config.num_assistant_tokens_schedule = "constant"
+            assistant.generation_config.assistant_confidence_threshold = 0.0
+        torch.manual_seed(seed)
+        _, prefill = timed_call(lambda: hf.generate(ids, max_new_tokens=1, **kwargs), model.device)
+        torch.manual_seed(seed)
+        out, wall = timed_call(lambda: hf.generate(ids, max_new_tokens=max_new_tokens, **kwargs), model.device)
+        return Run([_strip(row[width:].tolist(), model.eos_token_ids) for row in out], wall, prefill)
+
+
+def _strip(tokens: list[int], eos: tuple[int, ...]) -> list[int]:
+    """Cut a transformers row after its first EOS (the rest is padding)."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens

@@ -1,0 +1,101 @@
+"""Benchmark reports: JSON (everything), a markdown table, a PNG (speedup bars, acceptance per position)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from decodekit.bench.runner import Result
+
+
+def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def markdown(results: Sequence[Result], title: str = "", info: dict[str, Any] | None = None) -> str:
+    """One table per (setting, batch size), methods as rows."""
+    lines = [f"## {title}"] if title else []
+    if info:
+        lines.append(", ".join(f"{k}: {v}" for k, v in info.items()))
+    groups: dict[tuple[str, int], list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.setting, r.batch_size), []).append(r)
+    for (setting, batch), rows in groups.items():
+        lines += [
+            "",
+            f"**{setting}, batch {batch}** ({rows[0].prompts} prompts)",
+            "",
+            "| method | tok/s | decode tok/s | speedup | bound | realized / bound | ceiling | mean acc. len | "
+            "acceptance per position | draft / verify / other s | prefill s | greedy match |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
+        ]
+        for r in rows:
+            s = r.stats
+            per_pos = acc = split = "-"
+            if s is not None:
+                acc = f"{s.mean_acceptance_length:.2f}"
+                per_pos = " ".join(f"{a:.2f}" for a in s.acceptance_rate_per_pos[:8]) or "-"
+                split = f"{s.draft_time_s:.1f} / {s.verify_time_s:.1f} / {s.other_time_s:.1f}"
+            efficiency = r.speedup / r.bound if r.bound and r.speedup else None
+            lines.append(
+                f"| {r.method} | {r.tokens_per_s:.1f} | {r.decode_tokens_per_s:.1f} | {_fmt(r.speedup, suffix='x')} | "
+                f"{_fmt(r.bound, suffix='x')} | {_fmt(efficiency, '.0%')} | {_fmt(r.ceiling, suffix='x')} | {acc} | "
+                f"{per_pos} | {split} | "
+                f"{r.prefill_s:.1f} | {_fmt(r.greedy_match, '.0%')} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: Sequence[Result], path: Path) -> None:
+    """Speedup over autoregressive decoding per (setting, batch), and acceptance rate per draft position."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys((r.setting, r.batch_size) for r in results))
+    methods = list(dict.fromkeys(r.method for r in results))
+    fig, (ax_speed, ax_acc) = plt.subplots(1, 2, figsize=(14, 4.8))
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        values = []
+        for group in groups:
+            match = [r for r in results if (r.setting, r.batch_size) == group and r.method == method]
+            values.append(match[0].speedup if match and match[0].speedup else 0.0)
+        xs = [g + (i - (len(methods) - 1) / 2) * width for g in range(len(groups))]
+        ax_speed.bar(xs, values, width, label=method)
+    ax_speed.axhline(1.0, color="black", linewidth=0.8)
+    ax_speed.set_xticks(range(len(groups)), [f"{s}\nbatch {b}" for s, b in groups])
+    ax_speed.set_ylabel("decode speedup vs autoregressive")
+    ax_speed.set_title("Speedup (same run, same prompts)")
+    ax_speed.legend(fontsize=8)
+    styles = {}
+    smallest = min(r.batch_size for r in results)
+    for r in results:  # acceptance does not depend on the batch size: show the smallest
+        if r.stats is None or not r.stats.drafted or r.batch_size != smallest:
+            continue
+        rates = r.stats.acceptance_rate_per_pos
+        style = styles.setdefault(r.setting, ["-", "--", ":", "-."][len(styles) % 4])
+        ax_acc.plot(range(1, len(rates) + 1), rates, style, marker="o", label=f"{r.method} ({r.setting})")
+    ax_acc.xaxis.get_major_locator().set_params(integer=True)
+    ax_acc.set_xlabel("draft position")
+    ax_acc.set_ylabel("acceptance rate")
+    ax_acc.set_ylim(0, 1.05)
+    ax_acc.set_title(f"Acceptance rate per draft position (batch {smallest})")
+    ax_acc.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def save(results: Sequence[Result], out_dir: Path, info: dict[str, Any], config: dict[str, Any] | None = None) -> str:
+    """Write ``results.json``, ``results.md`` and ``speedup.png`` to ``out_dir``; return the markdown."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = markdown(results, "decodekit benchmark", info)
+    payload = {"machine": info, "config": config or {}, "results": [r.to_dict() for r in results]}
+    (out_dir / "results.json").write_text(json.dumps(payload, indent=2))
+    (out_dir / "results.md").write_text(table)
+    plot(results, out_dir / "speedup.png")
+    return table

@@ -1,0 +1,200 @@
+"""Run methods over a prompt set and collect comparable measurements.
+
+Protocol, for every (sampling setting, batch size): the first method is the reference (autoregressive decoding);
+every method gets one untimed warm-up call (first batch, 16 new tokens), then one timed call per batch of
+prompts, all on the same prompts with the same seeds. Reported per method:
+
+* tokens/s end to end and for decoding alone (prefill, i.e. time to the first token, reported separately);
+* ``speedup``: decode tokens/s over the reference's, measured in the same run;
+* mean acceptance length, per-position acceptance rate, draft / verify / other time;
+* ``bound``: the speedup the measured acceptance and measured draft + verify costs would give with zero loop
+  overhead, ``tokens_per_step / ((T_draft + T_verify) / T_forward)`` per round, where ``T_forward`` is the
+  reference's forward time per round (the analytical model of ``policies.md`` section 0 with measured terms); the
+  ``ceiling`` if every drafted token were accepted; ``speedup / bound`` is how much of it the loop realises;
+* ``greedy_match``: at temperature 0, the fraction of prompts whose output equals the reference's, so a speedup
+  is never reported for different output.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+import decodekit as dk
+from decodekit.bench.methods import Method, Run, Setting, TransformersBaseline
+from decodekit.models import LanguageModel
+
+WARMUP_TOKENS = 16
+
+
+@dataclass
+class Result:
+    """Aggregated measurements of one method at one (setting, batch size)."""
+
+    method: str
+    setting: str
+    batch_size: int
+    prompts: int
+    tokens: int
+    wall_s: float
+    prefill_s: float
+    sequences: list[list[int]] = field(repr=False)
+    stats: dk.SpecStats | None = field(default=None, repr=False)
+    speedup: float | None = None
+    e2e_speedup: float | None = None
+    greedy_match: float | None = None
+    bound: float | None = None
+    ceiling: float | None = None
+
+    @property
+    def decode_s(self) -> float:
+        return self.wall_s - self.prefill_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return (self.tokens - self.prompts) / self.decode_s  # the first token of each row comes from prefill
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k not in ("sequences", "stats")}
+        out.update(decode_s=self.decode_s, tokens_per_s=self.tokens_per_s, decode_tokens_per_s=self.decode_tokens_per_s)
+        if self.stats is not None:
+            s = self.stats
+            out.update(
+                mean_acceptance_length=s.mean_acceptance_length,
+                tokens_per_step=s.tokens_per_step,
+                acceptance_rate_per_pos=s.acceptance_rate_per_pos,
+                draft_s=s.draft_time_s,
+                verify_s=s.verify_time_s,
+                other_s=s.other_time_s,
+                rounds=s.rounds,
+            )
+        return out
+
+
+def run_benchmark(
+    model: LanguageModel,
+    prompts: Sequence[list[int]],
+    methods: Sequence[Method | TransformersBaseline],
+    *,
+    settings: Sequence[Setting] = (Setting("greedy"),),
+    batch_sizes: Sequence[int] = (1,),
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[Result]:
+    """Measure every method on ``prompts`` for every setting and batch size; the first method is the reference.
+
+    Methods that cannot run a batch size (transformers' assisted generation above 1) are skipped there.
+    """
+    prompts = [list(p) for p in prompts]
+    units = sum(len(_batches(prompts, b)) + 1 for _ in settings for b in batch_sizes for m in methods if _fits(m, b))
+    bar = tqdm(total=units, desc="benchmark", disable=not progress, unit="call")
+    results = []
+    for setting in settings:
+        for batch_size in batch_sizes:
+            reference: Result | None = None
+            for method in methods:
+                if not _fits(method, batch_size):
+                    continue
+                bar.set_postfix_str(f"{setting.name} b={batch_size} {method.name}")
+                result = _measure(model, prompts, method, setting, batch_size, max_new_tokens, seed, bar)
+                reference = reference or result
+                _compare(result, reference, setting)
+                results.append(result)
+    bar.close()
+    return results
+
+
+def _fits(method: Method | TransformersBaseline, batch_size: int) -> bool:
+    return method.max_batch is None or batch_size <= method.max_batch
+
+
+def _batches(prompts: list[list[int]], batch_size: int) -> list[list[list[int]]]:
+    return [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+
+
+def _measure(
+    model: LanguageModel,
+    prompts: list[list[int]],
+    method: Method | TransformersBaseline,
+    setting: Setting,
+    batch_size: int,
+    max_new_tokens: int,
+    seed: int,
+    bar: tqdm,
+) -> Result:
+    batches = _batches(prompts, batch_size)
+    method.generate(model, batches[0], setting, min(max_new_tokens, WARMUP_TOKENS), seed)  # warm-up (lazy init)
+    bar.update()
+    runs: list[Run] = []
+    for i, batch in enumerate(batches):
+        runs.append(method.generate(model, batch, setting, max_new_tokens, seed + i))
+        bar.update()
+    stats = None
+    if runs[0].stats is not None:
+        stats = runs[0].stats
+        for run in runs[1:]:
+            stats = stats.merge(run.stats)
+    sequences = [s for run in runs for s in run.sequences]
+    return Result(
+        method=method.name,
+        setting=setting.name,
+        batch_size=batch_size,
+        prompts=len(prompts),
+        tokens=sum(len(s) for s in sequences),
+        wall_s=sum(r.wall_s for r in runs),
+        prefill_s=sum(r.prefill_s for r in runs),
+        sequences=sequences,
+        stats=stats,
+    )
+
+
+def _compare(result: Result, reference: Result, setting: Setting) -> None:
+    """Fill in the fields measured against the reference (autoregressive decoding in the same run)."""
+    result.speedup = result.decode_tokens_per_s / reference.decode_tokens_per_s
+    result.e2e_speedup = result.tokens_per_s / reference.tokens_per_s
+    if setting.greedy:
+        same = sum(a == b for a, b in zip(result.sequences, reference.sequences))
+        result.greedy_match = same / len(reference.sequences)
+    s, ref = result.stats, reference.stats
+    if s is None or ref is None or not s.rounds or not ref.rounds:
+        return
+    t_ar = ref.verify_time_s / ref.rounds  # one plain decoding round's forward, without loop overhead
+    t_round = (s.draft_time_s + s.verify_time_s) / s.rounds
+    ref_tokens = ref.tokens_per_step or 1.0
+    result.bound = s.tokens_per_step / ref_tokens / (t_round / t_ar)
+    drafted_per_round = s.drafted / s.row_steps
+    result.ceiling = (1 + drafted_per_round) / ref_tokens / (t_round / t_ar)
+
+
+def machine_info(model: LanguageModel) -> dict[str, Any]:
+    """Where a benchmark ran: CPU/GPU, threads, library versions."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info = {
+        "device": str(model.device),
+        "cpu": cpu,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "decodekit": dk.__version__,
+    }
+    if model.device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(model.device)
+    return info
