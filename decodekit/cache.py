@@ -34,6 +34,7 @@ class KVCache(Cache):
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._write_index: torch.Tensor | None = None  # [B, N] staged slots
+        self._write_start: int | None = None  # set when every row writes at the same slot (a slice copy)
         self._kv_len = 0
 
     # ------------------------------------------------------------------------------------------- properties
@@ -51,10 +52,15 @@ class KVCache(Cache):
 
         Grows the buffers if needed. The forward's mask must be ``[B, 1, num_new, S]``.
         """
-        kv_len = int(self.lengths.max()) + num_new if self.batch_size else num_new
+        lo, hi = torch.stack(torch.aminmax(self.lengths)).tolist() if self.batch_size else (0, 0)
+        kv_len = hi + num_new
         if kv_len > self.capacity:
             self._grow(max(kv_len, 2 * self.capacity))
-        self._write_index = self.lengths[:, None] + torch.arange(num_new, device=self.lengths.device)
+        if lo == hi:  # every row writes at the same slots: update() copies a slice
+            self._write_start, self._write_index = lo, None
+        else:
+            self._write_start = None
+            self._write_index = self.lengths[:, None] + torch.arange(num_new, device=self.lengths.device)
         self._kv_len = kv_len
         return kv_len
 
@@ -62,16 +68,21 @@ class KVCache(Cache):
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers ``Cache`` hook: write ``[B, H, N, D]`` states at the staged slots; return ``[B, H, S, D]``."""
-        if self._write_index is None:
+        if self._write_index is None and self._write_start is None:
             raise RuntimeError("KVCache.update called without stage(): run models through decodekit's adapters")
         while len(self.keys) <= layer_idx:
             shape = (self.batch_size, key_states.shape[1], self.capacity, key_states.shape[3])
             self.keys.append(key_states.new_zeros(shape))
             self.values.append(value_states.new_zeros(shape[:3] + (value_states.shape[3],)))
-        index = self._write_index.to(key_states.device)[:, None, :, None]
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
-        k_buf.scatter_(2, index.expand_as(key_states), key_states)
-        v_buf.scatter_(2, index.expand_as(value_states), value_states)
+        if self._write_start is not None:  # all rows at the same length: a slice copy
+            end = self._write_start + key_states.shape[2]
+            k_buf[:, :, self._write_start : end] = key_states
+            v_buf[:, :, self._write_start : end] = value_states
+        else:
+            index = self._write_index.to(key_states.device)[:, None, :, None]
+            k_buf.scatter_(2, index.expand_as(key_states), key_states)
+            v_buf.scatter_(2, index.expand_as(value_states), value_states)
         return k_buf[:, :, : self._kv_len], v_buf[:, :, : self._kv_len]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -102,7 +113,7 @@ class KVCache(Cache):
                 shape = (buf.shape[0], buf.shape[1], m, buf.shape[3])
                 buf.scatter_(2, dst_i.expand(shape), buf.gather(2, src_i.expand(shape)))
         self.lengths = self.lengths + counts.to(self.lengths.device)
-        self._write_index = None
+        self._write_index = self._write_start = None
 
     def crop(self, lengths: torch.Tensor) -> None:  # type: ignore[override]
         """Truncate row ``b`` to ``min(L_b, lengths[b])`` committed tokens (``lengths [B]``)."""
@@ -113,7 +124,7 @@ class KVCache(Cache):
         self.lengths = self.lengths[rows.to(self.lengths.device)]
         self.keys = [k[rows.to(k.device)] for k in self.keys]
         self.values = [v[rows.to(v.device)] for v in self.values]
-        self._write_index = None
+        self._write_index = self._write_start = None
 
     def snapshot(self) -> dict[str, object]:
         """A copy of the whole state (for exploring alternatives and rolling back with :meth:`restore`)."""
@@ -130,11 +141,11 @@ class KVCache(Cache):
         self.keys = [k.clone() for k in snapshot["keys"]]  # type: ignore[union-attr]
         self.values = [v.clone() for v in snapshot["values"]]  # type: ignore[union-attr]
         self.capacity = snapshot["capacity"]  # type: ignore[assignment]
-        self._write_index = None
+        self._write_index = self._write_start = None
 
     def reset(self) -> None:
         self.lengths.zero_()
-        self._write_index = None
+        self._write_index = self._write_start = None
 
     def _grow(self, capacity: int) -> None:
         def grown(buf: torch.Tensor) -> torch.Tensor:

@@ -313,14 +313,19 @@ _PROCESSOR_OPTIONS = {
 _WARPER_ORDER = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 
+def _unsupported(items: list[Any], allowed: tuple[type, ...], options: dict[str, str], where: str) -> list[str]:
+    """How to turn off each item whose type is not ``allowed``: its generate() option, or removing it from ``where``."""
+    return [
+        options.get(type(i).__name__, f"a {type(i).__name__} in {where} (remove it)")
+        for i in items
+        if not isinstance(i, allowed)
+    ]
+
+
 def _sampling(config: GenerationConfig, processors: LogitsProcessorList) -> tuple[float, int | None, float | None]:
     """decodekit's ``(temperature, top_k, top_p)`` from the processors transformers built (greedy: temperature 0)."""
-    unsupported = [p for p in processors if not isinstance(p, (*_WARPER_ORDER, LogitNormalization))]
-    if unsupported:
-        names = [
-            _PROCESSOR_OPTIONS.get(type(p).__name__, f"a {type(p).__name__} in logits_processor (remove it)")
-            for p in unsupported
-        ]
+    names = _unsupported(processors, (*_WARPER_ORDER, LogitNormalization), _PROCESSOR_OPTIONS, "logits_processor")
+    if names:
         raise ConfigError(
             "the decodekit bridge applies only temperature, top_k and top_p; this call also asks for "
             f"{'; '.join(names)}. Drop those options (from the call or the model's generation_config), or use "
@@ -360,12 +365,8 @@ _CRITERIA_OPTIONS = {
 
 def _stopping(config: GenerationConfig, criteria: StoppingCriteriaList) -> tuple[int, tuple[int, ...]]:
     """``(max_length, eos ids)`` from the stopping criteria transformers built; other criteria are refused."""
-    unsupported = [c for c in criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
-    if unsupported:
-        names = [
-            _CRITERIA_OPTIONS.get(type(c).__name__, f"a {type(c).__name__} in stopping_criteria (remove it)")
-            for c in unsupported
-        ]
+    names = _unsupported(criteria, (MaxLengthCriteria, EosTokenCriteria), _CRITERIA_OPTIONS, "stopping_criteria")
+    if names:
         raise ConfigError(
             "the decodekit bridge stops rows only at max_new_tokens / max_length and at eos_token_id; this call also "
             f"asks for {'; '.join(names)}"

@@ -8,8 +8,9 @@ prompts, all on the same prompts with the same seeds. Reported per method:
 * ``speedup``: decode tokens/s over the reference's, measured in the same run;
 * mean acceptance length, per-position acceptance rate, draft / verify / other time;
 * ``bound``: the speedup the measured acceptance and measured draft + verify costs would give with zero loop
-  overhead, ``tokens_per_step / ((T_draft + T_verify) / T_forward)`` per round, where ``T_forward`` is the
-  reference's forward time per round (the analytical model of ``policies.md`` section 0 with measured terms); the
+  overhead: tokens committed per second of draft + verify time over the reference's tokens per second of forward
+  time (the analytical model of ``policies.md`` section 0, ``E[committed] / (k c + v(k))`` per round, with every
+  term measured; summing over the run keeps it exact when rows of a batch finish in different rounds); the
   ``ceiling`` if every drafted token were accepted; ``speedup / bound`` is how much of it the loop realises;
 * ``greedy_match``: at temperature 0, the fraction of prompts whose output equals the reference's, so a speedup
   is never reported for different output.
@@ -166,14 +167,12 @@ def _compare(result: Result, reference: Result, setting: Setting) -> None:
         same = sum(a == b for a, b in zip(result.sequences, reference.sequences))
         result.greedy_match = same / len(reference.sequences)
     s, ref = result.stats, reference.stats
-    if s is None or ref is None or not s.rounds or not ref.rounds:
+    if s is None or ref is None or not s.rounds or not ref.verify_time_s:
         return
-    t_ar = ref.verify_time_s / ref.rounds  # one plain decoding round's forward, without loop overhead
-    t_round = (s.draft_time_s + s.verify_time_s) / s.rounds
-    ref_tokens = ref.tokens_per_step or 1.0
-    result.bound = s.tokens_per_step / ref_tokens / (t_round / t_ar)
-    drafted_per_round = s.drafted / s.row_steps
-    result.ceiling = (1 + drafted_per_round) / ref_tokens / (t_round / t_ar)
+    forward_rate = (reference.tokens - reference.prompts) / ref.verify_time_s  # plain decoding, no loop overhead
+    work = s.draft_time_s + s.verify_time_s
+    result.bound = (result.tokens - result.prompts) / work / forward_rate
+    result.ceiling = (s.row_steps + s.drafted) / work / forward_rate  # every drafted token accepted
 
 
 def machine_info(model: LanguageModel) -> dict[str, Any]:

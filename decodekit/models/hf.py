@@ -47,6 +47,7 @@ class HFCausalLM(LanguageModel):
             attn = "sdpa"
         self._additive_mask = _MASK_KINDS[attn] == "additive"
         self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()  # captured: rebuild the adapter after swapping modules
         if self.decoder is model or self.lm_head is None:
             raise TypeError(f"{type(model).__name__} is not a causal LM with a separate output head")
         self.softcap = getattr(config, "final_logit_softcapping", None)
@@ -56,11 +57,6 @@ class HFCausalLM(LanguageModel):
         self.eos_token_ids = _as_tuple(getattr(gen_config, "eos_token_id", None) or config.eos_token_id)
         self.max_context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         self.tokenizer = tokenizer
-
-    @property
-    def lm_head(self) -> torch.nn.Module:
-        """The output head, looked up on each call (kernels may swap modules after the adapter is built)."""
-        return self.hf.get_output_embeddings()
 
     @property
     def device(self) -> torch.device:

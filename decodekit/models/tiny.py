@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 
 def tiny_llama(
@@ -35,6 +35,25 @@ def tiny_llama(
     )
     fields.update(config)
     return LlamaForCausalLM(LlamaConfig(**fields)).eval()
+
+
+def tiny_qwen2(
+    seed: int, vocab: int = 128, hidden: int = 64, layers: int = 2, init: float = 0.2, **config: object
+) -> Qwen2ForCausalLM:
+    """A random float32 ``Qwen2ForCausalLM`` (attention with biases); arguments as :func:`tiny_llama`."""
+    torch.manual_seed(seed)
+    fields = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=init,
+    )
+    fields.update(config)
+    return Qwen2ForCausalLM(Qwen2Config(**fields)).eval()
 
 
 def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:

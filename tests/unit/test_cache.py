@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel
 
 import decodekit as dk
 from decodekit.masks import tree_ancestors
-from tests.conftest import tiny_llama
+from decodekit.models.tiny import tiny_llama, tiny_qwen2
 
 TOL = dict(atol=1e-9, rtol=1e-9)
 
@@ -18,17 +18,7 @@ def llama():
 
 
 def qwen2():
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    return Qwen2ForCausalLM(cfg).eval().double()
+    return tiny_qwen2(0, init=0.02).double()
 
 
 def gpt2():

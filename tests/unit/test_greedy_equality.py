@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import decodekit as dk
 from decodekit.drafters import ModelDrafter, NGramDrafter
+from decodekit.models.tiny import perturbed, tiny_llama, tiny_qwen2
 from decodekit.policies import FixedLength, HeuristicLength
 from decodekit.verifiers import GreedyVerifier, RejectionVerifier
-from tests.conftest import perturbed, tiny_llama
 
 MAX_NEW = 40
 
@@ -89,18 +88,7 @@ def test_rows_stop_at_eos_independently(target, ragged_prompts, reference, draft
 
 
 def test_qwen2_target(ragged_prompts):
-    torch.manual_seed(3)
-    config = Qwen2Config(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.2,
-    )
-    qwen = Qwen2ForCausalLM(config).eval()
+    qwen = tiny_qwen2(3)
     expected = [hf_greedy(qwen, p, 24) for p in ragged_prompts]
     for drafter in (NGramDrafter(), ModelDrafter(perturbed(qwen, 0.5, seed=2))):
         out = dk.generate(qwen, ragged_prompts, drafter, max_new_tokens=24, eos_token_id=())

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import decodekit as dk
 from decodekit.models import zoo
+from decodekit.models.tiny import tiny_llama as make_tiny_llama
 from decodekit.models.zoo import ZOO, ZooModel, cache_root, cached_model_dir, load_zoo_model, truncate_layers
 
 NAME = "smollm2-135m-instruct"
@@ -24,22 +25,7 @@ VOCAB = 128
 
 
 def tiny_llama(layers: int = 4, seed: int = 0, tie: bool = False) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.2,
-        tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    return LlamaForCausalLM(config).eval()
+    return make_tiny_llama(seed, vocab=VOCAB, layers=layers, tie_word_embeddings=tie)
 
 
 def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,59 @@
+"""The command line and the README's notebook example on the real model (slow)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from decodekit.models.zoo import ZOO, gguf_source
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_smollm2():
+    try:
+        gguf_source(ZOO["smollm2-135m-instruct"])
+    except Exception as err:  # noqa: BLE001 - skip with the install command in the message
+        pytest.skip(str(err))
+
+
+def test_bench_sweep_over_k(tmp_path):
+    cmd = [
+        sys.executable,
+        "-m",
+        "decodekit",
+        "bench",
+        "-m",
+        "policy.k=1,2",
+        "task=humaneval",
+        "task.num_prompts=2",
+        "max_new_tokens=12",
+        "progress=false",
+        f"hydra.sweep.dir={tmp_path}",
+    ]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for job, k in (("0", 1), ("1", 2)):
+        data = json.loads((tmp_path / job / "results.json").read_text())
+        assert data["config"]["policy"]["k"] == k
+        methods = [r["method"] for r in data["results"]]
+        assert methods == ["autoregressive", "speculative"]
+        assert all(r["greedy_match"] == 1.0 for r in data["results"])
+        assert (tmp_path / job / "speedup.png").exists()
+
+
+def test_readme_notebook_example_runs():
+    readme = (ROOT / "README.md").read_text()
+    example = re.findall(r"```python\n(.*?)```", readme, flags=re.S)[0]
+    namespace: dict = {}
+    exec(compile(example, "README.md", "exec"), namespace)  # noqa: S102 - our own docs
+    out = namespace["out"]
+    assert len(out.sequences[0]) > 10 and out.stats.generated == len(out.sequences[0])
