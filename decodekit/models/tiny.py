@@ -19,8 +19,14 @@ def tiny_llama(
         init: ``initializer_range``; larger values give more peaked next-token distributions.
         config: other ``LlamaConfig`` fields (defaults: no BOS/EOS/PAD ids, context 256).
     """
+    fields = _fields(vocab, hidden, layers, init, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     torch.manual_seed(seed)
-    fields = dict(
+    return LlamaForCausalLM(LlamaConfig(**(fields | config))).eval()
+
+
+def _fields(vocab: int, hidden: int, layers: int, init: float, **extra: object) -> dict[str, object]:
+    """Config fields shared by the tiny models: 4 query heads, 2 KV heads, MLP width 2 x hidden, context 256."""
+    return dict(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -29,12 +35,8 @@ def tiny_llama(
         num_key_value_heads=2,
         max_position_embeddings=256,
         initializer_range=init,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
+        **extra,
     )
-    fields.update(config)
-    return LlamaForCausalLM(LlamaConfig(**fields)).eval()
 
 
 def tiny_qwen2(
@@ -42,18 +44,7 @@ def tiny_qwen2(
 ) -> Qwen2ForCausalLM:
     """A random float32 ``Qwen2ForCausalLM`` (attention with biases); arguments as :func:`tiny_llama`."""
     torch.manual_seed(seed)
-    fields = dict(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=init,
-    )
-    fields.update(config)
-    return Qwen2ForCausalLM(Qwen2Config(**fields)).eval()
+    return Qwen2ForCausalLM(Qwen2Config(**(_fields(vocab, hidden, layers, init) | config))).eval()
 
 
 def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
