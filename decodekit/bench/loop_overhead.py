@@ -37,6 +37,10 @@ class Row:
     def ms_per_token(self) -> float:
         return 1000 * self.seconds * self.batch / self.tokens
 
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
 
 def measure(size: dict, tokens: int, k: int, repeats: int, batch: int) -> list[Row]:
     target = tiny_llama(0, max_position_embeddings=1024, **size)
@@ -69,8 +73,9 @@ def report(title: str, rows: list[Row]) -> str:
     ar = next(r for r in rows if r.method == "decodekit autoregressive")
     lines = [
         f"\n{title}, batch {rows[0].batch}",
-        "| method | ms/token | vs transformers | vs decodekit AR | mean acc. len | draft / verify / other ms/token |",
-        "|---|---:|---:|---:|---:|---|",
+        "| method | tok/s | ms/token | vs transformers | vs decodekit AR | mean acc. len | "
+        "draft / verify / other ms/token |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         split = acc = "-"
@@ -80,7 +85,7 @@ def report(title: str, rows: list[Row]) -> str:
             split = f"{s.draft_time_s * per:.3f} / {s.verify_time_s * per:.3f} / {s.other_time_s * per:.3f}"
             acc = f"{s.mean_acceptance_length:.2f}"
         lines.append(
-            f"| {r.method} | {r.ms_per_token:.3f} | {rows[0].seconds / r.seconds:.2f}x | "
+            f"| {r.method} | {r.tokens_per_s:.0f} | {r.ms_per_token:.3f} | {rows[0].seconds / r.seconds:.2f}x | "
             f"{ar.seconds / r.seconds:.2f}x | {acc} | {split} |"
         )
     return "\n".join(lines)
