@@ -14,20 +14,14 @@ import torch
 import decodekit as dk
 from decodekit.bench.timing import timed_call
 from decodekit.models import LanguageModel
+from decodekit.types import SamplingParams
 
 
-@dataclass(frozen=True)
-class Setting:
-    """A sampling setting (``temperature == 0`` is greedy)."""
+@dataclass(frozen=True, kw_only=True)
+class Setting(SamplingParams):
+    """Named sampling parameters, e.g. ``Setting(name="t0.8", temperature=0.8)`` (validated like ``generate()``'s)."""
 
     name: str
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 @dataclass

@@ -86,7 +86,7 @@ def run_benchmark(
     prompts: Sequence[list[int]],
     methods: Sequence[Method | TransformersBaseline],
     *,
-    settings: Sequence[Setting] = (Setting("greedy"),),
+    settings: Sequence[Setting] = (Setting(name="greedy"),),
     batch_sizes: Sequence[int] = (1,),
     max_new_tokens: int = 128,
     seed: int = 0,

@@ -261,6 +261,11 @@ def convert_gguf(entry: ZooModel, dest: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------- truncation
+def _check_num_layers(num_layers: object, total: int, owner: str) -> None:
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= total:
+        raise ConfigError(f"num_layers must be an integer in [1, {total}] for {owner}, got {num_layers!r}")
+
+
 def truncate_layers(hf_model: torch.nn.Module, num_layers: int, *, share_weights: bool = True) -> torch.nn.Module:
     """A separate model made of the first ``num_layers`` decoder layers of ``hf_model`` (plus its embeddings,
     final norm and LM head): a cheap draft model with exactly the target's vocabulary.
@@ -286,9 +291,7 @@ def truncate_layers(hf_model: torch.nn.Module, num_layers: int, *, share_weights
             f"truncate_layers needs a decoder with a `.layers` ModuleList (Llama-style); "
             f"{type(hf_model).__name__} has none"
         )
-    total = len(layers)
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= total:
-        raise ConfigError(f"num_layers must be an integer in [1, {total}] for this model, got {num_layers!r}")
+    _check_num_layers(num_layers, len(layers), "this model")
 
     # Deep copy with a pre-filled memo: kept parameters map to new Parameters (shared or cloned storage; tied
     # weights stay tied since they are one object), dropped layers map to None and are never copied.
@@ -350,10 +353,8 @@ def load_zoo_model(
         MissingDependencyError: the first load needs the weights' package and ``gguf``.
     """
     entry = _entry(name)
-    if num_layers is not None and (
-        isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= entry.num_layers
-    ):
-        raise ConfigError(f"num_layers must be an integer in [1, {entry.num_layers}] for {name!r}, got {num_layers!r}")
+    if num_layers is not None:  # checked before a possibly long first conversion
+        _check_num_layers(num_layers, entry.num_layers, repr(name))
     resolved_dtype = _as_dtype(dtype)
     path = cached_model_dir(name)
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -27,7 +27,7 @@ def results():
         TransformersBaseline("transformers prompt lookup k=3", "prompt_lookup", k=3),
         TransformersBaseline("transformers assisted k=3", "assisted", k=3, assistant=draft),
     ]
-    settings = [Setting("greedy"), Setting("t0.8", temperature=0.8)]
+    settings = [Setting(name="greedy"), Setting(name="t0.8", temperature=0.8)]
     return model, run_benchmark(
         model, prompts, methods, settings=settings, batch_sizes=[1, 2], max_new_tokens=16, progress=False
     )
