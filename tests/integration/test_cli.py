@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from decodekit.models.zoo import ZOO, gguf_source
+from decodekit.models.gguf_convert import gguf_source
+from decodekit.models.zoo import ZOO
 
 ROOT = Path(__file__).resolve().parents[2]
 

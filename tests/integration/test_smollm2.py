@@ -14,6 +14,7 @@ import torch
 
 import decodekit as dk
 from decodekit.models import zoo
+from decodekit.models.disk_cache import MANIFEST
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +102,7 @@ def test_second_load_uses_the_cache(target, monkeypatch):
 
     monkeypatch.setattr(zoo, "convert_gguf", must_not_convert)
     path = zoo.cached_model_dir(NAME)
-    assert path == zoo.cache_root() / "zoo" / NAME and (path / zoo.MANIFEST).is_file()
+    assert path == zoo.cache_root() / "zoo" / NAME and (path / MANIFEST).is_file()
     again = dk.load_model(NAME)
     assert Path(again.hf.name_or_path) == path
     ids = torch.tensor([chat(target, "Hi!")])

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, TopPLogitsWarper
+import transformers
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    StoppingCriteria,
+    TopPLogitsWarper,
+)
 from transformers.generation import GenerateDecoderOnlyOutput
 from transformers.generation.streamers import BaseStreamer
 
 import decodekit.hf as bridge
 from decodekit.drafters import ModelDrafter, NGramDrafter
 from decodekit.errors import ConfigError
+from decodekit.hf.options import CRITERIA_OPTIONS, PROCESSOR_OPTIONS, by_class, pad_token
 from decodekit.policies import FixedLength
 from tests.conftest import perturbed
 
@@ -193,6 +205,56 @@ def test_transformers_streamer_batch_one(target, drafters):
     assert streamer.ends == 1
 
 
+@pytest.mark.parametrize("version", ["5.20.0", "5.23.0", "5.99.1.dev0"])
+def test_verified_transformers_releases(monkeypatch, target, drafters, version):
+    monkeypatch.setattr(transformers, "__version__", version)
+    test_transformers_streamer_batch_one(target, drafters)
+
+
+@pytest.mark.parametrize("version", ["6.0.0", "5.19.1", "4.57.0"])
+def test_streamer_on_an_unverified_transformers_is_refused_and_ended(monkeypatch, target, version):
+    monkeypatch.setattr(transformers, "__version__", version)
+    streamer = Recorder()
+    with pytest.raises(ConfigError, match=r"decodekit\.generate\(.*streamer=fn"):
+        target.generate(
+            torch.tensor([[5, 17, 3]]),
+            custom_generate=bridge.custom_generate,
+            max_new_tokens=4,
+            do_sample=False,
+            streamer=streamer,
+        )
+    assert len(streamer.puts) == 1 and streamer.ends == 1  # only the prompt, then released
+
+
+def test_unverified_transformers_without_streamer_still_works(monkeypatch, target, batch, eos, reference):
+    monkeypatch.setattr(transformers, "__version__", "6.0.0")
+    assert torch.equal(bridged(target, batch, do_sample=False, eos_token_id=eos), reference)
+    with pytest.raises(ConfigError, match="ModelDrafter"):  # an assistant model is still seen, and refused
+        bridged(target, batch, assistant_model=target, do_sample=False)
+
+
+def foreign_generate(model, input_ids, custom_generate, streamer=None, assistant_model=None):
+    """A ``generate`` the bridge cannot verify, which drops ``streamer`` as transformers does."""
+    config = GenerationConfig(max_length=input_ids.shape[1] + 4, do_sample=False)
+    return custom_generate(model, input_ids, generation_config=config)
+
+
+@pytest.mark.parametrize("wrap", [lambda f: f, lambda f: functools.partial(f, seed=0)])
+def test_streamer_dropped_by_an_unknown_generate_is_refused(target, wrap):
+    ids = torch.tensor([[5, 17, 3]])
+    with pytest.raises(ConfigError, match="streamer=Recorder"):
+        foreign_generate(target, ids, wrap(bridge.custom_generate), streamer=Recorder())
+    assert foreign_generate(target, ids, wrap(bridge.custom_generate)).shape == (1, 3 + 4)  # nothing to drop
+
+
+def test_streamer_given_to_the_bridge_itself_is_used(monkeypatch, target):
+    monkeypatch.setattr(transformers, "__version__", "6.0.0")  # no frame is read when the bridge gets it
+    ids = torch.tensor([[5, 17, 3, 99]])
+    streamer = Recorder()
+    out = foreign_generate(target, ids, functools.partial(bridge.custom_generate, streamer=streamer))
+    assert torch.cat(streamer.puts).tolist() == out[0, ids.shape[1] :].tolist() and streamer.ends == 1
+
+
 def test_streamer_with_a_batch_is_refused_and_ended(target, batch):
     streamer = Recorder()
     with pytest.raises(ConfigError, match="one prompt"):
@@ -225,6 +287,54 @@ class AddOne(LogitsProcessor):
 def test_unsupported_options_are_refused(target, batch, options, match):
     with pytest.raises(ConfigError, match=match):
         bridged(target, batch, **options)
+
+
+class MyPenalty(RepetitionPenaltyLogitsProcessor):
+    pass
+
+
+class MyCriterion(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def test_refusal_advice_is_keyed_by_class(target, batch):
+    assert all(isinstance(cls, type) for cls in (*PROCESSOR_OPTIONS, *CRITERIA_OPTIONS))
+    assert PROCESSOR_OPTIONS[RepetitionPenaltyLogitsProcessor].startswith("repetition_penalty")
+    # a user's subclass is the user's own processor: the advice names it, not the generate() option
+    with pytest.raises(ConfigError, match="a MyPenalty in logits_processor"):
+        bridged(target, batch, logits_processor=LogitsProcessorList([MyPenalty(1.2)]))
+    with pytest.raises(ConfigError, match="a MyCriterion in stopping_criteria"):
+        bridged(target, batch, stopping_criteria=[MyCriterion()])
+
+
+def test_advice_for_classes_missing_from_this_transformers_is_skipped():
+    advice = by_class({"MinPLogitsWarper": "min_p (remove it)", "NoSuchLogitsWarper": "gone (remove it)"})
+    assert advice == {MinPLogitsWarper: "min_p (remove it)"}
+
+
+def test_pad_token_falls_back_to_the_first_eos(target, batch, eos):
+    ids, mask = batch
+    expected = target.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=eos)
+    out = bridged(target, batch, do_sample=False, eos_token_id=[eos, 1000], pad_token_id=None)
+    assert torch.equal(out, expected)
+    row0 = out[0, ids.shape[1] :].tolist()
+    assert row0[row0.index(eos) :] == [eos] * (MAX_NEW - row0.index(eos))  # EOS, then EOS as padding
+
+
+@pytest.mark.parametrize(
+    ("config", "pad"),
+    [
+        (GenerationConfig(pad_token_id=3, eos_token_id=[5, 9]), 3),
+        (GenerationConfig(pad_token_id=0, eos_token_id=5), 0),
+        (GenerationConfig(eos_token_id=[5, 9]), 5),
+        (GenerationConfig(eos_token_id=7), 7),
+        (GenerationConfig(eos_token_id=[]), None),
+        (GenerationConfig(), None),
+    ],
+)
+def test_pad_token_from_public_fields(config, pad):
+    assert pad_token(config) == pad
 
 
 def test_inputs_embeds_are_refused(target, batch):

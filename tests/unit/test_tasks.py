@@ -1,4 +1,5 @@
-"""decodekit.bench.tasks: prompt sets from HumanEval, MT-Bench and the stdlib, with a fake tokenizer (no model)."""
+"""decodekit.bench.tasks (and its tokenizer shim, stdlib miner and package-file finder): prompt sets from HumanEval,
+MT-Bench and the stdlib, with a fake tokenizer (no model)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+from decodekit.bench.stdlib_prompts import mine_stdlib_prompts  # noqa: E402
 from decodekit.bench.tasks import STDLIB_DEFAULT_PROMPTS, TASK_INFO, TASKS, load_task  # noqa: E402
+from decodekit.bench.tokenizer_shim import encode  # noqa: E402
 from decodekit.errors import ConfigError, MissingDependencyError, UnknownComponentError  # noqa: E402
+from decodekit.resources import package_dirs, package_file  # noqa: E402
 
 COLUMNS = {"id", "task", "category", "source", "prompt", "reference", "input_ids", "num_tokens"}
 BOS = 1
@@ -199,6 +204,13 @@ def test_stdlib_default_count_and_small_limit(tok: WordTokenizer) -> None:
     check_rows(ds, "stdlib", 48)
 
 
+def test_stdlib_miner_is_deterministic_per_seed(tok: WordTokenizer) -> None:
+    rows = mine_stdlib_prompts(tok, 3, 200, seed=5)
+    assert [r["id"] for r in rows] == [r["id"] for r in mine_stdlib_prompts(tok, 3, 200, seed=5)]
+    assert all(r["task"] == "stdlib" and r["num_tokens"] <= 200 for r in rows)
+    assert [r["id"] for r in rows] != [r["id"] for r in mine_stdlib_prompts(tok, 3, 200, seed=6)]
+
+
 def test_encode_only_tokenizer_for_code_tasks() -> None:
     ds = load_task("stdlib", EncodeOnlyTokenizer(), num_prompts=2)
     check_rows(ds, "stdlib", 1024)
@@ -213,6 +225,59 @@ def test_mixed_interleaves_the_three(tok: WordTokenizer) -> None:
     ds = load_task("mixed", tok, num_prompts=7, seed=0)
     assert ds["task"] == ["humaneval", "mtbench", "stdlib"] * 2 + ["humaneval"]
     assert ds["id"][::3] == load_task("humaneval", tok, num_prompts=3, seed=0)["id"]
+
+
+# ------------------------------------------------------------------------------------------ tokenizer shim
+
+
+class Encoding:  # like tokenizers.Encoding
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+
+class BatchEncodingLike:  # like transformers.BatchEncoding used as an object
+    def __init__(self, ids: list[int]) -> None:
+        self.input_ids = ids
+
+
+@pytest.mark.parametrize(
+    "tokenizer",
+    [
+        lambda text: [3, 4],  # a plain callable without add_special_tokens
+        lambda text, add_special_tokens=True: {"input_ids": torch.tensor([3, 4])},
+        lambda text, add_special_tokens=True: BatchEncodingLike([3, 4]),
+        lambda text, add_special_tokens=True: Encoding([3, 4]),
+        type("EncodeOnly", (), {"encode": lambda self, text: torch.tensor([3, 4])})(),
+    ],
+)
+def test_encode_accepts_the_common_tokenizer_forms(tokenizer: Any) -> None:
+    assert encode(tokenizer, "a b", special=True) == [3, 4]
+
+
+def test_encode_refuses_what_is_not_a_tokenizer() -> None:
+    with pytest.raises(ConfigError, match="neither"):
+        encode(object(), "a b", special=True)
+    with pytest.raises(ConfigError, match="flat list of ints"):
+        encode(lambda text: [[3, 4]], "a b", special=True)
+
+
+# ----------------------------------------------------------------------------------------------- package files
+
+
+def test_package_file_is_found_without_importing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "dk_fake_data_pkg"
+    (package / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('never imported')\n")
+    (package / "data" / "items.jsonl").write_text("{}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert package_dirs("dk_fake_data_pkg") == [package]
+    found = package_file("dk_fake_data_pkg", ("data", "items.jsonl"), install="pip install x", needed_by="a test")
+    assert found == package / "data" / "items.jsonl" and "dk_fake_data_pkg" not in sys.modules
+    with pytest.raises(MissingDependencyError, match="lacks its data file data/gone.jsonl.*pip install x --force"):
+        package_file("dk_fake_data_pkg", ("data", "gone.jsonl"), install="pip install x", needed_by="a test")
+    with pytest.raises(MissingDependencyError, match="a test needs the package 'dk_no_such_pkg'.*pip install y"):
+        package_file("dk_no_such_pkg", ("x",), install="pip install y", needed_by="a test")
+    assert package_dirs("random") == []  # a module, not a package directory
 
 
 # ------------------------------------------------------------------------------------------------- errors

