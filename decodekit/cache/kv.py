@@ -1,0 +1,323 @@
+"""The :class:`KVCache` class (the slot model is described in :mod:`decodekit.cache`)."""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache
+
+from decodekit.cache.validity import SlotValidity
+
+_STAGE, _WRITE_AT, _ATTEND = "stage", "write_at", "attend"
+
+
+class KVCache(Cache):
+    """Ragged, row-compactable KV cache.
+
+    Args:
+        batch_size: number of rows ``B``.
+        capacity: initial number of slots per row ``S_cap`` (grown on demand).
+        device: device of the length bookkeeping (buffers follow the model's key states).
+    """
+
+    def __init__(self, batch_size: int, capacity: int, device: torch.device | str = "cpu") -> None:
+        super().__init__(layers=[])
+        self.capacity = capacity
+        self._lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self._host: list[int] | None = [0] * batch_size  # host mirror of the lengths; None = unknown
+        self.keys: list[torch.Tensor] = []  # per layer [B, H, S_cap + 1, D]; the last slot is scratch
+        self.values: list[torch.Tensor] = []
+        self.validity = SlotValidity()
+        self._extent: list[int] = []  # per layer: staged slots past L_b written since the last keep / crop
+        self._plan: str | None = None  # what the next forward does: _STAGE, _WRITE_AT or _ATTEND
+        self._write_index: torch.Tensor | None = None  # [B, N] slots the next forward writes (ragged / write_at)
+        self._write_start: int | None = None  # set when every row writes at the same slot (a slice copy)
+        self._offset = self._end = 0  # staged block: slots L_b + offset .. L_b + end - 1
+        self._kv_len = 0  # key length S the next forward sees (after attend: the cached part S_c)
+
+    # ------------------------------------------------------------------------------------------- properties
+    @property
+    def lengths(self) -> torch.Tensor:
+        """``[B]`` committed length per row (long, on the cache's device)."""
+        return self._lengths
+
+    @lengths.setter
+    def lengths(self, value: torch.Tensor) -> None:
+        self._lengths, self._host = value, None
+
+    @property
+    def batch_size(self) -> int:
+        return self._lengths.shape[0]
+
+    # ------------------------------------------------------------------------------------------- host mirror
+    def _read_lengths(self) -> list[int]:
+        """The one place the cache reads lengths to the host (a device sync on GPU)."""
+        self._host = self._lengths.tolist()
+        return self._host
+
+    def host_lengths(self) -> list[int]:
+        """Committed lengths as Python ints: the host mirror, read from the device (one sync) when unknown."""
+        return list(self._host if self._host is not None else self._read_lengths())
+
+    def set_host_lengths(self, lengths: list[int]) -> None:
+        """Hand over lengths the caller just read (must equal :attr:`lengths`); spares the next sync."""
+        if len(lengths) != self.batch_size:
+            raise ValueError(f"set_host_lengths: got {len(lengths)} lengths for {self.batch_size} rows")
+        self._host = [int(n) for n in lengths]
+
+    def check_host_mirror(self) -> None:
+        """Debug check (syncs): raise ``AssertionError`` if the host mirror differs from :attr:`lengths`."""
+        if self._host is not None and self._host != self._lengths.tolist():
+            raise AssertionError(f"KVCache host mirror {self._host} != lengths {self._lengths.tolist()}")
+
+    def _min_max(self) -> tuple[int, int]:
+        host = self._host if self._host is not None else self._read_lengths()
+        return (min(host), max(host)) if host else (0, 0)
+
+    # ------------------------------------------------------------------------------------- forward protocol
+    def stage(self, num_new: int, offset: int = 0, *, kv_len: int | None = None) -> int:
+        """Reserve slots ``L_b + offset .. L_b + offset + num_new - 1`` for the next forward's ``num_new`` tokens.
+
+        ``offset > 0`` continues a staged block (a self-speculative drafter runs the target's first layers on one
+        draft token per step at offsets 0, 1, 2, ...). Grows the buffers if needed; invalidates the staged slots
+        when validity is explicit. No host sync while the host mirror is known.
+
+        Args:
+            num_new: ``N`` new tokens per row.
+            offset: where the block starts, past each row's committed length.
+            kv_len: a longer key length, to reach valid slots past the block (a cached suffix); None = the least.
+
+        Returns:
+            the key length ``S`` (at least ``max(L) + offset + num_new``); the mask must be ``[B, 1, num_new, S]``.
+        """
+        lo, hi = self._min_max()
+        if kv_len is None:
+            kv_len = hi + offset + num_new
+        elif kv_len < hi + offset + num_new:
+            raise ValueError(f"stage: kv_len={kv_len} is shorter than max(L) + offset + num_new")
+        self._reserve(kv_len)
+        if lo == hi:  # every row writes at the same slots: update() copies a slice
+            self._write_start, self._write_index = lo + offset, None
+        else:
+            self._write_start = None
+            self._write_index = self._lengths[:, None] + torch.arange(
+                offset, offset + num_new, device=self._lengths.device
+            )
+        self.validity.staged(self._lengths, offset, num_new)
+        self._plan, self._offset, self._end, self._kv_len = _STAGE, offset, offset + num_new, kv_len
+        return kv_len
+
+    def write_at(self, slots: torch.Tensor, kv_len: int | None = None) -> int:
+        """Stage a forward whose ``M`` new tokens overwrite ``slots [B, M]`` (``-1`` = padding; written to scratch).
+
+        Committed or not, the slots become valid (validity turns explicit); lengths do not change. For refreshing
+        committed K/V (dKV-Cache) and writing a cached suffix block past ``L_b`` (Fast-dLLM dual cache). Data staged
+        at an offset may be overwritten, so staged extents are reset.
+
+        Args:
+            slots: ``[B, M]`` long, distinct per row; token ``j`` of row ``b`` has position ``slots[b, j]``.
+            kv_len: the key length ``S`` (must exceed every slot); None = ``max(max(L), max(slots) + 1)`` (one sync).
+
+        Returns:
+            ``S``; the forward's mask must be ``[B, 1, M, S]``.
+        """
+        if kv_len is None:
+            kv_len = max(self._min_max()[1], int(slots.max()) + 1 if slots.numel() else 0)
+        self._reserve(kv_len)
+        slots = slots.to(self._lengths.device)
+        self.validity.set(self._lengths, self.capacity, slots, True)
+        self._write_index = slots.where(slots >= 0, self.capacity)
+        self._extent = [0] * len(self._extent)
+        self._plan, self._write_start, self._kv_len = _WRITE_AT, None, kv_len
+        return kv_len
+
+    def attend(self, num_new: int, cached_len: int | None = None) -> int:
+        """Run the next forward against the cache without writing its K/V (ephemeral blocks, attend-only queries).
+
+        ``update()`` returns the cached keys ``0 .. S_c - 1`` followed by the ``num_new`` new ones, so new token ``j``
+        sits at key index ``S_c + j``; the buffers are unchanged afterwards. Build the mask with
+        :func:`decodekit.masks.attend_layout`.
+
+        Args:
+            num_new: ``N`` new tokens per row.
+            cached_len: ``S_c``; None = ``max(L)`` (more to reach a valid suffix past the committed lengths).
+
+        Returns:
+            ``S = S_c + num_new``; the forward's mask must be ``[B, 1, num_new, S]``.
+        """
+        cached = self._min_max()[1] if cached_len is None else cached_len
+        self._reserve(cached)
+        self._plan, self._write_index, self._write_start, self._kv_len = _ATTEND, None, None, cached
+        return cached + num_new
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers ``Cache`` hook: take ``[B, H, N, D]`` new states of layer ``layer_idx`` (0-based).
+
+        Writes them where the last :meth:`stage` / :meth:`write_at` said (nothing after :meth:`attend`).
+
+        Returns:
+            keys and values ``[B, H, S, D]``: slots ``0 .. S - 1`` (after :meth:`attend`: the cached slots
+            ``0 .. S_c - 1`` then the new states).
+        """
+        if self._plan is None:
+            raise RuntimeError("KVCache.update called without stage(): run models through decodekit's adapters")
+        while len(self.keys) <= layer_idx:
+            shape = (self.batch_size, key_states.shape[1], self.capacity + 1, key_states.shape[3])
+            self.keys.append(key_states.new_zeros(shape))
+            self.values.append(value_states.new_zeros(shape[:3] + (value_states.shape[3],)))
+            self._extent.append(0)
+        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        if self._plan == _ATTEND:
+            cached = self._kv_len
+            return torch.cat([k_buf[:, :, :cached], key_states], 2), torch.cat([v_buf[:, :, :cached], value_states], 2)
+        if self._write_start is not None:  # all rows at the same length: a slice copy
+            end = self._write_start + key_states.shape[2]
+            k_buf[:, :, self._write_start : end] = key_states
+            v_buf[:, :, self._write_start : end] = value_states
+        else:
+            index = self._write_index.to(key_states.device)[:, None, :, None]
+            k_buf.scatter_(2, index.expand_as(key_states), key_states)
+            v_buf.scatter_(2, index.expand_as(value_states), value_states)
+        if self._plan == _STAGE and self._offset <= self._extent[layer_idx]:
+            self._extent[layer_idx] = max(self._extent[layer_idx], self._end)
+        return k_buf[:, :, : self._kv_len], v_buf[:, :, : self._kv_len]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Largest committed length (transformers asks; no sync while the host mirror is known)."""
+        return self._min_max()[1]
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return (self._kv_len + query_length if self._plan == _ATTEND else self._kv_len), 0
+
+    def staged_extent(self, layer_idx: int) -> int:
+        """Slots past each row's ``L_b`` holding K/V that staged forwards wrote in layer ``layer_idx`` (0-based).
+
+        Counts the contiguous run from ``L_b``: a block staged past the extent (a gap) does not extend it. Reset by
+        :meth:`keep`, :meth:`crop`, :meth:`select_rows`, :meth:`write_at`.
+        """
+        return self._extent[layer_idx] if layer_idx < len(self._extent) else 0
+
+    # ----------------------------------------------------------------------------------------- bookkeeping
+    def keep(
+        self, counts: torch.Tensor, nodes: torch.Tensor | None = None, *, host_counts: int | list[int] | None = None
+    ) -> None:
+        """Commit staged tokens: row ``b`` keeps ``counts[b]`` tokens staged past ``L_b``.
+
+        Args:
+            counts: ``[B]`` how many staged tokens each row keeps.
+            nodes: ``[B, M]`` which staged tokens (slot ``L_b + nodes[b, i]``, increasing), gathered into slots
+                ``L_b .. L_b + counts[b] - 1``; None for the first ``counts[b]`` (a chain: no copy). Entries past
+                ``counts[b]`` are ignored.
+            host_counts: the same counts on the host (an int = every row): keeps the host mirror valid.
+        """
+        if self._plan in (_WRITE_AT, _ATTEND):
+            raise RuntimeError(f"KVCache.keep after {self._plan}(): nothing was staged")
+        if nodes is not None and nodes.shape[1] > 0:
+            m = nodes.shape[1]
+            base = self._lengths[:, None]
+            src = (base + nodes.clamp(min=0))[:, None, :, None]
+            dst = (base + torch.arange(m, device=nodes.device))[:, None, :, None]
+            for buf in (*self.keys, *self.values):
+                src_i, dst_i = src.to(buf.device), dst.to(buf.device)
+                shape = (buf.shape[0], buf.shape[1], m, buf.shape[3])
+                buf.scatter_(2, dst_i.expand(shape), buf.gather(2, src_i.expand(shape)))
+        counts = counts.to(self._lengths.device)
+        self.validity.kept(self._lengths, counts)
+        if self._host is not None and host_counts is not None:
+            add = [host_counts] * self.batch_size if isinstance(host_counts, int) else host_counts
+            host = [n + int(c) for n, c in zip(self._host, add)]
+        else:
+            host = None
+        self._lengths, self._host = self._lengths + counts, host
+        self._clear()
+
+    def crop(self, lengths: torch.Tensor, *, host_lengths: list[int] | None = None) -> None:  # type: ignore[override]
+        """Truncate row ``b`` to ``min(L_b, lengths[b])`` committed tokens (``lengths [B]``).
+
+        ``host_lengths``: the same on the host, which keeps the host mirror valid.
+        """
+        new = torch.minimum(self._lengths, lengths.to(self._lengths.device))
+        self.validity.cropped(self._lengths, new)
+        host = None
+        if self._host is not None and host_lengths is not None:
+            host = [min(n, int(c)) for n, c in zip(self._host, host_lengths)]
+        self._lengths, self._host = new, host
+        self._clear()
+
+    def select_rows(self, rows: torch.Tensor, *, host_rows: list[int] | None = None) -> None:
+        """Keep only ``rows [B']`` (indices into the current batch), in that order.
+
+        ``host_rows``: the same indices on the host, which keeps the host mirror valid.
+        """
+        self._host = [self._host[r] for r in host_rows] if self._host is not None and host_rows is not None else None
+        self._lengths = self._lengths[rows.to(self._lengths.device)]
+        self.keys = [k[rows.to(k.device)] for k in self.keys]
+        self.values = [v[rows.to(v.device)] for v in self.values]
+        self.validity.select_rows(rows)
+        self._clear()
+
+    # --------------------------------------------------------------------------------------------- validity
+    def invalidate(self, slots: torch.Tensor) -> None:
+        """Mark ``slots [B, M]`` (``-1`` = padding) invalid: masks built on :meth:`key_mask` stop attending them."""
+        self.validity.set(self._lengths, self.capacity, slots, False)
+
+    def mark_valid(self, slots: torch.Tensor) -> None:
+        """Mark ``slots [B, M]`` (``-1`` = padding, all ``< capacity``) as holding usable K/V, committed or not."""
+        self.validity.set(self._lengths, self.capacity, slots, True)
+
+    def key_mask(self, kv_len: int) -> torch.Tensor:
+        """``[B, kv_len]`` bool, True where a slot holds valid K/V (``slot < L_b`` unless validity is explicit)."""
+        return self.validity.key_mask(self._lengths, kv_len)
+
+    def reset_validity(self) -> None:
+        """Forget explicit validity: back to the implicit ``slot < L_b`` (free again for plain decoding)."""
+        self.validity.mask = None
+
+    # ------------------------------------------------------------------------------------------- snapshots
+    def snapshot(self) -> dict[str, object]:
+        """A copy of the whole state (for exploring alternatives and rolling back with :meth:`restore`)."""
+        return {
+            "lengths": self._lengths.clone(),
+            "host": None if self._host is None else list(self._host),
+            "keys": [k.clone() for k in self.keys],
+            "values": [v.clone() for v in self.values],
+            "capacity": self.capacity,
+            "validity": self.validity.copy(),
+            "extent": list(self._extent),
+        }
+
+    def restore(self, snapshot: dict[str, object]) -> None:
+        """Return to a state taken by :meth:`snapshot`."""
+        self._lengths = snapshot["lengths"].clone()  # type: ignore[union-attr]
+        self._host = None if snapshot["host"] is None else list(snapshot["host"])  # type: ignore[arg-type]
+        self.keys = [k.clone() for k in snapshot["keys"]]  # type: ignore[union-attr]
+        self.values = [v.clone() for v in snapshot["values"]]  # type: ignore[union-attr]
+        self.capacity = snapshot["capacity"]  # type: ignore[assignment]
+        valid = snapshot["validity"]
+        self.validity.mask = None if valid is None else valid.clone()  # type: ignore[union-attr]
+        self._clear()
+        self._extent = list(snapshot["extent"])  # type: ignore[arg-type]
+
+    # -------------------------------------------------------------------------------------------- internals
+    def _clear(self) -> None:
+        self._plan, self._write_index, self._write_start = None, None, None
+        self._extent = [0] * len(self._extent)
+
+    def _reserve(self, kv_len: int) -> None:
+        if kv_len > self.capacity:
+            self._grow(max(kv_len, 2 * self.capacity))
+
+    def _grow(self, capacity: int) -> None:
+        def grown(buf: torch.Tensor) -> torch.Tensor:
+            out = buf.new_zeros(buf.shape[:2] + (capacity + 1,) + buf.shape[3:])
+            out[:, :, : buf.shape[2] - 1] = buf[:, :, :-1]
+            return out
+
+        self.keys = [grown(k) for k in self.keys]
+        self.values = [grown(v) for v in self.values]
+        self.validity.grow(capacity)
+        self.capacity = capacity
+
+    def __repr__(self) -> str:
+        return f"KVCache(batch={self.batch_size}, capacity={self.capacity}, lengths={self._lengths.tolist()})"
