@@ -60,6 +60,7 @@ def run_bench(cfg: Any, out_dir: Path) -> str:
         max_new_tokens=cfg.max_new_tokens,
         seed=cfg.seed,
         progress=cfg.progress,
+        prompt_ids=list(data["id"]),
     )
     info = machine_info(model) | {"task": task.name, "prompts": len(data)}
     return save(results, out_dir, info, OmegaConf.to_container(cfg, resolve=True))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,22 @@ def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
+def greedy_match(result: Result) -> str:
+    """``12/12``, ``11/12 (1 near-tie)``, ``9/12 (1 near-tie, 1 MISMATCH, 1 LENGTH)``; ``-`` when not greedy.
+
+    Capitals mark what float rounding cannot explain: a token the target did not rank first, or a different stop.
+    """
+    if result.greedy_match is None:
+        return "-"
+    same = round(result.greedy_match * result.prompts)
+    counts = Counter(d.verdict for d in result.greedy_diffs)
+    labels = {"near_tie": "near-tie", "mismatch": "MISMATCH", "length": "LENGTH"}
+    notes = ", ".join(f"{counts[v]} {label}" for v, label in labels.items() if counts[v])
+    return f"{same}/{result.prompts}" + (f" ({notes})" if notes else "")
+
+
 def markdown(results: Sequence[Result], title: str = "", info: dict[str, Any] | None = None) -> str:
-    """One table per (setting, batch size), methods as rows."""
+    """One table per (setting, batch size), methods as rows; under it, each greedy difference explained."""
     lines = [f"## {title}"] if title else []
     if info:
         lines.append(", ".join(f"{k}: {v}" for k, v in info.items()))
@@ -43,8 +58,12 @@ def markdown(results: Sequence[Result], title: str = "", info: dict[str, Any] | 
                 f"| {r.method} | {r.tokens_per_s:.1f} | {r.decode_tokens_per_s:.1f} | {_fmt(r.speedup, suffix='x')} | "
                 f"{_fmt(r.bound, suffix='x')} | {_fmt(efficiency, '.0%')} | {_fmt(r.ceiling, suffix='x')} | {acc} | "
                 f"{per_pos} | {split} | "
-                f"{r.prefill_s:.1f} | {_fmt(r.greedy_match, '.0%')} |"
+                f"{r.prefill_s:.1f} | {greedy_match(r)} |"
             )
+        diffs = [f"- {r.method}: {d}" for r in rows for d in r.greedy_diffs]
+        if diffs:
+            lines += ["", "Greedy outputs that differ from the reference (first differing token, target's top-2):"]
+            lines += diffs
     return "\n".join(lines) + "\n"
 
 
@@ -84,7 +103,8 @@ def plot(results: Sequence[Result], path: Path) -> None:
     ax_acc.set_ylabel("acceptance rate")
     ax_acc.set_ylim(0, 1.05)
     ax_acc.set_title(f"Acceptance rate per draft position (batch {smallest})")
-    ax_acc.legend(fontsize=7)
+    if ax_acc.lines:
+        ax_acc.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

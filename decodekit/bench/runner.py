@@ -13,7 +13,9 @@ prompts, all on the same prompts with the same seeds. Reported per method:
   term measured; summing over the run keeps it exact when rows of a batch finish in different rounds); the
   ``ceiling`` if every drafted token were accepted; ``speedup / bound`` is how much of it the loop realises;
 * ``greedy_match``: at temperature 0, the fraction of prompts whose output equals the reference's, so a speedup
-  is never reported for different output.
+  is never reported for different output; ``greedy_diffs`` explains each prompt that differs (the first differing
+  token and the target's top-2 margin there, :func:`decodekit.diagnostics.first_divergence`), so a floating-point
+  near-tie is told apart from a bug. The diagnostics run after every timed call, outside the timed regions.
 """
 
 from __future__ import annotations
@@ -28,9 +30,55 @@ from tqdm.auto import tqdm
 
 import decodekit as dk
 from decodekit.bench.methods import Method, Run, Setting, TransformersBaseline
+from decodekit.diagnostics import Divergence, first_divergences
+from decodekit.errors import ConfigError
 from decodekit.models import LanguageModel
 
 WARMUP_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class GreedyDiff:
+    """A prompt whose greedy output differs from the reference's.
+
+    Attributes:
+        prompt: the prompt's id (its task id when the runner was given ``prompt_ids``, else its index).
+        divergence: the first differing token and the target's ranking there; None when one output is a strict
+            prefix of the other (a stopping difference: EOS or length, verdict ``"length"``).
+        reference_length: generated tokens of the reference's output.
+        candidate_length: generated tokens of this method's output.
+    """
+
+    prompt: int | str
+    divergence: Divergence | None
+    reference_length: int
+    candidate_length: int
+
+    @property
+    def verdict(self) -> str:
+        """``"near_tie"`` (float rounding), ``"mismatch"`` (a bug) or ``"length"`` (stopped at a different point)."""
+        return self.divergence.verdict if self.divergence else "length"
+
+    @property
+    def position(self) -> int:
+        """The first generated position where the outputs differ (for ``length``: where the shorter one ends)."""
+        return self.divergence.position if self.divergence else min(self.reference_length, self.candidate_length)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(prompt=self.prompt, position=self.position, verdict=self.verdict)
+        out.update(margin=self.divergence.margin if self.divergence else None)
+        out.update(reference_length=self.reference_length, candidate_length=self.candidate_length)
+        if self.divergence:
+            out.update({k: v for k, v in self.divergence.to_dict().items() if k not in out})
+        return out
+
+    def __str__(self) -> str:
+        if self.divergence:
+            return f"prompt {self.prompt}, {self.divergence}"
+        return (
+            f"prompt {self.prompt}: same tokens, different length (reference {self.reference_length}, "
+            f"candidate {self.candidate_length}): LENGTH"
+        )
 
 
 @dataclass
@@ -51,6 +99,7 @@ class Result:
     greedy_match: float | None = None
     bound: float | None = None
     ceiling: float | None = None
+    greedy_diffs: list[GreedyDiff] = field(default_factory=list, repr=False)
 
     @property
     def decode_s(self) -> float:
@@ -65,7 +114,8 @@ class Result:
         return (self.tokens - self.prompts) / self.decode_s  # the first token of each row comes from prefill
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k not in ("sequences", "stats")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("sequences", "stats", "greedy_diffs")}
+        out.update(greedy_diffs=[d.to_dict() for d in self.greedy_diffs])
         out.update(decode_s=self.decode_s, tokens_per_s=self.tokens_per_s, decode_tokens_per_s=self.decode_tokens_per_s)
         if self.stats is not None:
             s = self.stats
@@ -91,15 +141,21 @@ def run_benchmark(
     max_new_tokens: int = 128,
     seed: int = 0,
     progress: bool = True,
+    prompt_ids: Sequence[int | str] | None = None,
 ) -> list[Result]:
     """Measure every method on ``prompts`` for every setting and batch size; the first method is the reference.
 
     Methods that cannot run a batch size (transformers' assisted generation above 1) are skipped there.
+    ``prompt_ids`` (e.g. a task's ``id`` column) name the prompts in ``greedy_diffs``; default: their indices.
     """
     prompts = [list(p) for p in prompts]
+    ids = list(prompt_ids) if prompt_ids is not None else list(range(len(prompts)))
+    if len(ids) != len(prompts):
+        raise ConfigError(f"got {len(ids)} prompt ids for {len(prompts)} prompts")
     units = sum(len(_batches(prompts, b)) + 1 for _ in settings for b in batch_sizes for m in methods if _fits(m, b))
     bar = tqdm(total=units, desc="benchmark", disable=not progress, unit="call")
     results = []
+    differing: list[tuple[Result, Result]] = []  # (result, its reference), diagnosed after all timing
     for setting in settings:
         for batch_size in batch_sizes:
             reference: Result | None = None
@@ -111,7 +167,11 @@ def run_benchmark(
                 reference = reference or result
                 _compare(result, reference, setting)
                 results.append(result)
+                if result.greedy_match is not None and result.greedy_match < 1:
+                    differing.append((result, reference))
     bar.close()
+    for result, reference in differing:
+        result.greedy_diffs = _greedy_diffs(model, prompts, ids, reference.sequences, result.sequences)
     return results
 
 
@@ -173,6 +233,20 @@ def _compare(result: Result, reference: Result, setting: Setting) -> None:
     work = s.draft_time_s + s.verify_time_s
     result.bound = (result.tokens - result.prompts) / work / forward_rate
     result.ceiling = (s.row_steps + s.drafted) / work / forward_rate  # every drafted token accepted
+
+
+def _greedy_diffs(
+    model: LanguageModel,
+    prompts: list[list[int]],
+    ids: list[int | str],
+    references: list[list[int]],
+    candidates: list[list[int]],
+) -> list[GreedyDiff]:
+    """Explain every prompt whose output differs from the reference's (untimed: target forwards)."""
+    rows = [i for i, (r, c) in enumerate(zip(references, candidates)) if r != c]
+    pick = [[seqs[i] for i in rows] for seqs in (prompts, references, candidates)]
+    divergences = first_divergences(model, *pick)
+    return [GreedyDiff(ids[i], d, len(references[i]), len(candidates[i])) for i, d in zip(rows, divergences)]
 
 
 def machine_info(model: LanguageModel) -> dict[str, Any]:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import pytest
+import torch
 
 import decodekit as dk
-from decodekit.bench.methods import Method, Setting, TransformersBaseline
+from decodekit.bench.methods import Method, Run, Setting, TransformersBaseline
 from decodekit.bench.report import markdown, save
 from decodekit.bench.runner import machine_info, run_benchmark
 from decodekit.models.tiny import perturbed, tiny_llama
@@ -45,8 +49,9 @@ def test_greedy_outputs_match_autoregressive(results):
     _, rows = results
     for r in rows:
         if r.setting == "greedy":
-            assert r.greedy_match == 1.0, r.method
+            assert r.greedy_match == 1.0 and r.greedy_diffs == [], r.method
         assert r.speedup is not None and r.speedup > 0
+    assert "| 4/4 |" in markdown(rows) and "Greedy outputs that differ" not in markdown(rows)
 
 
 def test_bounds_come_from_measured_acceptance(results):
@@ -67,3 +72,65 @@ def test_reports_are_written(results, tmp_path):
     assert len(data["results"]) == len(rows) and "cpu" in data["machine"]
     assert (tmp_path / "speedup.png").stat().st_size > 10_000
     assert markdown(rows).count("| autoregressive |") == 4
+
+
+@dataclass
+class EditedAutoregressive:
+    """Autoregressive decoding whose output is edited per prompt: stands in for a method with a bug."""
+
+    name: str
+    edits: dict[tuple[int, ...], Callable[[list[int]], list[int]]] = field(default_factory=dict)
+    max_batch: int | None = 1
+
+    def generate(self, model, prompts, setting, max_new_tokens, seed) -> Run:
+        run = Method(self.name).generate(model, prompts, setting, max_new_tokens, seed)
+        sequences = [self.edits.get(tuple(p), list)(s) for p, s in zip(prompts, run.sequences)]
+        return Run(sequences, run.wall_s, run.prefill_s, run.stats)
+
+
+def test_greedy_differences_are_explained(tmp_path):
+    """A near-tie, a wrong token and an early stop are told apart in the table and in results.json."""
+    prompts = [[5, 6, 7, 8, 5, 6], [1, 2, 3], [9, 9, 9, 9, 9, 4, 2], [3, 1]]
+    base = tiny_llama(0)
+    plain = dk.generate(dk.load_model(base), prompts, max_new_tokens=8).sequences
+    a = plain[0][2]
+    b = max(set(range(128)) - {t for seq in prompts + plain for t in seq})  # never chosen, never an input
+    target = copy.deepcopy(base)
+    with torch.no_grad():
+        target.lm_head.weight[b] = target.lm_head.weight[a]  # b's logit is a's everywhere: an exact tie
+    model = dk.load_model(target)
+    plain = [dk.generate(model, [p], max_new_tokens=8).sequences[0] for p in prompts]  # batch 1, as benched
+    tie_at = next(i for i, t in enumerate(plain[0]) if t in (a, b))
+    with torch.no_grad():
+        worst = int(target(torch.tensor([prompts[1] + plain[1][:3]])).logits[0, -1].argmin())
+
+    def swap(position: int, token: int) -> Callable[[list[int]], list[int]]:
+        return lambda s: s[:position] + [token] + s[position + 1 :]
+
+    edits = {
+        tuple(prompts[0]): swap(tie_at, a + b - plain[0][tie_at]),
+        tuple(prompts[1]): swap(3, worst),
+        tuple(prompts[2]): lambda s: s[:5],
+    }
+    methods = [Method("autoregressive"), EditedAutoregressive("edited", edits)]
+    ids = ["p0", "p1", "p2", "p3"]
+    rows = run_benchmark(model, prompts, methods, max_new_tokens=8, progress=False, prompt_ids=ids)
+    edited = rows[1]
+    assert edited.greedy_match == 0.25
+    assert [(d.prompt, d.position, d.verdict) for d in edited.greedy_diffs] == [
+        ("p0", tie_at, "near_tie"),
+        ("p1", 3, "mismatch"),
+        ("p2", 5, "length"),
+    ]
+    table = markdown(rows)
+    assert "| 1/4 (1 near-tie, 1 MISMATCH, 1 LENGTH) |" in table and "| 4/4 |" in table
+    assert "- edited: prompt p1, token 3:" in table and "MISMATCH" in table.split("- edited: prompt p1")[1]
+    save(rows, tmp_path, machine_info(model))
+    diffs = json.loads((tmp_path / "results.json").read_text())["results"][1]["greedy_diffs"]
+    assert [(d["prompt"], d["position"], d["verdict"]) for d in diffs] == [
+        ("p0", tie_at, "near_tie"),
+        ("p1", 3, "mismatch"),
+        ("p2", 5, "length"),
+    ]
+    assert diffs[0]["margin"] <= diffs[0]["tolerance"] and diffs[1]["margin"] >= 0 and diffs[2]["margin"] is None
+    assert diffs[1]["candidate_token"] == worst and diffs[1]["suspect"] == "candidate"
