@@ -5,8 +5,9 @@
 >>> out = dk.generate(model, [[1, 2, 3]], drafter=dk.drafters.NGramDrafter())   # doctest: +SKIP
 """
 
-from decodekit import drafters, policies, registry, verifiers
+from decodekit import diagnostics, drafters, policies, registry, verifiers
 from decodekit.cache import KVCache
+from decodekit.diagnostics import Divergence, first_divergence, first_divergences
 from decodekit.errors import (
     ConfigError,
     ContextLengthError,
@@ -18,16 +19,40 @@ from decodekit.errors import (
     VocabMismatchError,
 )
 from decodekit.generate import generate
-from decodekit.interfaces import Drafter, LengthPolicy, Verifier
+from decodekit.interfaces import (
+    Begins,
+    ChecksSampling,
+    DeclaresKind,
+    Drafter,
+    HasVocab,
+    LengthPolicy,
+    Needs,
+    Observes,
+    SelectsRows,
+    SharesTarget,
+    Verifier,
+)
 from decodekit.metrics import SpecStats
-from decodekit.models import LanguageModel, load_model
+from decodekit.models import LanguageModel, ModelOutput, load_model
 from decodekit.registry import available, build, register
+from decodekit.round import NEEDS, Round
 from decodekit.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, DraftStep, GenerationOutput, SamplingParams, Verdict
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "NEEDS",
+    "Begins",
+    "ChecksSampling",
+    "DeclaresKind",
+    "HasVocab",
+    "ModelOutput",
+    "Needs",
+    "Observes",
+    "Round",
+    "SelectsRows",
+    "SharesTarget",
     "ConfigError",
     "ContextLengthError",
     "DecodeKitError",
@@ -52,6 +77,10 @@ __all__ = [
     "VocabMismatchError",
     "available",
     "build",
+    "diagnostics",
+    "Divergence",
+    "first_divergence",
+    "first_divergences",
     "drafters",
     "generate",
     "load_model",

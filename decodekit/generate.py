@@ -1,4 +1,10 @@
-"""The speculative decoding loop. Autoregressive decoding is this loop with no drafter."""
+"""The speculative decoding loop. Autoregressive decoding is this loop with no drafter.
+
+Host syncs (reads of device values that make the CPU wait for the GPU) per round: one read of the finished flags
+and row lengths at the end of the round, plus one for the used width of a non-empty draft
+(:meth:`~decodekit.draft.Draft.trimmed`); step-wise drafters add their own (``ModelDrafter``: one per draft step
+when the policy has a stop rule). A streamer adds one per round. ``tests/unit/test_host_syncs.py`` counts them.
+"""
 
 from __future__ import annotations
 
@@ -10,20 +16,19 @@ from typing import Any
 
 import torch
 
-from decodekit.errors import (
-    ConfigError,
-    ContextLengthError,
-    EmptyPromptError,
-    IncompatibleDraftError,
-    VocabMismatchError,
-)
+from decodekit.cache import KVCache
+from decodekit.components import Components
+from decodekit.draft import Draft
+from decodekit.errors import ConfigError, ContextLengthError, EmptyPromptError
 from decodekit.interfaces import Drafter, LengthPolicy, Verifier
-from decodekit.metrics import SpecStats, timed
+from decodekit.metrics import RoundCounters, SpecStats
 from decodekit.models import LanguageModel, load_model
 from decodekit.policies import FixedLength
+from decodekit.round import Round, round_extras
 from decodekit.sampling import next_token
 from decodekit.state import DecodeState
-from decodekit.types import Draft, DraftBudget, GenerationOutput, SamplingParams, Verdict
+from decodekit.timing import PhaseTimer
+from decodekit.types import GenerationOutput, SamplingParams, Verdict
 from decodekit.verifiers import GreedyVerifier, RejectionVerifier
 
 Streamer = Callable[[int, list[int]], Any]
@@ -44,6 +49,7 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | None = None,
     streamer: Streamer | None = None,
+    debug: bool = False,
 ) -> GenerationOutput:
     """Generate continuations of ``prompts`` with speculative decoding (plain decoding when ``drafter`` is None).
 
@@ -60,6 +66,8 @@ def generate(
         eos_token_id: id(s) that end a row; None = the model's, ``()`` = never stop early.
         seed: seeds the call's generator; the same seed gives the same output.
         streamer: called as ``streamer(row, tokens)`` with each row's newly committed tokens.
+        debug: validate every draft's values and the cache's bookkeeping each round (host syncs); without it the
+            first round's draft is validated and later ones only by shape.
 
     Returns:
         :class:`GenerationOutput` with ``sequences`` (prompt excluded), ``finish_reasons`` and ``stats``.
@@ -68,60 +76,73 @@ def generate(
     model = load_model(model)
     sampling = SamplingParams(temperature, top_k, top_p)
     verifier = verifier or (GreedyVerifier() if sampling.greedy else RejectionVerifier())
-    policy = policy or FixedLength(4)
     rows = _prompt_ids(prompts, model)
-    _check_components(model, drafter, verifier, sampling)
+    parts = Components(model, drafter, verifier, policy or FixedLength(4), sampling)
     if max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     eos = torch.tensor(_eos_ids(eos_token_id, model), dtype=torch.long, device=model.device)
     generator = None if seed is None else torch.Generator(model.device).manual_seed(seed)
     state = DecodeState.from_prompts(rows, _max_lengths(rows, max_new_tokens, model), sampling, generator, model.device)
-    stats, out = SpecStats(num_rows=len(rows)), _Outputs(len(rows), eos, streamer)
+    state.needs = parts.needs
+    timer, counters = PhaseTimer(model.device, exact="timings" in parts.needs), RoundCounters(model.device)
+    out = _Outputs(state, eos, streamer)
 
-    components = (drafter, policy) if drafter is not None else ()
-    with timed(stats, "prefill_time_s", model.device):
-        cache = model.new_cache(state.batch_size, state.tokens.shape[1])
-        prompts_width = int(state.lengths.max())
-        first = next_token(model.extend(cache, state.tokens[:, :prompts_width], state.lengths), sampling, generator)
-        finished, committed = out.commit(state, first[:, None], torch.ones_like(first))
-        stats.generated += int(committed.sum())
-        for component in components:
-            _hook(component, "begin", state)
-    while True:
-        _drop_finished(finished, out, state, cache, *components)
-        if state.batch_size == 0:
-            break
-        with timed(stats, "draft_time_s", model.device):
-            draft = _propose(drafter, policy, verifier, state, model.vocab_size)
-        with timed(stats, "verify_time_s", model.device):
-            verdict = verifier.verify(draft, model.score(cache, state.pending, draft), sampling, generator)
-            cache.keep(verdict.num_accepted + 1, _kept_slots(draft, verdict))
-        finished, committed = out.commit(state, *_round_tokens(draft, verdict))
-        stats.record_round(draft.num_valid.cpu(), verdict.num_accepted.cpu(), committed)
-        for component in components:
-            _hook(component, "observe", state, draft, verdict)
-    stats.total_time_s = time.perf_counter() - start
-    return out.result(stats)
-
-
-def _propose(
-    drafter: Drafter | None, policy: LengthPolicy, verifier: Verifier, state: DecodeState, vocab: int
-) -> Draft:
-    """This round's draft: the policy's budget, capped so no round passes a row's limit, spent by the drafter."""
-    if drafter is None:
-        return _empty_draft(state.batch_size, state.device)
-    budget = policy.plan(state)
-    budget = DraftBudget(torch.minimum(budget.lengths, state.remaining - 1).clamp(min=0), budget.stop)
-    if budget.max_len == 0:
-        return _empty_draft(state.batch_size, state.device)
-    draft = drafter.propose(state, budget)
-    if draft.num_nodes and draft.kind not in verifier.accepts:  # an empty draft is plain decoding
-        raise IncompatibleDraftError(
-            f"{type(verifier).__name__} cannot verify {draft.kind.value} drafts "
-            f"(it accepts: {', '.join(sorted(k.value for k in verifier.accepts))})"
+    timer.start()
+    cache = model.new_cache(state.batch_size, state.tokens.shape[1])
+    width = max(state.host_lengths)
+    logits = model.extend(cache, state.tokens[:, :width], state.lengths, host_counts=state.host_lengths).logits
+    first = next_token(logits, sampling, generator)
+    counters.add_generated(out.commit(state, first[:, None], torch.ones_like(first)))
+    out.sync(state, cache)
+    parts.begin(state, model, cache)
+    timer.mark("prefill")
+    timer.end_round()
+    index = 0
+    while out.drop_finished(state, cache, parts):
+        timer.start()
+        draft = _propose(parts, state, validate=debug or index == 0)
+        timer.mark("draft")
+        scored = model.score(
+            cache, state.pending, draft, hidden_layers=parts.hidden_layers, return_hidden="hidden" in parts.needs
         )
-    draft.check(state.batch_size, vocab, budget.lengths)
-    return draft.trimmed()
+        verdict = verifier.verify(draft, scored.logits, sampling, generator)
+        cache.keep(verdict.num_accepted + 1, _kept_slots(draft, verdict))
+        timer.mark("verify")
+        tokens, counts = _round_tokens(draft, verdict)
+        counts = out.commit(state, tokens, counts)
+        counters.add_round(draft.num_valid, verdict.num_accepted, counts, draft.num_nodes)
+        times = timer.end_round()
+        extras = round_extras(parts.needs, parts.hidden_layers, draft, scored, verdict, sampling)
+        if times and "timings" in parts.needs:
+            extras.update(draft_time_s=times["draft"], verify_time_s=times["verify"])
+        out.sync(state, cache, check=debug)
+        parts.observe(state, Round(index, draft, verdict, tokens, counts, **extras))  # type: ignore[arg-type]
+        index += 1
+    return out.result(_stats(counters, timer, start))
+
+
+def _stats(counters: RoundCounters, timer: PhaseTimer, start: float) -> SpecStats:
+    totals = timer.finish()
+    stats = SpecStats()
+    counters.flush(stats)
+    stats.prefill_time_s = totals.get("prefill", 0.0)
+    stats.draft_time_s, stats.verify_time_s = totals.get("draft", 0.0), totals.get("verify", 0.0)
+    stats.total_time_s = time.perf_counter() - start
+    return stats
+
+
+def _propose(parts: Components, state: DecodeState, validate: bool) -> Draft:
+    """This round's draft: the policy's budget, its depth capped so no round passes a row's limit, spent by the
+    drafter; validated when ``validate``; unused columns trimmed."""
+    if parts.drafter is None:
+        return _empty_draft(state.batch_size, state.device)
+    budget = parts.policy.plan(state).capped(state.remaining - 1, state.host_room - 1)
+    if budget.max_depth == 0 or budget.max_len == 0:
+        return _empty_draft(state.batch_size, state.device)
+    draft = parts.drafter.propose(state, budget)
+    if validate:
+        parts.check_draft(draft, state, budget)
+    return draft.trimmed() if draft.num_nodes else draft
 
 
 @functools.lru_cache(maxsize=64)
@@ -146,18 +167,22 @@ def _round_tokens(draft: Draft, verdict: Verdict) -> tuple[torch.Tensor, torch.T
 
 
 class _Outputs:
-    """Streams committed tokens and collects each caller row's sequence when the row finishes."""
+    """Commits tokens (EOS and length cuts), streams them, and keeps finished rows' sequences on the device until
+    the call ends; :meth:`sync` is the loop's one host read per round."""
 
-    def __init__(self, num_rows: int, eos: torch.Tensor, streamer: Streamer | None) -> None:
-        self.sequences: list[list[int]] = [[] for _ in range(num_rows)]
-        self.reasons = ["length"] * num_rows
-        self.eos = eos
-        self.streamer = streamer
+    def __init__(self, state: DecodeState, eos: torch.Tensor, streamer: Streamer | None) -> None:
+        self.tokens = torch.zeros_like(state.tokens)  # [B0, C]: each caller row's tokens once it finished
+        self.ends = state.lengths.clone()
+        self.starts = list(state.host_lengths)
+        self.eos, self.streamer = eos, streamer
+        self.finished = torch.zeros_like(state.lengths, dtype=torch.bool)
+        self.host_finished: list[int] = []
+        self.num_finished = 0
 
-    def commit(self, state: DecodeState, new: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def commit(self, state: DecodeState, new: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Append ``new [B, M]`` (first ``counts[b]`` per row) to the state, cut at EOS and at each row's limit.
 
-        Returns ``finished [B]`` (device) and the tokens committed per row ``[B]`` (CPU).
+        Returns the tokens committed per row ``[B]`` (device); sets :attr:`finished`.
         """
         hit_eos = None
         if self.eos.numel():
@@ -168,70 +193,51 @@ class _Outputs:
             counts = torch.where(hit_eos, is_eos.int().argmax(-1) + 1, counts)
         counts = torch.minimum(counts, state.remaining)
         state.append(new, counts)
-        finished = state.lengths >= state.max_lengths
+        self.finished = state.lengths >= state.max_lengths
         if hit_eos is not None:
-            finished |= hit_eos
-        counts_cpu = counts.cpu()
+            self.finished |= hit_eos
         if self.streamer is not None:
-            for b, (row, tokens) in enumerate(zip(state.rows.tolist(), new.cpu().tolist())):
-                if counts_cpu[b]:
-                    self.streamer(row, tokens[: counts_cpu[b]])
-        return finished, counts_cpu
+            for row, tokens, n in zip(state.rows.tolist(), new.tolist(), counts.tolist()):
+                if n:
+                    self.streamer(row, tokens[:n])
+        return counts
 
-    def collect(self, state: DecodeState, finished: torch.Tensor) -> None:
-        """Record the sequences of the ``finished [B]`` rows (before they leave the batch)."""
-        eos = set(self.eos.tolist())
-        for b in finished.nonzero()[:, 0].tolist():
-            row = int(state.rows[b])
-            self.sequences[row] = state.tokens[b, state.prompt_lengths[b] : state.lengths[b]].tolist()
-            if self.sequences[row][-1] in eos:
-                self.reasons[row] = "eos"
+    def sync(self, state: DecodeState, cache: KVCache, check: bool = False) -> None:
+        """The round's host read: finished flags and lengths; hands the lengths to the state and the cache."""
+        batch = state.batch_size
+        host = torch.cat([self.finished.long(), state.lengths]).tolist()
+        self.host_finished = host[:batch]
+        self.num_finished = sum(self.host_finished)
+        state.host_lengths = host[batch:]
+        cache.set_host_lengths([n - 1 for n in state.host_lengths])
+        if check:
+            cache.check_host_mirror()
+
+    def drop_finished(self, state: DecodeState, cache: KVCache, parts: Components) -> bool:
+        """Store the finished rows' tokens, remove those rows everywhere; False once no row is left."""
+        if self.num_finished == 0:
+            return state.batch_size > 0
+        order = torch.argsort(self.finished.int(), stable=True)  # live rows first, in order; no host sync
+        keep, done = order[: state.batch_size - self.num_finished], order[state.batch_size - self.num_finished :]
+        self.tokens[state.rows[done]] = state.tokens[done]
+        self.ends[state.rows[done]] = state.lengths[done]
+        host_keep = [b for b, done in enumerate(self.host_finished) if not done]
+        state.select_rows(keep, host_keep)
+        cache.select_rows(keep, host_rows=host_keep)
+        parts.select_rows(keep)
+        self.finished = self.finished[keep]
+        self.num_finished = 0
+        return state.batch_size > 0
 
     def result(self, stats: SpecStats) -> GenerationOutput:
         end = getattr(self.streamer, "end", None)
         if callable(end):
             end()
-        return GenerationOutput(sequences=self.sequences, finish_reasons=self.reasons, stats=stats)
-
-
-def _hook(component: Any, name: str, *args: Any) -> None:
-    method = getattr(component, name, None)
-    if method is not None:
-        method(*args)
-
-
-def _drop_finished(finished: torch.Tensor, out: _Outputs, state: DecodeState, cache: Any, *components: Any) -> None:
-    """Collect finished rows, then remove them from the state, the cache and every component's per-row state."""
-    if not bool(finished.any()):
-        return
-    out.collect(state, finished)
-    keep = (~finished).nonzero()[:, 0]
-    state.select_rows(keep)
-    cache.select_rows(keep)
-    for component in components:
-        _hook(component, "select_rows", keep)
-
-
-def _check_components(model: LanguageModel, drafter: Any, verifier: Any, sampling: SamplingParams) -> None:
-    """Fail before any compute when the components cannot work together."""
-    for name, component, protocol in (("drafter", drafter, Drafter), ("verifier", verifier, Verifier)):
-        if component is not None and not isinstance(component, protocol):
-            raise ConfigError(f"{name} {component!r} does not implement the {protocol.__name__} protocol")
-    _hook(verifier, "check", sampling)
-    if drafter is None:
-        return
-    draft_vocab = getattr(drafter, "vocab_size", None)
-    if draft_vocab is not None and draft_vocab != model.vocab_size:
-        raise VocabMismatchError(
-            f"the drafter's vocabulary has {draft_vocab} tokens but the target's has {model.vocab_size}; "
-            "use a draft model trained with the target's tokenizer (same vocabulary)"
-        )
-    kind_of = getattr(drafter, "draft_kind", None)
-    if kind_of is not None and (kind := kind_of(sampling)) not in verifier.accepts:
-        raise IncompatibleDraftError(
-            f"{type(verifier).__name__} cannot verify {kind.value} drafts from {type(drafter).__name__}; "
-            f"choose a verifier that accepts them"
-        )
+        tokens, ends, eos = self.tokens.tolist(), self.ends.tolist(), set(self.eos.tolist())
+        sequences = [row[s:e] for row, s, e in zip(tokens, self.starts, ends)]
+        reasons = ["eos" if seq and seq[-1] in eos else "length" for seq in sequences]
+        stats.num_rows = len(sequences)
+        return GenerationOutput(sequences=sequences, finish_reasons=reasons, stats=stats)
 
 
 def _prompt_ids(prompts: Any, model: LanguageModel) -> list[list[int]]:

@@ -1,24 +1,39 @@
 """The Protocols a component implements. A notebook class satisfies them without inheriting anything.
 
-Only the methods listed in each Protocol are required. Components may also define these optional hooks, which
-:func:`decodekit.generate` calls when present:
+Required: :class:`Drafter` (``propose``), :class:`Verifier` (``accepts``, ``lossless``, ``verify``) and
+:class:`LengthPolicy` (``plan``). Any of the three may also implement the optional hooks below; the loop checks
+each with ``isinstance`` once per call and calls what is there:
 
-* ``begin(state)`` -- once per call, after prefill (reset per-row state, prefill a draft model).
-* ``observe(state, draft, verdict)`` -- after every round, once the state holds the new tokens.
-* ``select_rows(rows)`` -- rows finished; keep only ``rows [B']`` of any per-row state.
-* ``draft_kind(sampling) -> DraftKind`` (drafters) -- the kind of drafts it will produce, checked against the
-  verifier before anything runs; ``vocab_size`` (drafters) -- checked against the target's.
-* ``check(sampling)`` (verifiers) -- raise :class:`~decodekit.errors.ConfigError` for unsupported settings.
+=====================  ==========================================================================================
+:class:`Begins`        ``begin(state)``: once per call, after prefill (reset per-row state, prefill a draft model)
+:class:`SharesTarget`  drafters with ``shares_target = True`` get ``begin(state, target, cache)`` instead: the
+                       target adapter and its :class:`~decodekit.cache.KVCache` (self-speculation, feature heads)
+:class:`Observes`      ``observe(state, round)``: after every round, once the state holds the new tokens
+:class:`SelectsRows`   ``select_rows(rows)``: rows finished; keep only ``rows [B']`` of any per-row state
+:class:`Needs`         ``needs``: what the :class:`~decodekit.round.Round` should carry (see :mod:`decodekit.round`)
+:class:`DeclaresKind`  ``draft_kind(sampling)`` (drafters): checked against the verifier before anything runs
+:class:`HasVocab`      ``vocab_size`` (drafters): checked against the target's
+:class:`ChecksSampling` ``check(sampling)`` (verifiers): raise ``ConfigError`` for unsupported settings
+=====================  ==========================================================================================
+
+A component that defines a method one letter off a hook name (``obsrve``) gets a warning when the call starts.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
+from decodekit.budget import DraftBudget
+from decodekit.draft import Draft, DraftKind
 from decodekit.state import DecodeState
-from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams, Verdict
+from decodekit.types import SamplingParams, Verdict
+
+if TYPE_CHECKING:
+    from decodekit.cache import KVCache
+    from decodekit.models.base import LanguageModel
+    from decodekit.round import Round
 
 
 @runtime_checkable
@@ -26,7 +41,7 @@ class Drafter(Protocol):
     """Proposes a token tree (a chain is a tree) continuing each row's pending token."""
 
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
-        """Return a :class:`Draft` with at most ``budget.lengths[b]`` valid nodes in row ``b``."""
+        """Return a :class:`Draft` within ``budget`` (row ``b``: at most ``nodes[b]`` nodes, depth ``depth[b]``)."""
         ...
 
 
@@ -58,5 +73,85 @@ class LengthPolicy(Protocol):
     """Decides how much each row drafts this round."""
 
     def plan(self, state: DecodeState) -> DraftBudget:
-        """Return the per-row budget (the loop caps it by what each row may still generate)."""
+        """Return the per-row budget (the loop caps its depth by what each row may still generate)."""
         ...
+
+
+# ------------------------------------------------------------------------------------------ optional hooks
+@runtime_checkable
+class Begins(Protocol):
+    def begin(self, state: DecodeState) -> None:
+        """Called once per call after prefill, with the state holding the first pending token."""
+        ...
+
+
+@runtime_checkable
+class SharesTarget(Protocol):
+    """A drafter that drafts with the target itself (its first layers, heads on its hidden states)."""
+
+    shares_target: bool
+
+    def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache) -> None:
+        """Receives the target adapter and its cache, committed up to (not including) each pending token.
+
+        The drafter may stage draft tokens into this cache past each row's committed length
+        (``cache.stage(n, offset=j)``); the verification forward stages at offset 0 and overwrites them.
+        """
+        ...
+
+
+@runtime_checkable
+class Observes(Protocol):
+    def observe(self, state: DecodeState, round: Round) -> None:
+        """Called after every round, once ``state`` holds the round's committed tokens."""
+        ...
+
+
+@runtime_checkable
+class SelectsRows(Protocol):
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Rows finished: keep only ``rows [B']`` (indices into the current batch) of any per-row state."""
+        ...
+
+
+@runtime_checkable
+class Needs(Protocol):
+    needs: frozenset[str]
+
+
+@runtime_checkable
+class DeclaresKind(Protocol):
+    def draft_kind(self, sampling: SamplingParams) -> DraftKind:
+        """The kind of every draft this drafter will produce under ``sampling``."""
+        ...
+
+
+@runtime_checkable
+class HasVocab(Protocol):
+    vocab_size: int
+
+
+@runtime_checkable
+class ChecksSampling(Protocol):
+    def check(self, sampling: SamplingParams) -> None:
+        """Raise :class:`~decodekit.errors.ConfigError` if this verifier cannot honour ``sampling``."""
+        ...
+
+
+HOOKS = (
+    "begin",
+    "observe",
+    "select_rows",
+    "needs",
+    "hidden_layers",
+    "shares_target",
+    "draft_kind",
+    "vocab_size",
+    "check",
+    "propose",
+    "verify",
+    "plan",
+    "accepts",
+    "lossless",
+)
+"""Every method or attribute name the loop looks for (typo warnings compare against these)."""

@@ -10,7 +10,6 @@ Definitions (per live row and round; a *draft* is a row-round that proposed at l
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -62,27 +61,6 @@ class SpecStats:
         """Decode time spent outside drafting and verification (bookkeeping, streaming)."""
         return self.decode_time_s - self.draft_time_s - self.verify_time_s
 
-    # --------------------------------------------------------------------------------------------- recording
-    def record_round(self, drafted: torch.Tensor, accepted: torch.Tensor, committed: torch.Tensor) -> None:
-        """Add one round: per live row, tokens ``drafted [B]``, ``accepted [B]`` and ``committed [B]`` (CPU)."""
-        self.rounds += 1
-        self.row_steps += drafted.numel()
-        self.generated += int(committed.sum())
-        width = int(drafted.max()) if drafted.numel() else 0
-        if width == 0:
-            return
-        self.num_drafts += int((drafted > 0).sum())
-        self.drafted += int(drafted.sum())
-        self.accepted += int(accepted.sum())
-        _grow(self.drafted_per_pos, width)
-        _grow(self.accepted_per_pos, width)
-        _grow(self.acceptance_histogram, width + 1)
-        for j in range(width):
-            self.drafted_per_pos[j] += int((drafted > j).sum())
-            self.accepted_per_pos[j] += int((accepted > j).sum())
-        for a in accepted[drafted > 0].tolist():
-            self.acceptance_histogram[a] += 1
-
     def merge(self, other: SpecStats) -> SpecStats:
         """Sum of two runs' counters and times (for aggregating over prompts or batches)."""
         out = SpecStats()
@@ -118,23 +96,43 @@ def _at(values: list[int], i: int) -> int:
     return values[i] if i < len(values) else 0
 
 
-class timed:
-    """Context manager adding the block's wall time to ``stats.<name>``; synchronizes CUDA around the block.
+class RoundCounters:
+    """The per-round counters of :class:`SpecStats`, accumulated on the device: recording a round costs no host
+    sync; :meth:`flush` reads them once at the end of the call."""
 
-    A class rather than ``@contextmanager``: it runs twice per round, so its own cost matters on tiny models.
-    """
+    def __init__(self, device: torch.device) -> None:
+        self.rounds = 0
+        self.row_steps = 0
+        self.sums = torch.zeros(4, dtype=torch.long, device=device)  # generated, num_drafts, drafted, accepted
+        self.per_pos = torch.zeros(2, 0, dtype=torch.long, device=device)  # drafted_per_pos, accepted_per_pos
+        self.histogram = torch.zeros(1, dtype=torch.long, device=device)
 
-    __slots__ = ("stats", "name", "device", "start")
+    def add_generated(self, committed: torch.Tensor) -> None:
+        """Tokens committed outside a round (the first token after prefill), ``committed [B]``."""
+        self.sums[0] += committed.sum()
 
-    def __init__(self, stats: SpecStats, name: str, device: torch.device) -> None:
-        self.stats, self.name, self.device = stats, name, device if device.type == "cuda" else None
+    def add_round(self, drafted: torch.Tensor, accepted: torch.Tensor, committed: torch.Tensor, width: int) -> None:
+        """One round: per live row, valid draft nodes ``drafted [B]``, ``accepted [B]`` and ``committed [B]``;
+        ``width`` (host) bounds ``drafted``."""
+        self.rounds += 1
+        self.row_steps += drafted.numel()
+        drew = drafted > 0
+        self.sums += torch.stack([committed.sum(), drew.sum(), drafted.sum(), (accepted * drew).sum()])
+        if width == 0:
+            return
+        if self.per_pos.shape[1] < width:
+            grow = width - self.per_pos.shape[1]
+            self.per_pos = torch.cat([self.per_pos, self.per_pos.new_zeros(2, grow)], 1)
+            self.histogram = torch.cat([self.histogram, self.histogram.new_zeros(grow)])
+        ar = torch.arange(width, device=drafted.device)
+        self.per_pos[:, :width] += torch.stack([(drafted[:, None] > ar).sum(0), (accepted[:, None] > ar).sum(0)])
+        self.histogram.scatter_add_(0, accepted.clamp(0, width), drew.long())
 
-    def __enter__(self) -> None:
-        if self.device is not None:
-            torch.cuda.synchronize(self.device)
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.device is not None:
-            torch.cuda.synchronize(self.device)
-        setattr(self.stats, self.name, getattr(self.stats, self.name) + time.perf_counter() - self.start)
+    def flush(self, stats: SpecStats) -> None:
+        """Write the counters into ``stats`` (one host read)."""
+        sums, per_pos, histogram = self.sums.tolist(), self.per_pos.tolist(), self.histogram.tolist()
+        used = max((j + 1 for j, d in enumerate(per_pos[0]) if d), default=0)
+        stats.rounds, stats.row_steps = self.rounds, self.row_steps
+        stats.generated, stats.num_drafts, stats.drafted, stats.accepted = sums
+        stats.drafted_per_pos, stats.accepted_per_pos = per_pos[0][:used], per_pos[1][:used]
+        stats.acceptance_histogram = histogram[: used + 1] if used else []

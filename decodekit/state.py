@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,11 @@ class DecodeState:
         pending: ``[B]`` the pending token of each row (``tokens[b, lengths[b] - 1]``).
         sampling: the sampling parameters of the call.
         generator: the call's random generator (None = torch's global one).
+        host_lengths: ``lengths`` as a host list, refreshed by the loop's one read per round: use it instead of
+            reading ``lengths`` (each read of a device tensor is a host sync a GPU user pays for).
+        host_max_lengths: ``max_lengths`` as a host list.
+        needs: what the call's components asked the round record for (drafters that report optional data, such
+            as ``Draft.draft_probs`` for "kl", can skip it when nobody asked).
     """
 
     tokens: torch.Tensor
@@ -36,6 +41,9 @@ class DecodeState:
     pending: torch.Tensor
     sampling: SamplingParams
     generator: torch.Generator | None = None
+    host_lengths: list[int] = field(default_factory=list)
+    host_max_lengths: list[int] = field(default_factory=list)
+    needs: frozenset[str] = frozenset()
 
     @classmethod
     def from_prompts(
@@ -60,6 +68,8 @@ class DecodeState:
             pending=tokens.gather(1, (lengths - 1)[:, None])[:, 0].to(device),
             sampling=sampling,
             generator=generator,
+            host_lengths=[len(p) for p in prompts],
+            host_max_lengths=list(max_lengths),
         )
 
     @property
@@ -88,7 +98,14 @@ class DecodeState:
         self.lengths = self.lengths + counts
         self.pending = self.tokens.gather(1, (self.lengths - 1)[:, None])[:, 0]
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows [B']`` (indices into the current batch)."""
+    def select_rows(self, rows: torch.Tensor, host_rows: list[int]) -> None:
+        """Keep only ``rows [B']`` (indices into the current batch; ``host_rows``: the same on the host)."""
         for name in ("tokens", "lengths", "prompt_lengths", "max_lengths", "rows", "pending"):
             setattr(self, name, getattr(self, name)[rows])
+        self.host_lengths = [self.host_lengths[b] for b in host_rows]
+        self.host_max_lengths = [self.host_max_lengths[b] for b in host_rows]
+
+    @property
+    def host_room(self) -> int:
+        """The most tokens any live row may still generate (host, no sync)."""
+        return max((m - n for m, n in zip(self.host_max_lengths, self.host_lengths)), default=0)

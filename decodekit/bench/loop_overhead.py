@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 import decodekit as dk
-from decodekit.bench.timing import median_time
+from decodekit.timing import median_time
 from decodekit.models.tiny import tiny_llama
 
 SIZES = {

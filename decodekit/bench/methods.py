@@ -12,7 +12,7 @@ from typing import Any, Literal
 import torch
 
 import decodekit as dk
-from decodekit.bench.timing import timed_call
+from decodekit.timing import timed_call
 from decodekit.models import LanguageModel
 from decodekit.types import SamplingParams
 

@@ -6,11 +6,14 @@ from typing import Any
 
 import torch
 
+from decodekit.budget import DraftBudget, DraftStep
+from decodekit.draft import Draft, DraftKind
 from decodekit.models import LanguageModel, load_model
 from decodekit.registry import register
+from decodekit.round import Round
 from decodekit.sampling import probs_from_logits, sample
 from decodekit.state import DecodeState
-from decodekit.types import Draft, DraftBudget, DraftKind, DraftStep, SamplingParams, Verdict
+from decodekit.types import SamplingParams
 
 
 @register("drafter", "model")
@@ -20,7 +23,11 @@ class ModelDrafter:
     The drafter keeps its own :class:`~decodekit.cache.KVCache`. Each round it first feeds the tokens it has not
     seen (the pending token, plus the last accepted draft token when a whole chain was accepted), then samples
     one token per step. ``q`` of a sampled draft is exactly the distribution it was drawn from, so lossless
-    verification needs no assumption; at temperature 0 it drafts the argmax (a deterministic draft).
+    verification needs no assumption; at temperature 0 it drafts the argmax (a deterministic draft) and, when a
+    component needs ``"kl"``, reports its softmax in ``Draft.draft_probs``.
+
+    Host syncs: none of its own per round, except one per draft step when the budget has a stop rule (to stop
+    early once every row stopped).
 
     Args:
         model: the draft model (a :class:`LanguageModel`, a transformers causal LM or a path).
@@ -49,21 +56,25 @@ class ModelDrafter:
     def begin(self, state: DecodeState) -> None:
         """Prefill the draft model with each row's prompt (everything but the pending token)."""
         self.cache = self.model.new_cache(state.batch_size, state.tokens.shape[1])
-        self.model.extend(self.cache, state.tokens[:, : int(state.lengths.max()) - 1], state.lengths - 1)
+        seen = [n - 1 for n in state.host_lengths]
+        self.model.extend(self.cache, state.tokens[:, : max(seen)], state.lengths - 1, host_counts=seen)
 
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
         sampling = self.sampling(state.sampling)
         k = budget.max_len
-        unseen = state.lengths - self.cache.lengths  # >= 1: the pending token at least
-        idx = self.cache.lengths[:, None] + torch.arange(int(unseen.max()), device=state.device)
-        logits = self.model.extend(self.cache, state.tokens.gather(1, idx.clamp(max=state.tokens.shape[1] - 1)), unseen)
+        seen = self.cache.host_lengths()
+        unseen = [n - s for n, s in zip(state.host_lengths, seen)]  # >= 1: the pending token at least
+        idx = self.cache.lengths[:, None] + torch.arange(max(unseen), device=state.device)
+        tokens_in = state.tokens.gather(1, idx.clamp(max=state.tokens.shape[1] - 1))
+        logits = self.model.extend(self.cache, tokens_in, state.lengths - self.cache.lengths, host_counts=unseen).logits
         if k == 0:
             return Draft.empty(state.batch_size, state.device)
+        report = sampling.greedy and "kl" in state.needs
         alive = budget.lengths > 0
         tokens, valid, qs = [], [], []
         for j in range(k):
             if sampling.greedy:
-                x, probs = logits.argmax(-1), None
+                x, probs = logits.argmax(-1), (logits.float().softmax(-1) if report else None)
             else:
                 probs = probs_from_logits(logits, sampling)
                 x = sample(probs, state.generator)
@@ -74,15 +85,19 @@ class ModelDrafter:
             if budget.stop is not None:
                 conf = probs if probs is not None else logits.float().softmax(-1)
                 alive = alive & ~budget.stop(DraftStep(j, x, conf.gather(1, x[:, None])[:, 0], conf))
-            if j + 1 == k or not bool(alive.any()):
-                break
-            logits = self.model.extend(self.cache, x[:, None], torch.ones_like(x))
-        q = None if sampling.greedy else torch.stack(qs, 1)
-        return Draft.chain(torch.stack(tokens, 1), valid=torch.stack(valid, 1), q=q)
+                if not bool(alive.any()):
+                    break
+            if j + 1 < k:
+                logits = self.model.extend(self.cache, x[:, None], torch.ones_like(x), host_counts=1).logits
+        probs = torch.stack(qs, 1) if qs[0] is not None else None
+        tokens_t, valid_t = torch.stack(tokens, 1), torch.stack(valid, 1)
+        if sampling.greedy:
+            return Draft.chain(tokens_t, valid=valid_t, draft_probs=probs)
+        return Draft.chain(tokens_t, valid=valid_t, q=probs)
 
-    def observe(self, state: DecodeState, draft: Draft, verdict: Verdict) -> None:
+    def observe(self, state: DecodeState, round: Round) -> None:
         """Drop drafted tokens the target rejected: keep what agrees with the committed history."""
-        self.cache.crop(state.lengths - 1)
+        self.cache.crop(state.lengths - 1, host_lengths=[n - 1 for n in state.host_lengths])
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)

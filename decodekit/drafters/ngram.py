@@ -40,7 +40,7 @@ class NGramDrafter:
 
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
         k = budget.max_len
-        width = int(state.lengths.max())
+        width = max(state.host_lengths)
         history = state.tokens[:, :width]
         lengths = state.lengths
         start = torch.full_like(lengths, -1)  # where the continuation begins, -1 = no match yet

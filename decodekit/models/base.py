@@ -1,13 +1,17 @@
 """The model interface every decodekit component runs models through.
 
 A :class:`LanguageModel` exposes one primitive, :meth:`LanguageModel.forward`: run ``N`` tokens per row with
-explicit positions and a 4-D boolean mask against a :class:`~decodekit.cache.KVCache`, returning logits. The
-two helpers built on it, :meth:`extend` (append a ragged chain and commit it) and :meth:`score` (run the pending
-token plus a draft tree, staged but not committed), are all the speculative loop and model drafters need.
+explicit positions and a 4-D boolean mask against a :class:`~decodekit.cache.KVCache`, returning a
+:class:`ModelOutput` (logits, and hidden states on request). The two helpers built on it, :meth:`extend` (append a
+ragged chain and commit it) and :meth:`score` (run the pending token plus a draft tree, staged but not committed),
+are all the speculative loop and model drafters need. Feature-level and self-speculative drafters also use
+``embed``, ``head``, ``norm`` and ``num_layers``, and ``forward(exit_layer=L)`` to stop after layer ``L``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -15,6 +19,25 @@ import torch
 from decodekit.cache import KVCache
 from decodekit.masks import add_root, chain_mask, tree_mask
 from decodekit.types import Draft
+
+
+@dataclass(frozen=True, eq=False)
+class ModelOutput:
+    """What a forward returns.
+
+    Attributes:
+        logits: ``[B, M, V]`` at the requested positions (:meth:`LanguageModel.extend`: ``[B, V]`` at each row's
+            last real token), in the model's dtype.
+        hidden: layer index -> ``[B, N, H]`` hidden states at every input position, for the layers asked for in
+            ``hidden_layers``: ``0`` = the input embeddings, ``i`` = the output of decoder layer ``i`` (1-based,
+            before the final norm).
+        last_hidden: ``[B, N, H]`` the final (normed) hidden state, the output head's input, when asked for with
+            ``return_hidden=True``; after an early exit at ``L`` it is ``norm(hidden after layer L)``.
+    """
+
+    logits: torch.Tensor
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    last_hidden: torch.Tensor | None = None
 
 
 class LanguageModel:
@@ -36,6 +59,11 @@ class LanguageModel:
     def device(self) -> torch.device:
         raise NotImplementedError
 
+    @property
+    def num_layers(self) -> int:
+        """Number of decoder layers (the largest ``exit_layer``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its layers")
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -43,53 +71,86 @@ class LanguageModel:
         mask: torch.Tensor,
         cache: KVCache,
         logits_at: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        *,
+        exit_layer: int | None = None,
+        hidden_layers: Sequence[int] = (),
+        return_hidden: bool = False,
+    ) -> ModelOutput:
         """Run ``tokens [B, N]`` at ``positions [B, N]`` under ``mask [B, 1, N, S]`` (bool, True = attend).
 
         Called under ``torch.no_grad`` by :meth:`extend`, :meth:`score` and :func:`decodekit.generate`.
         The cache must have been staged for ``N`` tokens (``S = cache.stage(N)``); their K/V land in the staged
         slots. ``logits_at [B, M]`` selects which of the ``N`` positions get logits (default: all).
 
-        Returns:
-            logits ``[B, M, V]`` (``M = N`` by default), in the model's dtype.
+        Args:
+            exit_layer: stop after decoder layer ``L`` (1-based; early exit / self-speculation): only layers
+                ``1..L`` run and write K/V, and the logits are ``head(norm(h_L))``. None = all layers.
+            hidden_layers: layers whose outputs to return in :attr:`ModelOutput.hidden` (0 = embeddings).
+            return_hidden: also return :attr:`ModelOutput.last_hidden`, the output head's input.
         """
         raise NotImplementedError
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Input embeddings ``[B, N, H]`` of ``tokens [B, N]``."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its embeddings")
+
+    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm applied to a layer's output ``[..., H]`` before the output head."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its final norm")
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., V]`` from final hidden states ``[..., H]`` (the output head, with logit softcapping)."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its output head")
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         """An empty cache for ``batch_size`` rows with room for ``capacity`` tokens each (grows if needed)."""
         return KVCache(batch_size, capacity, device=self.device)
 
     @torch.no_grad()
-    def extend(self, cache: KVCache, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def extend(
+        self,
+        cache: KVCache,
+        tokens: torch.Tensor,
+        counts: torch.Tensor,
+        *,
+        host_counts: int | list[int] | None = None,
+        **forward_kwargs: Any,
+    ) -> ModelOutput:
         """Append a ragged chain and commit it.
 
         Args:
             cache: the model's cache; row ``b`` grows by ``counts[b]``.
             tokens: ``[B, N]`` new tokens, right-padded (row ``b`` uses the first ``counts[b] >= 1``).
             counts: ``[B]`` number of real tokens per row.
+            host_counts: the same counts known on the host (an int = every row), which spares the cache a host
+                sync at its next ``stage``; None = unknown.
+            **forward_kwargs: ``exit_layer`` / ``hidden_layers`` / ``return_hidden`` (see :meth:`forward`).
 
         Returns:
-            ``[B, V]`` logits at each row's last real token (the next-token distribution).
+            :class:`ModelOutput` with ``logits [B, V]`` at each row's last real token (the next-token
+            distribution); hidden states, if asked for, at all ``N`` positions.
         """
         kv_len = cache.stage(tokens.shape[1])
         mask, positions = chain_mask(cache.lengths, tokens.shape[1], kv_len)
         last = (counts - 1).clamp(min=0)[:, None]
-        logits = self.forward(tokens, positions, mask, cache, logits_at=last)
-        cache.keep(counts)
-        return logits[:, 0]
+        out = self.forward(tokens, positions, mask, cache, logits_at=last, **forward_kwargs)
+        cache.keep(counts, host_counts=host_counts)
+        return ModelOutput(out.logits[:, 0], out.hidden, out.last_hidden)
 
     @torch.no_grad()
-    def score(self, cache: KVCache, pending: torch.Tensor, draft: Draft) -> torch.Tensor:
+    def score(self, cache: KVCache, pending: torch.Tensor, draft: Draft, **forward_kwargs: Any) -> ModelOutput:
         """Run the pending token and a draft tree in one forward, staged (commit with ``cache.keep``).
 
         Args:
             cache: the target's cache, committed up to (not including) the pending token.
             pending: ``[B]`` the sampled token not yet in the cache (the tree's root).
             draft: ``N`` nodes per row.
+            **forward_kwargs: ``hidden_layers`` / ``return_hidden`` (see :meth:`forward`).
 
         Returns:
-            ``[B, N + 1, V]`` logits; row 0 is the distribution after the pending token, row ``i + 1`` the
-            distribution for the children of node ``i``. Staged slot ``j`` holds input ``j`` (0 = pending).
+            :class:`ModelOutput` with ``logits [B, N + 1, V]``: row 0 is the distribution after the pending token,
+            row ``i + 1`` the distribution for the children of node ``i``. Staged slot ``j`` holds input ``j``
+            (0 = pending).
         """
         tokens = pending[:, None]
         if draft.num_nodes:
@@ -99,4 +160,4 @@ class LanguageModel:
             mask, positions = chain_mask(cache.lengths, tokens.shape[1], kv_len)
         else:
             mask, positions = tree_mask(cache.lengths, add_root(draft.ancestors), kv_len)
-        return self.forward(tokens, positions, mask, cache)
+        return self.forward(tokens, positions, mask, cache, **forward_kwargs)

@@ -3,18 +3,23 @@ through the ``Cache.update`` interface and accepts a 4-D mask and ``position_ids
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from decodekit.cache import KVCache
+from decodekit.errors import ConfigError
 from decodekit.masks import to_additive
-from decodekit.models.base import LanguageModel
+from decodekit.models.base import LanguageModel, ModelOutput
 
 log = logging.getLogger(__name__)
 
 _MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
+_LAYER_LISTS = ("layers", "h")  # where decoders keep their blocks (Llama-style, GPT-2-style)
+_FINAL_NORMS = ("norm", "ln_f", "final_layernorm")
 
 
 def _as_tuple(ids: Any) -> tuple[int, ...]:
@@ -28,9 +33,13 @@ def _as_tuple(ids: Any) -> tuple[int, ...]:
 class HFCausalLM(LanguageModel):
     """Wraps a ``transformers`` ``*ForCausalLM`` so decodekit can run it against a :class:`KVCache`.
 
-    The decoder runs with decodekit's boolean mask (sdpa) or its additive form (eager); other attention
-    implementations cannot take arbitrary tree masks, so the model is switched to sdpa. Logits are computed
-    only at the positions asked for (the output head is applied after gathering hidden states).
+    The decoder runs with decodekit's boolean mask (sdpa) or its additive form (eager). Logits are computed only
+    at the positions asked for (the output head is applied after gathering hidden states).
+
+    What wrapping does to the model you pass (and nothing else): it is put in ``eval()`` mode, and an attention
+    implementation other than ``sdpa`` / ``eager`` (flash attention, flex, ...) is switched to ``sdpa`` with a
+    warning, because only those two take arbitrary tree masks. An early-exit forward (``exit_layer=L``)
+    runs the decoder with its layer list cut to ``L`` for the duration of that call and restores it.
 
     Args:
         model: a causal LM (``PreTrainedModel`` with an output embedding).
@@ -42,17 +51,22 @@ class HFCausalLM(LanguageModel):
         config = model.config
         attn = getattr(config, "_attn_implementation", "eager")
         if attn not in _MASK_KINDS:
-            log.warning("attention implementation %r cannot take tree masks; switching to 'sdpa'", attn)
+            log.warning("attention implementation %r cannot take tree masks; switching the model to 'sdpa'", attn)
             model.set_attn_implementation("sdpa")
             attn = "sdpa"
         self._additive_mask = _MASK_KINDS[attn] == "additive"
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()  # captured: rebuild the adapter after swapping modules
         if self.decoder is model or self.lm_head is None:
-            raise TypeError(f"{type(model).__name__} is not a causal LM with a separate output head")
+            raise ConfigError(f"{type(model).__name__} is not a causal LM with a separate output head")
+        self._layers_attr = next(
+            (a for a in _LAYER_LISTS if isinstance(getattr(self.decoder, a, None), torch.nn.ModuleList)), None
+        )
+        self._norm = next((m for a in _FINAL_NORMS if (m := getattr(self.decoder, a, None)) is not None), None)
         self.softcap = getattr(config, "final_logit_softcapping", None)
         self.vocab_size = int(getattr(self.lm_head, "out_features", None) or config.vocab_size)
-        self._embeddings = model.get_input_embeddings().weight  # device / dtype (quantized heads have no .weight)
+        self._embeddings = model.get_input_embeddings()
+        self._embed_weight = self._embeddings.weight  # device / dtype (quantized heads have no .weight)
         gen_config = getattr(model, "generation_config", None)
         self.eos_token_ids = _as_tuple(getattr(gen_config, "eos_token_id", None) or config.eos_token_id)
         self.max_context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
@@ -60,11 +74,39 @@ class HFCausalLM(LanguageModel):
 
     @property
     def device(self) -> torch.device:
-        return self._embeddings.device
+        return self._embed_weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self._embeddings.dtype
+        return self._embed_weight.dtype
+
+    @property
+    def layers(self) -> torch.nn.ModuleList:
+        """The decoder's blocks (``decoder.layers`` or ``decoder.h``)."""
+        if self._layers_attr is None:
+            raise ConfigError(
+                f"{type(self.hf).__name__} keeps its decoder blocks in neither of {', '.join(_LAYER_LISTS)}; "
+                "early exit and per-layer hidden states need one of them"
+            )
+        return getattr(self.decoder, self._layers_attr)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._embeddings(tokens)
+
+    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._norm is None:
+            raise ConfigError(f"{type(self.hf).__name__} has no final norm among {', '.join(_FINAL_NORMS)}")
+        return self._norm(hidden)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
     def forward(
         self,
@@ -73,19 +115,61 @@ class HFCausalLM(LanguageModel):
         mask: torch.Tensor,
         cache: KVCache,
         logits_at: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        *,
+        exit_layer: int | None = None,
+        hidden_layers: Sequence[int] = (),
+        return_hidden: bool = False,
+    ) -> ModelOutput:
         if self._additive_mask:
             mask = to_additive(mask, self.dtype)
-        out = self.decoder(
-            input_ids=tokens, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True
-        )
-        hidden = out.last_hidden_state
+        hidden: dict[int, torch.Tensor] = {}
+        with self._exit_at(exit_layer), self._capture(hidden_layers, hidden):
+            out = self.decoder(
+                input_ids=tokens, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True
+            )
+        last = out.last_hidden_state
+        picked = last
         if logits_at is not None:
-            hidden = hidden.gather(1, logits_at[..., None].expand(-1, -1, hidden.shape[-1]))
-        logits = self.lm_head(hidden)
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+            picked = last.gather(1, logits_at[..., None].expand(-1, -1, last.shape[-1]))
+        return ModelOutput(self.head(picked), hidden, last if return_hidden else None)
+
+    @contextlib.contextmanager
+    def _exit_at(self, exit_layer: int | None) -> Iterator[None]:
+        """Run the decoder with only its first ``exit_layer`` blocks (restored afterwards)."""
+        if exit_layer is None:
+            yield
+            return
+        layers = self.layers
+        if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or not 1 <= exit_layer <= len(layers):
+            raise ConfigError(f"exit_layer must be an integer in [1, {len(layers)}], got {exit_layer!r}")
+        setattr(self.decoder, self._layers_attr, layers[:exit_layer])
+        try:
+            yield
+        finally:
+            setattr(self.decoder, self._layers_attr, layers)
+
+    @contextlib.contextmanager
+    def _capture(self, layer_ids: Sequence[int], into: dict[int, torch.Tensor]) -> Iterator[None]:
+        """Record the outputs of the requested layers (0 = embeddings) into ``into`` during the block."""
+        if not layer_ids:
+            yield
+            return
+        layers = self.layers
+        handles = []
+        for i in sorted(set(layer_ids)):
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= len(layers):
+                raise ConfigError(f"hidden_layers entries must be integers in [0, {len(layers)}], got {i!r}")
+            module = self._embeddings if i == 0 else layers[i - 1]
+
+            def hook(_module: Any, _args: Any, output: Any, i: int = i) -> None:
+                into[i] = output[0] if isinstance(output, tuple) else output
+
+            handles.append(module.register_forward_hook(hook))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def __repr__(self) -> str:
         return f"HFCausalLM({type(self.hf).__name__}, vocab={self.vocab_size}, device={self.device})"

@@ -28,4 +28,4 @@ class ConfidenceStop:
         return step.token_probs < self.threshold
 
     def plan(self, state: DecodeState) -> DraftBudget:
-        return DraftBudget(torch.full_like(state.lengths, self.max_len), stop=self.stop)
+        return DraftBudget(torch.full_like(state.lengths, self.max_len), stop=self.stop, node_bound=self.max_len)

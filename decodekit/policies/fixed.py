@@ -20,4 +20,4 @@ class FixedLength:
         self.k = k
 
     def plan(self, state: DecodeState) -> DraftBudget:
-        return DraftBudget(torch.full_like(state.lengths, self.k))
+        return DraftBudget(torch.full_like(state.lengths, self.k), node_bound=self.k)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from decodekit.errors import ConfigError
 from decodekit.registry import register
 from decodekit.state import DecodeState
-from decodekit.types import Draft, DraftBudget, Verdict
+from decodekit.types import DraftBudget
+
+if TYPE_CHECKING:
+    from decodekit.round import Round
 
 
 @register("policy", "heuristic")
@@ -35,9 +40,9 @@ class HeuristicLength:
             self.begin(state)
         return DraftBudget(self.lengths.clone())
 
-    def observe(self, state: DecodeState, draft: Draft, verdict: Verdict) -> None:
-        drafted = draft.num_valid
-        step = torch.where(verdict.num_accepted == drafted, self.increase, -self.decrease)
+    def observe(self, state: DecodeState, round: Round) -> None:
+        drafted = round.draft.num_valid
+        step = torch.where(round.verdict.num_accepted == drafted, self.increase, -self.decrease)
         step = torch.where(drafted > 0, step, 0)
         self.lengths = (self.lengths + step).clamp(self.min_len, self.max_len)
 

@@ -21,7 +21,7 @@ class RejectionVerifier:
     with ``x`` removed. At temperature 0 this is greedy decoding.
     """
 
-    accepts = frozenset({DraftKind.SAMPLED, DraftKind.DETERMINISTIC})
+    accepts = frozenset(DraftKind)  # on a chain, sampling without replacement is plain sampling
     lossless = True
 
     def verify(
@@ -29,8 +29,6 @@ class RejectionVerifier:
     ) -> Verdict:
         if not draft.is_chain:
             raise IncompatibleDraftError("RejectionVerifier verifies chains only; use a tree verifier for tree drafts")
-        if draft.kind not in self.accepts:
-            raise IncompatibleDraftError(f"RejectionVerifier cannot verify {draft.kind.value} drafts")
         batch, n = draft.tokens.shape
         p = probs_from_logits(logits, sampling)  # [B, N + 1, V]
         if n == 0:
@@ -39,18 +37,17 @@ class RejectionVerifier:
         rows = torch.arange(batch, device=p.device)
         x = draft.tokens[..., None]
         p_x = p[:, :n].gather(-1, x)[..., 0]
-        q_x = draft.q.float().gather(-1, x)[..., 0] if draft.kind == DraftKind.SAMPLED else torch.ones_like(p_x)
+        q_x = draft.q_of_tokens()  # 1 for point masses
         coins = uniform((batch, n), generator, p.device)
         ok = draft.valid & (q_x > 0) & (coins * q_x < p_x)
         num = ok.long().cumprod(-1).sum(-1)
         target = p[rows, num]  # [B, V]: the target row after the last accepted token
-        rejected = num < draft.num_valid
-        if bool(rejected.any()):
-            at = num.clamp(max=n - 1)
-            if draft.kind == DraftKind.SAMPLED:
-                residual = (target - draft.q[rows, at].float()).clamp_(min=0)
-            else:
-                residual = target.scatter(1, draft.tokens[rows, at][:, None], 0.0)
-            usable = rejected & (residual.sum(-1) > 0)  # rounding can empty a residual: fall back to p
-            target = torch.where(usable[:, None], residual, target)
+        rejected = num < draft.num_valid  # computed for every row: deciding whether any was rejected is a host sync
+        at = num.clamp(max=n - 1)
+        if draft.kind.needs_q:
+            residual = (target - draft.node_q()[rows, at].float()).clamp_(min=0)
+        else:
+            residual = target.scatter(1, draft.tokens[rows, at][:, None], 0.0)
+        usable = rejected & (residual.sum(-1) > 0)  # rounding can empty a residual: fall back to p
+        target = torch.where(usable[:, None], residual, target)
         return Verdict(accepted=draft.path(num - 1, num), num_accepted=num, next_token=sample(target, generator))

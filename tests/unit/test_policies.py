@@ -23,10 +23,10 @@ def test_heuristic_schedule_trace():
         verdict = dk.Verdict(
             torch.zeros(3, 8, dtype=torch.long), torch.tensor(accepted), torch.zeros(3, dtype=torch.long)
         )
-        policy.observe(state, draft, verdict)
+        policy.observe(state, dk.Round(0, draft, verdict, verdict.accepted, verdict.num_accepted + 1))
         trace.append(policy.plan(state).lengths.tolist())
     assert trace == [[7, 4, 5], [8, 3, 5], [7, 2, 5]]
-    state.select_rows(torch.tensor([2, 0]))
+    state.select_rows(torch.tensor([2, 0]), [2, 0])
     policy.select_rows(torch.tensor([2, 0]))
     assert policy.plan(state).lengths.tolist() == [5, 7]
 

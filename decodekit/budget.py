@@ -1,0 +1,93 @@
+"""Draft budgets: how much each row may draft in a round (chains and trees), and the step record stop rules read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+
+@dataclass(frozen=True, eq=False)
+class DraftStep:
+    """What a step-wise drafter reports after drafting one token per row (for stop rules).
+
+    Attributes:
+        index: 0-based position of the token in the chain.
+        tokens: ``[B]`` the tokens just drafted.
+        token_probs: ``[B]`` probability the drafter gave them.
+        probs: ``[B, V]`` the drafter's full distribution, or None if it has none.
+    """
+
+    index: int
+    tokens: torch.Tensor
+    token_probs: torch.Tensor
+    probs: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class DraftBudget:
+    """How much each row may draft this round.
+
+    Attributes:
+        nodes: ``[B]`` the most valid nodes (tokens) row ``b`` may draft; 0 = do not draft.
+        depth: ``[B]`` the deepest node row ``b`` may draft (a chain's depth is its length); None = ``nodes``.
+            :func:`decodekit.generate` caps the depth, never the node count, by what each row may still generate.
+        width: the most children any node (and the pending token) may have; None = no limit.
+        stop: optional rule a step-wise drafter calls after each drafted token; returns ``[B]`` bool, True for
+            rows that should stop drafting (the token just drafted is kept).
+        node_bound, depth_bound: host-side upper bounds on ``max(nodes)`` / ``max(depth)`` when the policy knows
+            them (a fixed length does); they spare drafters a host sync. None = read from the tensors when asked.
+    """
+
+    nodes: torch.Tensor
+    depth: torch.Tensor | None = None
+    width: int | None = None
+    stop: Callable[[DraftStep], torch.Tensor] | None = None
+    node_bound: int | None = None
+    depth_bound: int | None = None
+
+    @property
+    def depth_or_nodes(self) -> torch.Tensor:
+        """``[B]`` the depth budget (the node budget when no depth was given)."""
+        return self.nodes if self.depth is None else self.depth
+
+    @cached_property
+    def lengths(self) -> torch.Tensor:
+        """``[B]`` the longest chain row ``b`` may draft: ``min(nodes, depth)``."""
+        return self.nodes if self.depth is None else torch.minimum(self.nodes, self.depth)
+
+    @cached_property
+    def max_nodes(self) -> int:
+        """Upper bound on ``max(nodes)`` (exact, with a host sync, unless the policy gave ``node_bound``)."""
+        if self.node_bound is not None:
+            return self.node_bound
+        return int(self.nodes.max()) if self.nodes.numel() else 0
+
+    @cached_property
+    def max_depth(self) -> int:
+        """Upper bound on ``max(depth)`` (``depth_bound``, else the tensor's maximum: a host sync)."""
+        if self.depth_bound is not None:
+            return self.depth_bound
+        if self.depth is None:
+            return self.max_nodes
+        return int(self.depth.max()) if self.depth.numel() else 0
+
+    @property
+    def max_len(self) -> int:
+        """Upper bound on ``max(lengths)``: the number of columns a chain drafter needs."""
+        return min(self.max_nodes, self.max_depth)
+
+    def mask(self, width: int | None = None) -> torch.Tensor:
+        """``[B, width]`` bool, True where position j < lengths[b] (width defaults to ``max_len``)."""
+        width = self.max_len if width is None else width
+        return torch.arange(width, device=self.lengths.device) < self.lengths[:, None]
+
+    def capped(self, depth: torch.Tensor, depth_bound: int) -> DraftBudget:
+        """This budget with its depth capped at ``depth [B]`` (host bound ``depth_bound``)."""
+        capped = torch.minimum(self.depth_or_nodes, depth).clamp(min=0)
+        bound = depth_bound if self.depth_bound is None else min(self.depth_bound, depth_bound)
+        if self.depth is None and self.node_bound is not None:
+            bound = min(bound, self.node_bound)
+        return DraftBudget(self.nodes, capped, self.width, self.stop, self.node_bound, max(bound, 0))

@@ -1,0 +1,156 @@
+"""The drafter, verifier and policy of one :func:`decodekit.generate` call, checked together and with their
+optional hooks resolved once (see :mod:`decodekit.interfaces`)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from decodekit.budget import DraftBudget
+from decodekit.cache import KVCache
+from decodekit.draft import Draft, DraftKind
+from decodekit.errors import ConfigError, IncompatibleDraftError, VocabMismatchError
+from decodekit.interfaces import (
+    HOOKS,
+    Begins,
+    ChecksSampling,
+    DeclaresKind,
+    Drafter,
+    HasVocab,
+    LengthPolicy,
+    Needs,
+    Observes,
+    SelectsRows,
+    Verifier,
+)
+from decodekit.models.base import LanguageModel
+from decodekit.round import Round, check_needs
+from decodekit.state import DecodeState
+from decodekit.types import SamplingParams
+
+
+class Components:
+    """Validates the components of a call before any compute and dispatches their hooks.
+
+    Attributes:
+        needs: the union of what the components asked the round record to carry.
+        hidden_layers: the union of the target layers whose hidden states they asked for.
+    """
+
+    def __init__(
+        self,
+        model: LanguageModel,
+        drafter: Drafter | None,
+        verifier: Verifier,
+        policy: LengthPolicy,
+        sampling: SamplingParams,
+    ) -> None:
+        for name, component, protocol in (("drafter", drafter, Drafter), ("verifier", verifier, Verifier)):
+            if component is not None and not isinstance(component, protocol):
+                raise ConfigError(f"{name} {component!r} does not implement the {protocol.__name__} protocol")
+        if drafter is not None and not isinstance(policy, LengthPolicy):
+            raise ConfigError(f"policy {policy!r} does not implement the LengthPolicy protocol (a plan method)")
+        self.drafter, self.verifier, self.policy = drafter, verifier, policy
+        self.all = [c for c in (drafter, verifier, policy if drafter is not None else None) if c is not None]
+        for component in self.all:
+            warn_near_hooks(component)
+        if isinstance(verifier, ChecksSampling):
+            verifier.check(sampling)
+        self.declared_kind = self._check_drafter(model, sampling)
+        self.needs = frozenset().union(*(check_needs(c.needs, c) for c in self.all if isinstance(c, Needs)))
+        layers = {int(i) for c in self.all for i in getattr(c, "hidden_layers", ())}
+        self.hidden_layers = tuple(sorted(layers))
+        self.observers = [c for c in self.all if isinstance(c, Observes)]
+        self.row_selectors = [c for c in self.all if isinstance(c, SelectsRows)]
+        self.vocab_size = model.vocab_size
+
+    def _check_drafter(self, model: LanguageModel, sampling: SamplingParams) -> DraftKind | None:
+        drafter = self.drafter
+        if drafter is None:
+            return None
+        if isinstance(drafter, HasVocab) and drafter.vocab_size != model.vocab_size:
+            raise VocabMismatchError(
+                f"the drafter's vocabulary has {drafter.vocab_size} tokens but the target's has {model.vocab_size}; "
+                "use a draft model trained with the target's tokenizer (same vocabulary)"
+            )
+        if not isinstance(drafter, DeclaresKind):
+            return None
+        kind = drafter.draft_kind(sampling)
+        check_kind(self.verifier, kind, drafter)
+        return kind
+
+    @property
+    def shares_target(self) -> bool:
+        return bool(getattr(self.drafter, "shares_target", False))
+
+    # ---------------------------------------------------------------------------------------------- hooks
+    def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache) -> None:
+        for component in self.all:
+            if component is self.drafter and self.shares_target:
+                component.begin(state, target, cache)
+            elif isinstance(component, Begins):
+                component.begin(state)
+
+    def observe(self, state: DecodeState, round: Round) -> None:
+        for component in self.observers:
+            component.observe(state, round)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        for component in self.row_selectors:
+            component.select_rows(rows)
+
+    def check_draft(self, draft: Draft, state: DecodeState, budget: DraftBudget) -> None:
+        """Validate a draft's values (a host sync): the loop calls this on the first round and in debug mode."""
+        if self.declared_kind is None and draft.num_nodes:
+            check_kind(self.verifier, draft.kind, self.drafter)
+        elif draft.num_nodes and draft.kind != self.declared_kind:
+            raise IncompatibleDraftError(
+                f"{type(self.drafter).__name__}.draft_kind() said {self.declared_kind.value} but it returned a "
+                f"{draft.kind.value} draft; make the two agree"
+            )
+        draft.check(state.batch_size, self.vocab_size, budget)
+
+
+def check_kind(verifier: Verifier, kind: DraftKind, drafter: Any) -> None:
+    """The one draft-kind check: refuse a verifier that cannot verify ``kind`` drafts without bias."""
+    if kind not in verifier.accepts:
+        raise IncompatibleDraftError(
+            f"{type(verifier).__name__} cannot verify {kind.value} drafts from {type(drafter).__name__} "
+            f"(it accepts: {', '.join(sorted(k.value for k in verifier.accepts))}); choose a verifier that does"
+        )
+
+
+_WARNED: set[tuple[type, str]] = set()
+
+
+def warn_near_hooks(component: object) -> None:
+    """Warn (once per class and name) about public names one edit away from a hook the component lacks."""
+    cls = type(component)
+    names = {n for n in dir(cls) if not n.startswith("_")} | {
+        n for n in getattr(component, "__dict__", {}) if not n.startswith("_")
+    }
+    for name in sorted(names - set(HOOKS)):
+        for hook in HOOKS:
+            if hook not in names and _one_edit(name, hook) and (cls, name) not in _WARNED:
+                _WARNED.add((cls, name))
+                warnings.warn(
+                    f"{cls.__name__}.{name} looks like the hook {hook!r}, which {cls.__name__} does not define; "
+                    f"decodekit will not call it. Rename it to {hook!r} if that was meant.",
+                    stacklevel=4,
+                )
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """True when ``a`` becomes ``b`` by one insertion, deletion, substitution or swap of adjacent letters."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+        return len(diff) == 1 or (
+            len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
+        )
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    i = next((i for i, (x, y) in enumerate(zip(short, long)) if x != y), len(short))
+    return short[i:] == long[i + 1 :]

@@ -1,0 +1,259 @@
+"""Drafts: the token tree a drafter proposes and how its tokens were drawn.
+
+Shapes: ``B`` live rows, ``N`` draft nodes, ``V`` vocabulary size, ``D`` accepted path length.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import torch
+
+from decodekit.errors import ConfigError, IncompatibleDraftError
+from decodekit.masks import tree_ancestors
+
+if TYPE_CHECKING:
+    from decodekit.budget import DraftBudget
+
+
+class DraftKind(str, enum.Enum):
+    """How the tokens of a draft were produced; verifiers declare which kinds they can verify losslessly.
+
+    * ``SAMPLED``: each node was drawn from ``Draft.q`` at that node, siblings independently (i.i.d. from their
+      parent's distribution); ``q`` is required and exact.
+    * ``SAMPLED_WITHOUT_REPLACEMENT``: siblings were drawn one after another from their parent's distribution
+      with the earlier siblings removed (listed in draw order); ``q`` is the parent's distribution *before* any
+      removal.
+    * ``DETERMINISTIC``: the tokens are a function of the context (lookup, argmax, a static tree); verified as
+      point masses.
+    """
+
+    SAMPLED = "sampled"
+    SAMPLED_WITHOUT_REPLACEMENT = "sampled_without_replacement"
+    DETERMINISTIC = "deterministic"
+
+    @property
+    def needs_q(self) -> bool:
+        return self is not DraftKind.DETERMINISTIC
+
+
+@dataclass(frozen=True, eq=False)
+class Draft:
+    """A proposed token tree in flat form, batched. A chain is the tree with ``parents[:, i] == i - 1``.
+
+    Attributes:
+        tokens: ``[B, N]`` proposed token ids (target vocabulary).
+        parents: ``[B, N]`` index of each node's parent; ``-1`` means a child of the pending token.
+            Parents come first: ``parents[:, i] < i``; siblings are listed in the order they were drawn.
+        valid: ``[B, N]`` which nodes exist (rows are ragged); a valid node's parent is valid.
+        kind: how the tokens were produced (see :class:`DraftKind`).
+        q: for sampled kinds, the distribution at each node's parent that the node was **actually drawn from**
+            (before removing earlier siblings): ``[B, N, V]``, or ``[B, P, V]`` with ``q_index``.
+        q_index: ``[B, N]`` optional, the memory-light form for wide trees: node ``i`` was drawn from
+            ``q[b, q_index[b, i]]`` (e.g. one row of ``q`` per parent, shared by its children).
+        draft_probs: ``[B, N, V]`` optional, the drafter's own distribution at each node's parent, for
+            diagnostics (KL, entropy) only; verifiers never read it. A greedy drafter reports it here while its
+            tokens are verified as point masses. Defaults to the per-node ``q`` of sampled drafts.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    valid: torch.Tensor
+    kind: DraftKind = DraftKind.DETERMINISTIC
+    q: torch.Tensor | None = None
+    q_index: torch.Tensor | None = None
+    draft_probs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.tokens.shape)
+        if self.tokens.ndim != 2 or self.parents.shape != self.tokens.shape or self.valid.shape != self.tokens.shape:
+            raise ConfigError(
+                "Draft.tokens, parents and valid must all be [B, N]; got "
+                f"{shape}, {tuple(self.parents.shape)}, {tuple(self.valid.shape)}"
+            )
+        if self.kind.needs_q and self.q is None:
+            raise IncompatibleDraftError(
+                f"a {self.kind.value} draft needs q, the distributions its tokens were drawn from; "
+                "pass q=... or mark the draft DETERMINISTIC"
+            )
+        if self.q is not None:
+            per_node = self.q_index is None
+            if self.q.ndim != 3 or self.q.shape[0] != shape[0] or (per_node and self.q.shape[1] != shape[1]):
+                raise ConfigError(f"Draft.q must be [B, N, V], or [B, P, V] with q_index; got {tuple(self.q.shape)}")
+            if not per_node and tuple(self.q_index.shape) != shape:
+                raise ConfigError(f"Draft.q_index must be [B, N] = {shape}, got {tuple(self.q_index.shape)}")
+        probs = self.draft_probs
+        if probs is not None and (probs.ndim != 3 or tuple(probs.shape[:2]) != shape):
+            raise ConfigError(f"Draft.draft_probs must be [B, N, V] with [B, N] = {shape}, got {tuple(probs.shape)}")
+
+    # ----------------------------------------------------------------------------------------------- builders
+    @classmethod
+    def chain(
+        cls,
+        tokens: torch.Tensor,
+        valid: torch.Tensor | None = None,
+        q: torch.Tensor | None = None,
+        kind: DraftKind | None = None,
+        draft_probs: torch.Tensor | None = None,
+    ) -> Draft:
+        """A chain draft: ``tokens [B, N]``; ``valid [B, N]`` must be a prefix mask per row (default: all valid).
+
+        ``kind`` defaults to ``SAMPLED`` when ``q`` is given, else ``DETERMINISTIC``.
+        """
+        batch, n = tokens.shape
+        parents = (torch.arange(n, device=tokens.device) - 1).expand(batch, n)
+        if valid is None:
+            valid = torch.ones_like(tokens, dtype=torch.bool)
+        if kind is None:
+            kind = DraftKind.SAMPLED if q is not None else DraftKind.DETERMINISTIC
+        draft = cls(tokens=tokens, parents=parents, valid=valid.bool(), kind=kind, q=q, draft_probs=draft_probs)
+        draft.__dict__["is_chain"] = True  # known by construction; skips the check
+        return draft
+
+    @classmethod
+    def tree(cls, tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, **fields: object) -> Draft:
+        """A tree draft (``fields``: ``kind``, ``q``, ``q_index``, ``draft_probs``). Declaring it a tree spares
+        the host sync that deciding whether it happens to be a chain would cost."""
+        draft = cls(tokens=tokens, parents=parents, valid=valid.bool(), **fields)  # type: ignore[arg-type]
+        draft.__dict__["is_chain"] = False
+        return draft
+
+    @classmethod
+    def empty(cls, batch_size: int, device: torch.device | str = "cpu") -> Draft:
+        """A draft with no nodes: the round is one step of plain autoregressive decoding."""
+        z = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
+        draft = cls(tokens=z, parents=z.clone(), valid=z.bool())
+        draft.__dict__["is_chain"] = True
+        return draft
+
+    # ---------------------------------------------------------------------------------------------- structure
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+    @cached_property
+    def num_valid(self) -> torch.Tensor:
+        """``[B]`` number of valid nodes per row."""
+        return self.valid.sum(-1)
+
+    @cached_property
+    def is_chain(self) -> bool:
+        """True when every row is a chain (valid nodes form a prefix and each node's parent is its predecessor)."""
+        n = self.num_nodes
+        ar = torch.arange(n, device=self.tokens.device)
+        prefix = self.valid == (ar < self.num_valid[:, None])
+        linked = (self.parents == ar - 1) | ~self.valid
+        return bool((prefix & linked).all())
+
+    @cached_property
+    def ancestors(self) -> torch.Tensor:
+        """``[B, N, N]`` bool: ``ancestors[b, i, j]`` iff node j is node i or one of its ancestors (valid nodes)."""
+        return tree_ancestors(self.parents, self.valid)
+
+    @cached_property
+    def depth(self) -> torch.Tensor:
+        """``[B, N]`` depth of each node; children of the pending token have depth 1 (0 for invalid nodes)."""
+        return self.ancestors.sum(-1) * self.valid
+
+    def trimmed(self) -> Draft:
+        """This draft without the trailing node columns no row uses (each would cost a verified position).
+
+        One host sync (the used width)."""
+        used = self.valid.any(0)
+        width = int(torch.where(used, torch.arange(1, self.num_nodes + 1, device=used.device), 0).max())
+        if width == self.num_nodes:
+            return self
+        q = self.q if self.q is None or self.q_index is not None else self.q[:, :width]
+        q_index = None if self.q_index is None else self.q_index[:, :width]
+        probs = None if self.draft_probs is None else self.draft_probs[:, :width]
+        cut = self.tokens[:, :width], self.parents[:, :width], self.valid[:, :width]
+        out = Draft(*cut, kind=self.kind, q=q, q_index=q_index, draft_probs=probs)
+        if "is_chain" in self.__dict__:
+            out.__dict__["is_chain"] = self.__dict__["is_chain"]
+        return out
+
+    # ---------------------------------------------------------------------------------------- distributions
+    def node_q(self) -> torch.Tensor | None:
+        """``[B, N, V]`` the distribution each node was drawn from (``q`` expanded through ``q_index``)."""
+        if self.q is None or self.q_index is None:
+            return self.q
+        return self.q.gather(1, self.q_index.clamp(min=0)[..., None].expand(-1, -1, self.q.shape[-1]))
+
+    def q_of_tokens(self) -> torch.Tensor:
+        """``[B, N]`` float32 probability each node's token had under the distribution it was drawn from
+        (1 for deterministic drafts: point masses)."""
+        if self.q is None:
+            return torch.ones(self.tokens.shape, dtype=torch.float32, device=self.tokens.device)
+        rows = self.q_index.clamp(min=0) if self.q_index is not None else None
+        q = self.q if rows is None else self.q.gather(1, rows[..., None].expand(-1, -1, self.q.shape[-1]))
+        return q.float().gather(-1, self.tokens[..., None])[..., 0]
+
+    def reported_probs(self) -> torch.Tensor | None:
+        """``[B, N, V]`` the drafter's distribution at each node's parent, for diagnostics: ``draft_probs`` if
+        given, else ``q`` of a sampled draft, else None."""
+        return self.draft_probs if self.draft_probs is not None else self.node_q()
+
+    def path(self, leaf: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        """Root-to-leaf node indices ending at ``leaf [B]``, for rows with ``length [B] > 0``.
+
+        Returns:
+            ``[B, N]`` node indices in root-to-leaf order, ``-1`` after the first ``length[b]`` entries.
+        """
+        n = self.num_nodes
+        ar = torch.arange(n, device=self.tokens.device)
+        if self.is_chain:
+            return torch.where(ar < length[:, None], ar, -1)
+        on_path = self.ancestors[torch.arange(self.batch_size, device=ar.device), leaf.clamp(min=0)]
+        on_path &= (length > 0)[:, None]
+        order = torch.where(on_path, ar, n + ar).sort(-1).values  # path nodes first, in index = depth order
+        return torch.where(order < n, order, -1)
+
+    def check(self, batch_size: int, vocab_size: int, budget: DraftBudget) -> None:
+        """Raise :class:`ConfigError` unless this draft is well formed for ``batch_size`` rows: token ids in
+        ``[0, vocab_size)``, parents first and valid, a chain built with :meth:`chain` really a chain, and row
+        ``b`` within ``budget`` (nodes, depth, width). One host sync; :func:`decodekit.generate` runs it on the
+        first round and, with ``debug=True``, on every round."""
+        if self.batch_size != batch_size:
+            raise ConfigError(f"draft has {self.batch_size} rows, the batch has {batch_size}")
+        if self.num_nodes == 0:
+            return
+        ar = torch.arange(self.num_nodes, device=self.tokens.device)
+        parent_valid = self.valid.gather(1, self.parents.clamp(min=0)) | (self.parents < 0)
+        safe = tree_ancestors(self.parents.clamp(-1, self.num_nodes - 1), self.valid)  # even for malformed parents
+        depth = safe.sum(-1) * self.valid
+        ok_tree = (~self.valid | ((self.parents < ar) & (self.parents >= -1) & parent_valid)).all()
+        checks = [
+            (ok_tree, "every valid node needs -1 <= parents[i] < i and a valid parent (list nodes parents-first)"),
+            (
+                (~self.valid | ((self.tokens >= 0) & (self.tokens < vocab_size))).all(),
+                f"draft token ids must be in [0, {vocab_size}) (the target vocabulary)",
+            ),
+            (
+                (self.num_valid <= budget.nodes.to(ar.device)).all(),
+                "the drafter returned more nodes than its budget allows (budget.nodes)",
+            ),
+            (
+                (depth.max(-1).values <= budget.depth_or_nodes.to(ar.device)).all(),
+                "the drafter returned a deeper tree than its budget allows (budget.depth, budget.lengths)",
+            ),
+        ]
+        if budget.width is not None:
+            has_parent = (self.valid & (self.parents >= 0)).long()
+            children = torch.zeros_like(self.tokens).scatter_add_(1, self.parents.clamp(min=0), has_parent)
+            roots = (self.valid & (self.parents < 0)).sum(-1)
+            too_wide = (children.max(-1).values > budget.width) | (roots > budget.width)
+            checks.append((~too_wide.any(), f"a node has more than budget.width={budget.width} children"))
+        if self.__dict__.get("is_chain"):
+            prefix = (self.valid == (ar < self.num_valid[:, None])).all()
+            checks.append((prefix, "Draft.chain needs valid to be a prefix mask in every row (valid nodes first)"))
+        results = torch.stack([ok for ok, _ in checks]).tolist()
+        for ok, (_, message) in zip(results, checks):
+            if not ok:
+                raise ConfigError(f"malformed Draft: {message}")

@@ -1,0 +1,126 @@
+"""The round record: what components observe after each round of :func:`decodekit.generate`.
+
+Components declare what they need beyond the draft and the verdict in a ``needs`` set; the loop computes only the
+union of what was asked for, so plain decoding pays nothing. The vocabulary (:data:`NEEDS`):
+
+* ``"target_probs"``: :attr:`Round.target_probs`, the target's probability of every drafted node.
+* ``"kl"``: :attr:`Round.kl`, KL(target || drafter) at every drafted node where the drafter reported its
+  distribution (``Draft.draft_probs``, or ``q`` of a sampled draft).
+* ``"hidden"``: :attr:`Round.hidden`, the target's final hidden states of the tokens the round committed to its
+  cache; a component may also list layer indices in ``hidden_layers`` to get :attr:`Round.layer_hidden`.
+* ``"timings"``: :attr:`Round.draft_time_s` / :attr:`Round.verify_time_s` of this round. On CUDA this costs one
+  synchronisation per round; without it the loop's own timings are read a round late from CUDA events.
+
+The probabilities are the *warped* ones the verifier uses (temperature, top-k, top-p); at temperature 0, where the
+warped distribution is a point mass, they come from the plain softmax (temperature 1) instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from decodekit.draft import Draft
+from decodekit.errors import ConfigError
+from decodekit.models.base import ModelOutput
+from decodekit.sampling import probs_from_logits
+from decodekit.types import SamplingParams, Verdict
+
+NEEDS = frozenset({"target_probs", "kl", "hidden", "timings"})
+"""Everything a component may ask for in ``needs``."""
+
+_FLOOR = 1e-30  # drafter probabilities are floored here, so a KL stays finite where the drafter gave 0
+
+
+@dataclass(frozen=True, eq=False)
+class Round:
+    """One round, for ``observe(state, round)``. ``B`` rows (those live during the round), ``N`` draft nodes,
+    ``M`` committed tokens, ``D`` accepted path length, ``H`` hidden size.
+
+    Attributes:
+        index: 0-based round number within the call.
+        draft: what the drafter proposed (after the loop trimmed unused columns).
+        verdict: what the verifier decided.
+        tokens: ``[B, M]`` committed tokens: the accepted path, then the new pending token.
+        counts: ``[B]`` how many of ``tokens`` each row committed (cut at EOS and at its length limit).
+        target_probs: ``[B, N]`` float32, the target's probability of each node's token after its parent
+            (``needs`` "target_probs" or "kl"); 0 for invalid nodes.
+        kl: ``[B, N]`` float32 KL(target || drafter) at each node's parent (``needs`` "kl"); NaN where the
+            drafter reported no distribution, and for invalid nodes.
+        hidden: ``[B, 1 + D, H]`` the target's final hidden states (the output head's input) of the tokens this
+            round added to its cache: the previous pending token, then the accepted path; row ``b`` uses the first
+            ``verdict.num_accepted[b] + 1`` (``needs`` "hidden").
+        layer_hidden: layer index -> ``[B, 1 + D, H]``, the same tokens' outputs of the requested layers.
+        draft_time_s, verify_time_s: this round's phase times (``needs`` "timings"), else None.
+    """
+
+    index: int
+    draft: Draft
+    verdict: Verdict
+    tokens: torch.Tensor
+    counts: torch.Tensor
+    target_probs: torch.Tensor | None = None
+    kl: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    layer_hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    draft_time_s: float | None = None
+    verify_time_s: float | None = None
+
+
+def check_needs(needs: Iterable[str], owner: object) -> frozenset[str]:
+    """``needs`` as a frozenset, refusing names outside :data:`NEEDS` (a typo would silently get nothing)."""
+    if isinstance(needs, str):
+        raise ConfigError(f"{type(owner).__name__}.needs must be a set of names, e.g. frozenset({{{needs!r}}})")
+    needs = frozenset(needs)
+    unknown = sorted(needs - NEEDS)
+    if unknown:
+        raise ConfigError(
+            f"{type(owner).__name__}.needs asks for {', '.join(map(repr, unknown))}; "
+            f"known names: {', '.join(sorted(NEEDS))}"
+        )
+    return needs
+
+
+def node_probs(logits: torch.Tensor, draft: Draft, sampling: SamplingParams) -> torch.Tensor:
+    """``[B, N, V]`` float32 target distribution at each node's parent, from the scoring logits ``[B, N + 1, V]``."""
+    rows = logits.gather(1, (draft.parents + 1)[..., None].expand(-1, -1, logits.shape[-1]))
+    return rows.float().softmax(-1) if sampling.greedy else probs_from_logits(rows, sampling)
+
+
+def round_extras(
+    needs: frozenset[str],
+    hidden_layers: tuple[int, ...],
+    draft: Draft,
+    out: ModelOutput,
+    verdict: Verdict,
+    sampling: SamplingParams,
+) -> dict[str, object]:
+    """The optional :class:`Round` fields that ``needs`` asks for (device ops only, no host sync)."""
+    extras: dict[str, object] = {}
+    if needs & {"target_probs", "kl"}:
+        p = node_probs(out.logits, draft, sampling)
+        extras["target_probs"] = p.gather(-1, draft.tokens[..., None])[..., 0] * draft.valid
+        if "kl" in needs:
+            extras["kl"] = _kl(p, draft)
+    if "hidden" in needs or hidden_layers:
+        kept = torch.cat([torch.zeros_like(verdict.num_accepted)[:, None], verdict.accepted.clamp(min=-1) + 1], 1)
+        if out.last_hidden is not None:
+            extras["hidden"] = _rows(out.last_hidden, kept)
+        extras["layer_hidden"] = {i: _rows(h, kept) for i, h in out.hidden.items()}
+    return extras
+
+
+def _kl(p: torch.Tensor, draft: Draft) -> torch.Tensor:
+    q = draft.reported_probs()
+    if q is None:
+        return torch.full(draft.tokens.shape, float("nan"), device=p.device)
+    q = q.float().clamp(min=_FLOOR)
+    kl = (torch.xlogy(p, p) - p * q.log()).sum(-1)
+    return kl.masked_fill(~draft.valid, float("nan"))
+
+
+def _rows(hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``hidden [B, N, H]`` at ``index [B, M]`` (clamped into range; callers mask by counts)."""
+    return hidden.gather(1, index.clamp(0, hidden.shape[1] - 1)[..., None].expand(-1, -1, hidden.shape[-1]))

@@ -1,0 +1,176 @@
+"""Trees as first-class drafts: node / depth / width budgets (the loop caps depth, never nodes), the three draft
+kinds with one kind check before anything runs, and the memory-light q."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.drafters import ModelDrafter
+from decodekit.models.tiny import tiny_llama
+from decodekit.verifiers import GreedyVerifier, RejectionVerifier
+
+
+class PointMassOnly(GreedyVerifier):
+    accepts = frozenset({dk.DraftKind.DETERMINISTIC})
+
+    def check(self, sampling):  # usable at any temperature for this test
+        pass
+
+
+def test_three_kinds_and_q_requirements():
+    assert {k.value for k in dk.DraftKind} == {"sampled", "sampled_without_replacement", "deterministic"}
+    tokens = torch.zeros(1, 2, dtype=torch.long)
+    for kind in (dk.DraftKind.SAMPLED, dk.DraftKind.SAMPLED_WITHOUT_REPLACEMENT):
+        with pytest.raises(dk.IncompatibleDraftError, match="needs q"):
+            dk.Draft.chain(tokens, kind=kind)
+
+
+def test_kind_is_checked_before_any_compute():
+    target = dk.load_model(tiny_llama(0))
+    calls = []
+    forward = target.forward
+    target.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    try:
+        with pytest.raises(dk.IncompatibleDraftError, match="PointMassOnly cannot verify sampled drafts from Model"):
+            dk.generate(target, [[1, 2]], drafter=ModelDrafter(target), verifier=PointMassOnly(), temperature=1.0)
+        assert calls == []
+    finally:
+        del target.forward
+
+
+class SampledChain:
+    """An undeclared drafter whose drafts are SAMPLED (q = uniform)."""
+
+    def propose(self, state, budget):
+        tokens = state.pending[:, None].expand(-1, budget.max_len)
+        q = torch.full((*tokens.shape, 128), 1 / 128)
+        return dk.Draft.chain(tokens, valid=budget.mask(), q=q)
+
+
+def test_undeclared_kind_is_checked_on_the_first_draft(target):
+    with pytest.raises(dk.IncompatibleDraftError, match="cannot verify sampled drafts from SampledChain"):
+        dk.generate(target, [[1, 2]], drafter=SampledChain(), verifier=PointMassOnly(), max_new_tokens=5)
+
+
+def test_declared_kind_must_match_the_drafts(target):
+    class Liar(SampledChain):
+        def draft_kind(self, sampling):
+            return dk.DraftKind.DETERMINISTIC
+
+    with pytest.raises(dk.IncompatibleDraftError, match="said deterministic but it returned a sampled draft"):
+        dk.generate(target, [[1, 2]], drafter=Liar(), max_new_tokens=5)
+
+
+class BranchyTree:
+    """Each round: a tree of ``width`` siblings per level (greedy guesses from the target and decoys) filling the
+    node budget down to the depth budget. Records the budgets it was given."""
+
+    def __init__(self, target, width: int = 2):
+        self.target, self.width, self.budgets = target, width, []
+
+    def draft_kind(self, sampling):
+        return dk.DraftKind.DETERMINISTIC
+
+    def propose(self, state, budget):
+        self.budgets.append((budget.nodes.tolist(), budget.depth_or_nodes.tolist(), budget.width))
+        rows = []
+        for b in range(state.batch_size):
+            history = state.tokens[b, : state.host_lengths[b]].tolist()
+            depth, nodes = int(budget.depth_or_nodes[b]), int(budget.nodes[b])
+            rows.append(self._tree(history, depth, nodes))
+        n = max(len(r) for r in rows)
+        tokens = torch.zeros(state.batch_size, max(n, 1), dtype=torch.long)
+        parents = torch.full_like(tokens, -1)
+        valid = torch.zeros_like(tokens, dtype=torch.bool)
+        for b, row in enumerate(rows):
+            for i, (tok, par) in enumerate(row):
+                tokens[b, i], parents[b, i], valid[b, i] = tok, par, True
+        return dk.Draft.tree(tokens, parents, valid)
+
+    def _tree(self, history, depth, nodes):
+        out, parent = [], -1
+        with torch.no_grad():
+            for _ in range(depth):
+                logits = self.target(torch.tensor([history])).logits[0, -1]
+                best = int(logits.argmax())
+                for decoy in range(1, self.width):  # decoy siblings first: the true path is not contiguous
+                    if len(out) < nodes:
+                        out.append(((best + decoy) % 128, parent))
+                if len(out) >= nodes:
+                    break
+                out.append((best, parent))
+                parent = len(out) - 1
+                history = history + [best]
+        return out
+
+
+def test_loop_caps_depth_not_nodes(target, ragged_prompts):
+    drafter = BranchyTree(target)
+    policy = lambda: None  # noqa: E731
+    policy = type(
+        "P",
+        (),
+        {
+            "plan": lambda self, s: dk.DraftBudget(
+                torch.full_like(s.lengths, 9), torch.full_like(s.lengths, 4), width=2, node_bound=9, depth_bound=4
+            )
+        },
+    )()
+    out = dk.generate(target, ragged_prompts, drafter=drafter, policy=policy, max_new_tokens=6, debug=True)
+    plain = dk.generate(target, ragged_prompts, max_new_tokens=6)
+    assert out.sequences == plain.sequences
+    first_nodes, first_depth, width = drafter.budgets[0]
+    assert first_nodes == [9] * len(ragged_prompts) and first_depth == [4] * len(ragged_prompts) and width == 2
+    assert out.stats.mean_acceptance_length > 3  # the true path is accepted through the decoys
+    for nodes, depth, _ in drafter.budgets[1:]:
+        assert nodes == [9] * len(nodes)  # the node budget is never capped ...
+        assert max(depth) < 4  # ... the depth is, near each row's end (6 new tokens: at most 5 per round)
+
+
+@pytest.mark.parametrize(
+    ("parents", "budget", "message"),
+    [
+        ([-1, 0, 1, 2], dict(nodes=3), "more nodes than its budget"),
+        ([-1, 0, 1, 2], dict(nodes=4, depth=3), "deeper tree than its budget"),
+        ([-1, -1, -1, 0], dict(nodes=4, width=2), "more than budget.width=2 children"),
+        ([-1, 0, 0, 0], dict(nodes=4, width=2), "more than budget.width=2 children"),
+        ([-1, 2, 0, 1], dict(nodes=4), "parents-first"),
+    ],
+)
+def test_check_refuses_drafts_outside_the_budget(parents, budget, message):
+    draft = dk.Draft.tree(torch.ones(1, 4, dtype=torch.long), torch.tensor([parents]), torch.ones(1, 4, dtype=bool))
+    fields = {k: torch.tensor([v]) for k, v in budget.items() if k != "width"}
+    with pytest.raises(dk.ConfigError, match=message):
+        draft.check(1, 128, dk.DraftBudget(**fields, width=budget.get("width")))
+    ok = dk.DraftBudget(torch.tensor([4]), torch.tensor([4]), width=3)
+    if message != "parents-first":
+        draft.check(1, 128, ok)
+
+
+def test_chain_with_a_gap_in_valid_is_refused():
+    draft = dk.Draft.chain(torch.ones(1, 3, dtype=torch.long), valid=torch.tensor([[True, False, True]]))
+    with pytest.raises(dk.ConfigError, match="a valid parent|prefix mask"):
+        draft.check(1, 128, dk.DraftBudget(torch.tensor([3])))
+
+
+def test_memory_light_q_is_the_per_node_q():
+    """q per parent + q_index: node_q(), q_of_tokens() and rejection sampling equal the per-node form."""
+    gen = torch.Generator().manual_seed(0)
+    q_rows = torch.rand(2, 3, 8, generator=gen).softmax(-1)  # [B, P, V], stored in a shuffled order
+    q_index = torch.tensor([[2, 0, 1], [1, 2, 0]])
+    tokens = torch.randint(0, 8, (2, 3), generator=gen)
+    light = dk.Draft.chain(tokens, q=q_rows, kind=dk.DraftKind.SAMPLED)
+    light = dk.Draft(light.tokens, light.parents, light.valid, dk.DraftKind.SAMPLED, q_rows, q_index)
+    per_node = q_rows.gather(1, q_index[..., None].expand(-1, -1, 8))
+    full = dk.Draft.chain(tokens, q=per_node)
+    torch.testing.assert_close(light.node_q(), per_node)
+    torch.testing.assert_close(light.q_of_tokens(), full.q_of_tokens())
+    logits = torch.randn(2, 4, 8, generator=gen)
+    sampling = dk.SamplingParams(1.0)
+    a = RejectionVerifier().verify(light, logits, sampling, torch.Generator().manual_seed(5))
+    b = RejectionVerifier().verify(full, logits, sampling, torch.Generator().manual_seed(5))
+    assert torch.equal(a.num_accepted, b.num_accepted) and torch.equal(a.next_token, b.next_token)
+    with pytest.raises(dk.ConfigError, match="q_index must be"):
+        dk.Draft(tokens, light.parents, light.valid, dk.DraftKind.SAMPLED, q_rows, q_index[:, :2])

@@ -1,0 +1,125 @@
+"""Host syncs per round, counted by instrumenting the tensor methods that make the CPU wait for a GPU.
+
+On a GPU every ``.item() / .tolist() / .cpu() / bool(t) / int(t) / t.nonzero()`` of a device tensor stalls the
+host until the queued kernels finish. On the CPU they are cheap, but counting them here tells what a GPU user
+pays. Budgets (docs/concepts.md): plain decoding 1 per round, n-gram chain rounds 2, model-drafter rounds 2, plus
+1 per draft step when the policy has a stop rule (and, for a draft model, 1 each time rows leave the batch).
+Counted as the difference between a long and a short run, so the per-call constant (prefill, read-out) cancels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.drafters import ModelDrafter, NGramDrafter
+from decodekit.models.tiny import perturbed
+from decodekit.policies import ConfidenceStop, FixedLength
+
+SYNC_METHODS = ("item", "tolist", "cpu", "__bool__", "__int__", "__index__", "__float__", "nonzero")
+PROMPTS = [[5, 6, 7, 7, 7, 5, 6, 7, 9], [1, 2], [3, 4, 3, 4, 3]]
+
+
+@contextlib.contextmanager
+def count_syncs() -> Iterator[list[int]]:
+    """Count calls of the host-sync tensor methods inside the block (``counter[0]``)."""
+    counter = [0]
+    originals = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+
+    def counting(method):
+        def wrapper(self, *args, **kwargs):
+            counter[0] += 1
+            return method(self, *args, **kwargs)
+
+        return wrapper
+
+    for name, method in originals.items():
+        setattr(torch.Tensor, name, counting(method))
+    try:
+        yield counter
+    finally:
+        for name, method in originals.items():
+            setattr(torch.Tensor, name, method)
+
+
+OVERHEAD = 8  # per call: the read after prefill, the first round's draft check, 3 to flush stats, 3 to read out
+
+
+class CountingModelDrafter(ModelDrafter):
+    """Counts how often rows left the batch (its cache then reads its lengths once at the next round)."""
+
+    leaves = 0
+
+    def select_rows(self, rows):
+        self.leaves += 1
+        super().select_rows(rows)
+
+
+def syncs_per_round(target, drafter, policy, temperature=0.0, max_new_tokens=40) -> float:
+    """Host syncs of one call per round, after taking off the per-call overhead and the row-leaving reads."""
+    dk.generate(target, PROMPTS, drafter=drafter, policy=policy, max_new_tokens=4, temperature=temperature)
+    leaves = getattr(drafter, "leaves", 0)
+    with count_syncs() as counter:
+        out = dk.generate(
+            target,
+            PROMPTS,
+            drafter=drafter,
+            policy=policy,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=(),
+            temperature=temperature,
+            seed=0,
+        )
+    extra = getattr(drafter, "leaves", 0) - leaves
+    return (counter[0] - OVERHEAD - extra) / out.stats.rounds
+
+
+def test_the_counter_sees_syncs(target):
+    class Syncing:
+        def propose(self, state, budget):
+            int(state.lengths[0])  # one deliberate sync per round
+            return dk.Draft.empty(state.batch_size)
+
+    per_round = syncs_per_round(target, Syncing(), FixedLength(2))
+    assert per_round > 1.9  # the deliberate sync on top of the loop's own (plain decoding: 1)
+
+
+def test_plain_decoding_one_sync_per_round(target):
+    per_round = syncs_per_round(target, None, None)
+    assert per_round <= 1
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_ngram_rounds_at_most_two(target, temperature):
+    per_round = syncs_per_round(target, NGramDrafter(), FixedLength(4), temperature)
+    assert per_round <= 2
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_model_drafter_rounds_at_most_two(target, temperature):
+    drafter = CountingModelDrafter(perturbed(target, 0.3, seed=1))
+    per_round = syncs_per_round(target, drafter, FixedLength(3), temperature)
+    assert per_round <= 2
+
+
+class CountingStop(ConfidenceStop):
+    """ConfidenceStop that counts its calls: one per draft step."""
+
+    steps = 0
+
+    def stop(self, step):
+        self.steps += 1
+        return super().stop(step)
+
+
+def test_model_drafter_with_a_stop_rule_adds_one_per_step(target):
+    drafter = CountingModelDrafter(perturbed(target, 0.3, seed=1))
+    policy = CountingStop(0.2, 4)
+    with count_syncs() as counter:
+        out = dk.generate(target, PROMPTS, drafter=drafter, policy=policy, max_new_tokens=40, eos_token_id=())
+    assert policy.steps > out.stats.rounds  # several steps per round
+    assert counter[0] <= 2 * out.stats.rounds + policy.steps + OVERHEAD + drafter.leaves
