@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 import decodekit as dk
-from decodekit.timing import median_time
 from decodekit.models.tiny import tiny_llama
+from decodekit.timing import median_time
 
 SIZES = {
     "tiny (d=64, 2 layers, V=128)": dict(hidden=64, layers=2, vocab=128),

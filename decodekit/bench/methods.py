@@ -12,8 +12,8 @@ from typing import Any, Literal
 import torch
 
 import decodekit as dk
-from decodekit.timing import timed_call
 from decodekit.models import LanguageModel
+from decodekit.timing import timed_call
 from decodekit.types import SamplingParams
 
 
