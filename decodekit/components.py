@@ -53,9 +53,11 @@ class Components:
         if drafter is not None and not isinstance(policy, LengthPolicy):
             raise ConfigError(f"policy {policy!r} does not implement the LengthPolicy protocol (a plan method)")
         self.drafter, self.verifier, self.policy = drafter, verifier, policy
-        self.all = [c for c in (drafter, verifier, policy if drafter is not None else None) if c is not None]
-        for component in self.all:
-            warn_near_hooks(component)
+        roles = {"drafter": drafter, "verifier": verifier, "policy": policy if drafter is not None else None}
+        self.all = [c for c in roles.values() if c is not None]
+        for role, component in roles.items():
+            if component is not None:
+                warn_near_hooks(component, HOOKS[role])
         if isinstance(verifier, ChecksSampling):
             verifier.check(sampling)
         self.declared_kind = self._check_drafter(model, sampling)
@@ -65,6 +67,7 @@ class Components:
         self.observers = [c for c in self.all if isinstance(c, Observes)]
         self.row_selectors = [c for c in self.all if isinstance(c, SelectsRows)]
         self.vocab_size = model.vocab_size
+        self.unchecked = drafter is not None  # until the first non-empty draft has been validated
 
     def _check_drafter(self, model: LanguageModel, sampling: SamplingParams) -> DraftKind | None:
         drafter = self.drafter
@@ -102,7 +105,8 @@ class Components:
             component.select_rows(rows)
 
     def check_draft(self, draft: Draft, state: DecodeState, budget: DraftBudget) -> None:
-        """Validate a draft's values (a host sync): the loop calls this on the first round and in debug mode."""
+        """Validate a draft's values (a host sync): the loop calls this until a first non-empty draft passed, and
+        every round in debug mode."""
         if self.declared_kind is None and draft.num_nodes:
             check_kind(self.verifier, draft.kind, self.drafter)
         elif draft.num_nodes and draft.kind != self.declared_kind:
@@ -111,6 +115,7 @@ class Components:
                 f"{draft.kind.value} draft; make the two agree"
             )
         draft.check(state.batch_size, self.vocab_size, budget)
+        self.unchecked = self.unchecked and draft.num_nodes == 0
 
 
 def check_kind(verifier: Verifier, kind: DraftKind, drafter: Any) -> None:
@@ -125,14 +130,15 @@ def check_kind(verifier: Verifier, kind: DraftKind, drafter: Any) -> None:
 _WARNED: set[tuple[type, str]] = set()
 
 
-def warn_near_hooks(component: object) -> None:
-    """Warn (once per class and name) about public names one edit away from a hook the component lacks."""
+def warn_near_hooks(component: object, hooks: tuple[str, ...]) -> None:
+    """Warn (once per class and name) about public names one edit away from a hook (of ``hooks``, the names the
+    loop looks for on a component of this role) that the component lacks."""
     cls = type(component)
     names = {n for n in dir(cls) if not n.startswith("_")} | {
         n for n in getattr(component, "__dict__", {}) if not n.startswith("_")
     }
-    for name in sorted(names - set(HOOKS)):
-        for hook in HOOKS:
+    for name in sorted(names - set(hooks)):
+        for hook in hooks:
             if hook not in names and _one_edit(name, hook) and (cls, name) not in _WARNED:
                 _WARNED.add((cls, name))
                 warnings.warn(

@@ -67,7 +67,7 @@ def generate(
         seed: seeds the call's generator; the same seed gives the same output.
         streamer: called as ``streamer(row, tokens)`` with each row's newly committed tokens.
         debug: validate every draft's values and the cache's bookkeeping each round (host syncs); without it the
-            first round's draft is validated and later ones only by shape.
+            first non-empty draft is validated and later ones only by shape.
 
     Returns:
         :class:`GenerationOutput` with ``sequences`` (prompt excluded), ``finish_reasons`` and ``stats``.
@@ -100,7 +100,7 @@ def generate(
     index = 0
     while out.drop_finished(state, cache, parts):
         timer.start()
-        draft = _propose(parts, state, validate=debug or index == 0)
+        draft = _propose(parts, state, validate=debug or parts.unchecked)
         timer.mark("draft")
         scored = model.score(
             cache, state.pending, draft, hidden_layers=parts.hidden_layers, return_hidden="hidden" in parts.needs

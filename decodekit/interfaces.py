@@ -138,20 +138,10 @@ class ChecksSampling(Protocol):
         ...
 
 
-HOOKS = (
-    "begin",
-    "observe",
-    "select_rows",
-    "needs",
-    "hidden_layers",
-    "shares_target",
-    "draft_kind",
-    "vocab_size",
-    "check",
-    "propose",
-    "verify",
-    "plan",
-    "accepts",
-    "lossless",
-)
-"""Every method or attribute name the loop looks for (typo warnings compare against these)."""
+_COMMON = ("begin", "observe", "select_rows", "needs", "hidden_layers")
+HOOKS = {
+    "drafter": ("propose", *_COMMON, "shares_target", "draft_kind", "vocab_size"),
+    "verifier": ("verify", "accepts", "lossless", "check", *_COMMON),
+    "policy": ("plan", *_COMMON),
+}
+"""Every method or attribute name the loop looks for, per role (typo warnings compare against these)."""

@@ -98,10 +98,12 @@ class DecodeState:
         self.lengths = self.lengths + counts
         self.pending = self.tokens.gather(1, (self.lengths - 1)[:, None])[:, 0]
 
-    def select_rows(self, rows: torch.Tensor, host_rows: list[int]) -> None:
-        """Keep only ``rows [B']`` (indices into the current batch; ``host_rows``: the same on the host)."""
+    def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
+        """Keep only ``rows [B']`` (indices into the current batch; ``host_rows``: the same on the host, which
+        spares a host sync)."""
         for name in ("tokens", "lengths", "prompt_lengths", "max_lengths", "rows", "pending"):
             setattr(self, name, getattr(self, name)[rows])
+        host_rows = rows.tolist() if host_rows is None else host_rows
         self.host_lengths = [self.host_lengths[b] for b in host_rows]
         self.host_max_lengths = [self.host_max_lengths[b] for b in host_rows]
 

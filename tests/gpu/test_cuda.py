@@ -30,3 +30,21 @@ def test_seeded_sampling_on_cuda(ragged_prompts):
         return dk.generate(target, ragged_prompts, draft, temperature=1.0, max_new_tokens=16, seed=seed).sequences
 
     assert run(5) == run(5)
+
+
+def test_timings_and_round_record_on_cuda(ragged_prompts):
+    """CUDA-event timings: totals without per-phase syncs, exact per-round times for a component that needs them."""
+    target = dk.load_model(tiny_llama(0), device="cuda")
+    seen = []
+
+    class Timed(dk.policies.FixedLength):
+        needs = frozenset({"timings", "target_probs", "hidden"})
+
+        def observe(self, state, round):
+            seen.append((round.draft_time_s, round.verify_time_s, round.target_probs.device, round.hidden.device))
+
+    out = dk.generate(target, ragged_prompts, dk.drafters.NGramDrafter(), policy=Timed(3), max_new_tokens=16)
+    assert out.stats.prefill_time_s > 0 and out.stats.verify_time_s > 0
+    assert all(d >= 0 and v > 0 and p.type == "cuda" and h.type == "cuda" for d, v, p, h in seen)
+    plain = dk.generate(target, ragged_prompts, dk.drafters.NGramDrafter(), max_new_tokens=16)
+    assert plain.stats.verify_time_s > 0  # read a round late from CUDA events

@@ -54,6 +54,20 @@ def test_undeclared_kind_is_checked_on_the_first_draft(target):
         dk.generate(target, [[1, 2]], drafter=SampledChain(), verifier=PointMassOnly(), max_new_tokens=5)
 
 
+def test_undeclared_kind_is_checked_even_after_empty_drafts(target):
+    class LateSampler(SampledChain):
+        rounds = 0
+
+        def propose(self, state, budget):
+            self.rounds += 1
+            if self.rounds < 3:  # nothing to propose at first
+                return dk.Draft.empty(state.batch_size)
+            return super().propose(state, budget)
+
+    with pytest.raises(dk.IncompatibleDraftError, match="cannot verify sampled drafts from LateSampler"):
+        dk.generate(target, [[1, 2]], drafter=LateSampler(), verifier=PointMassOnly(), max_new_tokens=8)
+
+
 def test_declared_kind_must_match_the_drafts(target):
     class Liar(SampledChain):
         def draft_kind(self, sampling):
