@@ -92,7 +92,7 @@ def generate(
     width = max(state.host_lengths)
     logits = model.extend(cache, state.tokens[:, :width], state.lengths, host_counts=state.host_lengths).logits
     first = next_token(logits, sampling, generator)
-    counters.add_generated(out.commit(state, first[:, None], torch.ones_like(first)))
+    out.commit(state, first[:, None], torch.ones_like(first))
     out.sync(state, cache)
     parts.begin(state, model, cache)
     timer.mark("prefill")
@@ -110,21 +110,22 @@ def generate(
         timer.mark("verify")
         tokens, counts = _round_tokens(draft, verdict)
         counts = out.commit(state, tokens, counts)
-        counters.add_round(draft.num_valid, verdict.num_accepted, counts, draft.num_nodes)
+        counters.add_round(draft.num_valid, verdict.num_accepted, draft.num_nodes)
         times = timer.end_round()
-        extras = round_extras(parts.needs, parts.hidden_layers, draft, scored, verdict, sampling)
-        if times and "timings" in parts.needs:
-            extras.update(draft_time_s=times["draft"], verify_time_s=times["verify"])
         out.sync(state, cache, check=debug)
-        parts.observe(state, Round(index, draft, verdict, tokens, counts, **extras))  # type: ignore[arg-type]
+        if parts.observers:
+            extras = round_extras(parts.needs, parts.hidden_layers, draft, scored, verdict, sampling)
+            if times and "timings" in parts.needs:
+                extras.update(draft_time_s=times["draft"], verify_time_s=times["verify"])
+            parts.observe(state, Round(index, draft, verdict, tokens, counts, **extras))  # type: ignore[arg-type]
         index += 1
-    return out.result(_stats(counters, timer, start))
+    return out.result(lambda generated: _stats(counters, timer, start, generated))
 
 
-def _stats(counters: RoundCounters, timer: PhaseTimer, start: float) -> SpecStats:
+def _stats(counters: RoundCounters, timer: PhaseTimer, start: float, generated: int) -> SpecStats:
     totals = timer.finish()
     stats = SpecStats()
-    counters.flush(stats)
+    counters.flush(stats, generated)
     stats.prefill_time_s = totals.get("prefill", 0.0)
     stats.draft_time_s, stats.verify_time_s = totals.get("draft", 0.0), totals.get("verify", 0.0)
     stats.total_time_s = time.perf_counter() - start
@@ -229,13 +230,14 @@ class _Outputs:
         self.num_finished = 0
         return state.batch_size > 0
 
-    def result(self, stats: SpecStats) -> GenerationOutput:
+    def result(self, make_stats: Callable[[int], SpecStats]) -> GenerationOutput:
         end = getattr(self.streamer, "end", None)
         if callable(end):
             end()
         tokens, ends, eos = self.tokens.tolist(), self.ends.tolist(), set(self.eos.tolist())
         sequences = [row[s:e] for row, s, e in zip(tokens, self.starts, ends)]
         reasons = ["eos" if seq and seq[-1] in eos else "length" for seq in sequences]
+        stats = make_stats(sum(len(seq) for seq in sequences))
         stats.num_rows = len(sequences)
         return GenerationOutput(sequences=sequences, finish_reasons=reasons, stats=stats)
 

@@ -103,23 +103,19 @@ class RoundCounters:
     def __init__(self, device: torch.device) -> None:
         self.rounds = 0
         self.row_steps = 0
-        self.sums = torch.zeros(4, dtype=torch.long, device=device)  # generated, num_drafts, drafted, accepted
+        self.sums = torch.zeros(3, dtype=torch.long, device=device)  # num_drafts, drafted, accepted
         self.per_pos = torch.zeros(2, 0, dtype=torch.long, device=device)  # drafted_per_pos, accepted_per_pos
         self.histogram = torch.zeros(1, dtype=torch.long, device=device)
 
-    def add_generated(self, committed: torch.Tensor) -> None:
-        """Tokens committed outside a round (the first token after prefill), ``committed [B]``."""
-        self.sums[0] += committed.sum()
-
-    def add_round(self, drafted: torch.Tensor, accepted: torch.Tensor, committed: torch.Tensor, width: int) -> None:
-        """One round: per live row, valid draft nodes ``drafted [B]``, ``accepted [B]`` and ``committed [B]``;
-        ``width`` (host) bounds ``drafted``."""
+    def add_round(self, drafted: torch.Tensor, accepted: torch.Tensor, width: int) -> None:
+        """One round: per live row, valid draft nodes ``drafted [B]`` and ``accepted [B]``; ``width`` (host) bounds
+        ``drafted`` (0: an autoregressive round, which costs no tensor op here)."""
         self.rounds += 1
         self.row_steps += drafted.numel()
-        drew = drafted > 0
-        self.sums += torch.stack([committed.sum(), drew.sum(), drafted.sum(), (accepted * drew).sum()])
         if width == 0:
             return
+        drew = drafted > 0
+        self.sums += torch.stack([drew.sum(), drafted.sum(), (accepted * drew).sum()])
         if self.per_pos.shape[1] < width:
             grow = width - self.per_pos.shape[1]
             self.per_pos = torch.cat([self.per_pos, self.per_pos.new_zeros(2, grow)], 1)
@@ -128,11 +124,12 @@ class RoundCounters:
         self.per_pos[:, :width] += torch.stack([(drafted[:, None] > ar).sum(0), (accepted[:, None] > ar).sum(0)])
         self.histogram.scatter_add_(0, accepted.clamp(0, width), drew.long())
 
-    def flush(self, stats: SpecStats) -> None:
-        """Write the counters into ``stats`` (one host read)."""
+    def flush(self, stats: SpecStats, generated: int) -> None:
+        """Write the counters and the number of ``generated`` tokens into ``stats`` (host reads at the end)."""
         sums, per_pos, histogram = self.sums.tolist(), self.per_pos.tolist(), self.histogram.tolist()
         used = max((j + 1 for j, d in enumerate(per_pos[0]) if d), default=0)
         stats.rounds, stats.row_steps = self.rounds, self.row_steps
-        stats.generated, stats.num_drafts, stats.drafted, stats.accepted = sums
+        stats.generated = generated
+        stats.num_drafts, stats.drafted, stats.accepted = sums
         stats.drafted_per_pos, stats.accepted_per_pos = per_pos[0][:used], per_pos[1][:used]
         stats.acceptance_histogram = histogram[: used + 1] if used else []
