@@ -278,6 +278,13 @@ def test_staged_extent_bookkeeping():
     assert cache.staged_extent(0) == 0
 
 
+def staged_step(model, cache, tokens, offset: int = 0, **forward_kwargs):
+    """Run the chain ``tokens [B, N]`` staged at ``offset`` past each row's committed length; its logits."""
+    kv_len = cache.stage(tokens.shape[1], offset=offset)
+    mask, positions = chain_mask(cache.lengths + offset, tokens.shape[1], kv_len)
+    return model.forward(tokens, positions, mask, cache, **forward_kwargs).logits
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_offset_staging_matches_recompute(name, rows):
     """Draft one token per step at offsets 0, 1, 2 (all layers), then verify at offset 0 over the same slots."""
@@ -287,16 +294,12 @@ def test_offset_staging_matches_recompute(name, rows):
     model.extend(cache, *padded(rows))
     drafts = torch.tensor([[31, 32, 33], [41, 42, 43], [51, 52, 53]])
     for k in range(3):
-        kv_len = cache.stage(1, offset=k)
-        mask, positions = chain_mask(cache.lengths + k, 1, kv_len)
-        logits = model.forward(drafts[:, k : k + 1], positions, mask, cache).logits
+        logits = staged_step(model, cache, drafts[:, k : k + 1], offset=k)
         for b, r in enumerate(rows):
             torch.testing.assert_close(logits[b, 0], full_logits(hf_model, r + drafts[b, : k + 1].tolist()), **tol)
         assert [cache.staged_extent(layer) for layer in range(2)] == [k + 1, k + 1]
     verify = torch.cat([drafts, torch.tensor([[60], [61], [62]])], 1)
-    kv_len = cache.stage(4)
-    mask, positions = chain_mask(cache.lengths, 4, kv_len)
-    logits = model.forward(verify, positions, mask, cache).logits
+    logits = staged_step(model, cache, verify)
     for b, r in enumerate(rows):
         torch.testing.assert_close(logits[b, 3], full_logits(hf_model, r + verify[b].tolist()), **tol)
     cache.keep(torch.tensor([2, 4, 1]))
@@ -315,18 +318,14 @@ def test_early_exit_staging_fills_only_its_layers(rows):
     model.extend(cache, *padded(rows))
     drafts = torch.tensor([[31, 32], [41, 42], [51, 52]])
     for k in range(2):
-        kv_len = cache.stage(1, offset=k)
-        mask, positions = chain_mask(cache.lengths + k, 1, kv_len)
-        logits = model.forward(drafts[:, k : k + 1], positions, mask, cache, exit_layer=1).logits
+        logits = staged_step(model, cache, drafts[:, k : k + 1], offset=k, exit_layer=1)
         assert [cache.staged_extent(layer) for layer in range(3)] == [k + 1, 0, 0]
         for b, r in enumerate(rows):  # == the 1-layer model recomputed from scratch
             fresh = model.new_cache(1, 16)
             seq = torch.tensor([r + drafts[b, : k + 1].tolist()])
             expected = model.extend(fresh, seq, torch.tensor([seq.shape[1]]), exit_layer=1).logits[0]
             torch.testing.assert_close(logits[b, 0], expected, **TOL)
-    kv_len = cache.stage(2)
-    mask, positions = chain_mask(cache.lengths, 2, kv_len)
-    logits = model.forward(drafts, positions, mask, cache).logits
+    logits = staged_step(model, cache, drafts)
     assert [cache.staged_extent(layer) for layer in range(3)] == [2, 2, 2]
     for b, r in enumerate(rows):
         torch.testing.assert_close(logits[b, 1], full_logits(hf_model, r + drafts[b].tolist()), **TOL)
