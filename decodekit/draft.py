@@ -189,10 +189,9 @@ class Draft:
     def q_of_tokens(self) -> torch.Tensor:
         """``[B, N]`` float32 probability each node's token had under the distribution it was drawn from
         (1 for deterministic drafts: point masses)."""
-        if self.q is None:
+        q = self.node_q()
+        if q is None:
             return torch.ones(self.tokens.shape, dtype=torch.float32, device=self.tokens.device)
-        rows = self.q_index.clamp(min=0) if self.q_index is not None else None
-        q = self.q if rows is None else self.q.gather(1, rows[..., None].expand(-1, -1, self.q.shape[-1]))
         return q.float().gather(-1, self.tokens[..., None])[..., 0]
 
     def reported_probs(self) -> torch.Tensor | None:

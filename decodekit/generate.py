@@ -24,7 +24,7 @@ from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import RoundCounters, SpecStats
 from decodekit.models import LanguageModel, load_model
 from decodekit.policies import FixedLength
-from decodekit.round import Round, round_extras
+from decodekit.round import Round, kept_inputs, round_extras
 from decodekit.sampling import next_token
 from decodekit.state import DecodeState
 from decodekit.timing import PhaseTimer
@@ -153,9 +153,7 @@ def _empty_draft(batch_size: int, device: torch.device) -> Draft:
 
 def _kept_slots(draft: Draft, verdict: Verdict) -> torch.Tensor | None:
     """Staged slots the cache keeps: the pending token (slot 0) and the accepted path; None for chains (a prefix)."""
-    if draft.is_chain:
-        return None
-    return torch.cat([torch.zeros_like(verdict.num_accepted)[:, None], verdict.accepted + 1], 1)
+    return None if draft.is_chain else kept_inputs(verdict)
 
 
 def _round_tokens(draft: Draft, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,8 +175,7 @@ class _Outputs:
         self.starts = list(state.host_lengths)
         self.eos, self.streamer = eos, streamer
         self.finished = torch.zeros_like(state.lengths, dtype=torch.bool)
-        self.host_finished: list[int] = []
-        self.num_finished = 0
+        self.host_finished: list[int] = []  # this round's finished flags, as read by sync()
 
     def commit(self, state: DecodeState, new: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Append ``new [B, M]`` (first ``counts[b]`` per row) to the state, cut at EOS and at each row's limit.
@@ -208,7 +205,6 @@ class _Outputs:
         batch = state.batch_size
         host = torch.cat([self.finished.long(), state.lengths]).tolist()
         self.host_finished = host[:batch]
-        self.num_finished = sum(self.host_finished)
         state.host_lengths = host[batch:]
         cache.set_host_lengths([n - 1 for n in state.host_lengths])
         if check:
@@ -216,18 +212,17 @@ class _Outputs:
 
     def drop_finished(self, state: DecodeState, cache: KVCache, parts: Components) -> bool:
         """Store the finished rows' tokens, remove those rows everywhere; False once no row is left."""
-        if self.num_finished == 0:
+        host_keep = [b for b, finished in enumerate(self.host_finished) if not finished]
+        if len(host_keep) == state.batch_size:
             return state.batch_size > 0
         order = torch.argsort(self.finished.int(), stable=True)  # live rows first, in order; no host sync
-        keep, done = order[: state.batch_size - self.num_finished], order[state.batch_size - self.num_finished :]
+        keep, done = order[: len(host_keep)], order[len(host_keep) :]
         self.tokens[state.rows[done]] = state.tokens[done]
         self.ends[state.rows[done]] = state.lengths[done]
-        host_keep = [b for b, done in enumerate(self.host_finished) if not done]
         state.select_rows(keep, host_keep)
         cache.select_rows(keep, host_rows=host_keep)
         parts.select_rows(keep)
-        self.finished = self.finished[keep]
-        self.num_finished = 0
+        self.host_finished = [0] * len(host_keep)  # the rows left are live
         return state.batch_size > 0
 
     def result(self, make_stats: Callable[[int], SpecStats]) -> GenerationOutput:

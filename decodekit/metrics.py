@@ -88,10 +88,6 @@ class SpecStats:
         return out
 
 
-def _grow(values: list[int], n: int) -> None:
-    values.extend([0] * (n - len(values)))
-
-
 def _at(values: list[int], i: int) -> int:
     return values[i] if i < len(values) else 0
 

@@ -105,11 +105,17 @@ def round_extras(
         if "kl" in needs:
             extras["kl"] = _kl(p, draft)
     if "hidden" in needs or hidden_layers:
-        kept = torch.cat([torch.zeros_like(verdict.num_accepted)[:, None], verdict.accepted.clamp(min=-1) + 1], 1)
+        kept = kept_inputs(verdict)
         if out.last_hidden is not None:
             extras["hidden"] = _rows(out.last_hidden, kept)
         extras["layer_hidden"] = {i: _rows(h, kept) for i, h in out.hidden.items()}
     return extras
+
+
+def kept_inputs(verdict: Verdict) -> torch.Tensor:
+    """``[B, 1 + D]`` the scored inputs a round keeps: input 0 (the pending token), then each accepted node ``i``
+    (input ``i + 1``); entries past ``num_accepted + 1`` point at input 0 (callers mask them by counts)."""
+    return torch.cat([torch.zeros_like(verdict.num_accepted)[:, None], verdict.accepted + 1], 1)
 
 
 def _kl(p: torch.Tensor, draft: Draft) -> torch.Tensor:

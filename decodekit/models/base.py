@@ -17,8 +17,19 @@ from typing import Any
 import torch
 
 from decodekit.cache import KVCache
+from decodekit.errors import ConfigError
 from decodekit.masks import add_root, chain_mask, tree_mask
 from decodekit.types import Draft
+
+
+def check_layer(value: object, low: int, high: int, what: str, where: str = "") -> None:
+    """The one layer-index check: refuse ``value`` unless it is an integer (not a bool) in ``[low, high]``.
+
+    Raises:
+        ConfigError: ``"{what} in [low, high]{where}, got value"``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{what} in [{low}, {high}]{where}, got {value!r}")
 
 
 @dataclass(frozen=True, eq=False)

@@ -13,7 +13,7 @@ import torch
 from decodekit.cache import KVCache
 from decodekit.errors import ConfigError
 from decodekit.masks import to_additive
-from decodekit.models.base import LanguageModel, ModelOutput
+from decodekit.models.base import LanguageModel, ModelOutput, check_layer
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +140,7 @@ class HFCausalLM(LanguageModel):
             yield
             return
         layers = self.layers
-        if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or not 1 <= exit_layer <= len(layers):
-            raise ConfigError(f"exit_layer must be an integer in [1, {len(layers)}], got {exit_layer!r}")
+        check_layer(exit_layer, 1, len(layers), "exit_layer must be an integer")
         setattr(self.decoder, self._layers_attr, layers[:exit_layer])
         try:
             yield
@@ -157,8 +156,7 @@ class HFCausalLM(LanguageModel):
         layers = self.layers
         handles = []
         for i in sorted(set(layer_ids)):
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= len(layers):
-                raise ConfigError(f"hidden_layers entries must be integers in [0, {len(layers)}], got {i!r}")
+            check_layer(i, 0, len(layers), "hidden_layers entries must be integers")
             module = self._embeddings if i == 0 else layers[i - 1]
 
             def hook(_module: Any, _args: Any, output: Any, i: int = i) -> None:

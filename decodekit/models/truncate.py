@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from decodekit.errors import ConfigError
+from decodekit.models.base import check_layer
 
 __all__ = ["check_num_layers", "truncate_layers"]
 
@@ -18,8 +19,7 @@ def check_num_layers(num_layers: object, total: int, owner: str) -> None:
     Raises:
         ConfigError: naming the valid range and ``owner`` (the model the count is for).
     """
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= total:
-        raise ConfigError(f"num_layers must be an integer in [1, {total}] for {owner}, got {num_layers!r}")
+    check_layer(num_layers, 1, total, "num_layers must be an integer", f" for {owner}")
 
 
 def truncate_layers(hf_model: torch.nn.Module, num_layers: int, *, share_weights: bool = True) -> torch.nn.Module:
