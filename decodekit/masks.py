@@ -92,6 +92,30 @@ def tree_mask(past_lengths: torch.Tensor, ancestors: torch.Tensor, kv_len: int) 
     return mask[:, None], positions
 
 
+def windowed(mask: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """Restrict ``mask [B, 1, N, S]`` to keys less than ``window`` positions away (sliding-window attention).
+
+    transformers' sliding layers let query position ``q`` see key position ``k`` when ``q - k < window`` (on top of
+    causality); the distance is taken both ways here, which is the same on any causal mask and keeps a
+    bidirectional use of a stock decoder local too. Each query keeps its own key (distance 0).
+
+    Args:
+        mask: the forward's mask.
+        positions: ``[B, N]`` query positions.
+        key_positions: ``[B, S]`` position of the token at each key (``KVCache.key_positions``).
+        window: the window size ``W >= 1``.
+    """
+    distance = (positions[:, :, None] - key_positions[:, None, :]).abs()  # [B, N, S]
+    return mask & (distance < window)[:, None]
+
+
+def chunked(mask: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Restrict ``mask [B, 1, N, S]`` to keys in the query's chunk of ``chunk`` positions (chunked attention, as
+    Llama 4's local layers: position ``p`` is in chunk ``p // chunk``). Shapes as :func:`windowed`."""
+    same = (positions[:, :, None] // chunk) == (key_positions[:, None, :] // chunk)
+    return mask & same[:, None]
+
+
 def add_root(ancestors: torch.Tensor) -> torch.Tensor:
     """Prepend the pending token as node 0, the root every draft node descends from.
 

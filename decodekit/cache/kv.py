@@ -183,6 +183,31 @@ class KVCache(Cache):
             self._extent[layer_idx] = max(self._extent[layer_idx], self._end)
         return k_buf[:, :, : self._kv_len], v_buf[:, :, : self._kv_len]
 
+    def key_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """Position of the token at each key index the planned forward sees (for position-dependent masks such as
+        sliding windows).
+
+        Cached slot ``s`` holds position ``s``; the forward's new token ``j`` sits at slot ``L_b + offset + j``
+        (:meth:`stage`; a tree's nodes are not at their slot's position), at key index ``S_c + j`` (:meth:`attend`),
+        or at its own position's slot (:meth:`write_at`).
+
+        Args:
+            positions: ``[B, N]`` the new tokens' positions (the forward's ``position_ids``).
+
+        Returns:
+            ``[B, S]`` long, ``S`` = the key length the forward sees.
+        """
+        batch, num_new = positions.shape
+        device = positions.device
+        if self._plan == _ATTEND:
+            cached = torch.arange(self._kv_len, device=device).expand(batch, self._kv_len)
+            return torch.cat([cached, positions], 1)
+        keys = torch.arange(self._kv_len, device=device).expand(batch, self._kv_len)
+        if self._plan != _STAGE:
+            return keys  # write_at: every slot holds its own position
+        index = self._lengths.to(device)[:, None] + torch.arange(self._offset, self._offset + num_new, device=device)
+        return keys.clone().scatter_(1, index, positions)
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Largest committed length (transformers asks; no sync while the host mirror is known)."""
         return self._min_max()[1]

@@ -11,9 +11,11 @@ from typing import Any
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.errors import ConfigError
+from decodekit.errors import ConfigError, UnsupportedModelError
 from decodekit.masks import to_additive
 from decodekit.models.base import LanguageModel, ModelOutput, check_layer
+from decodekit.models.hf_attention import attention_plan, per_layer_masks
+from decodekit.models.hf_support import check_supported
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +32,32 @@ def _as_tuple(ids: Any) -> tuple[int, ...]:
     return tuple(int(i) for i in ids)
 
 
+def _decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack under the LM head (``get_decoder()``, else the usual attribute names)."""
+    decoder = model.get_decoder()
+    if decoder is model:
+        names = ("model", "transformer", getattr(model, "base_model_prefix", ""))
+        decoder = next((m for n in names if n and isinstance(m := getattr(model, n, None), torch.nn.Module)), model)
+    return decoder
+
+
+def _map_masks(masks: Any, fn: Any) -> Any:
+    """Apply ``fn`` to a mask, each value of a mapping of masks, or each mask of a list."""
+    if isinstance(masks, dict):
+        return {k: fn(v) for k, v in masks.items()}
+    if isinstance(masks, list):
+        return [fn(v) for v in masks]
+    return fn(masks)
+
+
 class HFCausalLM(LanguageModel):
     """Wraps a ``transformers`` ``*ForCausalLM`` so decodekit can run it against a :class:`KVCache`.
 
-    The decoder runs with decodekit's boolean mask (sdpa) or its additive form (eager). Logits are computed only
-    at the positions asked for (the output head is applied after gathering hidden states).
+    The decoder runs with decodekit's boolean mask (sdpa) or its additive form (eager); sliding-window, chunked and
+    GPT-Neo local layers get that mask restricted to their pattern (:mod:`decodekit.models.hf_attention`).
+    Architectures that cannot be run exactly are refused with :class:`~decodekit.errors.UnsupportedModelError`
+    (:mod:`decodekit.models.hf_support`). Logits are computed only at the positions asked for (the output head is
+    applied after gathering hidden states).
 
     What wrapping does to the model you pass (and nothing else): it is put in ``eval()`` mode, and an attention
     implementation other than ``sdpa`` / ``eager`` (flash attention, flex, ...) is switched to ``sdpa`` with a
@@ -47,6 +70,12 @@ class HFCausalLM(LanguageModel):
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None) -> None:
+        check_supported(model)
+        self.decoder = _decoder(model)
+        self.lm_head = model.get_output_embeddings()  # captured: rebuild the adapter after swapping modules
+        if self.decoder is model or self.lm_head is None:
+            raise UnsupportedModelError(f"{type(model).__name__} is not a causal LM with a separate output head")
+        self.attention = attention_plan(model, self.decoder)  # refuses before anything about the model changes
         self.hf = model.eval()
         config = model.config
         attn = getattr(config, "_attn_implementation", "eager")
@@ -55,10 +84,6 @@ class HFCausalLM(LanguageModel):
             model.set_attn_implementation("sdpa")
             attn = "sdpa"
         self._additive_mask = _MASK_KINDS[attn] == "additive"
-        self.decoder = model.get_decoder()
-        self.lm_head = model.get_output_embeddings()  # captured: rebuild the adapter after swapping modules
-        if self.decoder is model or self.lm_head is None:
-            raise ConfigError(f"{type(model).__name__} is not a causal LM with a separate output head")
         self._layers_attr = next(
             (a for a in _LAYER_LISTS if isinstance(getattr(self.decoder, a, None), torch.nn.ModuleList)), None
         )
@@ -71,6 +96,7 @@ class HFCausalLM(LanguageModel):
         self.eos_token_ids = _as_tuple(getattr(gen_config, "eos_token_id", None) or config.eos_token_id)
         self.max_context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         self.tokenizer = tokenizer
+        self._biases: dict[int, Any] = {}  # GPT-Neo's global causal biases, made once
 
     @property
     def device(self) -> torch.device:
@@ -120,18 +146,31 @@ class HFCausalLM(LanguageModel):
         hidden_layers: Sequence[int] = (),
         return_hidden: bool = False,
     ) -> ModelOutput:
+        attention_mask: Any = mask
+        if not self.attention.plain:
+            attention_mask = self.attention.masks(mask, positions, cache.key_positions(positions))
         if self._additive_mask:
-            mask = to_additive(mask, self.dtype)
+            attention_mask = _map_masks(attention_mask, lambda m: to_additive(m, self.dtype))
+        layer_masks = attention_mask if isinstance(attention_mask, list) else None
         hidden: dict[int, torch.Tensor] = {}
-        with self._exit_at(exit_layer), self._capture(hidden_layers, hidden):
+        with self._exit_at(exit_layer), self._capture(hidden_layers, hidden), self._per_layer(layer_masks):
             out = self.decoder(
-                input_ids=tokens, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True
+                input_ids=tokens,
+                position_ids=positions,
+                attention_mask=layer_masks[0] if layer_masks else attention_mask,
+                past_key_values=cache,
+                use_cache=True,
             )
         last = out.last_hidden_state
         picked = last
         if logits_at is not None:
             picked = last.gather(1, logits_at[..., None].expand(-1, -1, last.shape[-1]))
         return ModelOutput(self.head(picked), hidden, last if return_hidden else None)
+
+    def _per_layer(self, masks: list[torch.Tensor] | None) -> contextlib.AbstractContextManager[None]:
+        if masks is None:
+            return contextlib.nullcontext()
+        return per_layer_masks(self.layers, masks, self._biases)
 
     @contextlib.contextmanager
     def _exit_at(self, exit_layer: int | None) -> Iterator[None]:
