@@ -27,6 +27,7 @@ import torch
 
 from decodekit.budget import DraftBudget
 from decodekit.draft import Draft, DraftKind
+from decodekit.sampling import Generator
 from decodekit.state import DecodeState
 from decodekit.types import SamplingParams, Verdict
 
@@ -62,9 +63,13 @@ class Verifier(Protocol):
         draft: Draft,
         logits: torch.Tensor,
         sampling: SamplingParams,
-        generator: torch.Generator | None,
+        generator: Generator,
     ) -> Verdict:
-        """``logits [B, N + 1, V]``: row 0 follows the pending token, row ``i + 1`` follows draft node ``i``."""
+        """``logits [B, N + 1, V]``: row 0 follows the pending token, row ``i + 1`` follows draft node ``i``.
+
+        ``generator`` is a ``torch.Generator``, None (torch's global one) or per-row generators (``seed`` given one
+        int per row): draw through :func:`decodekit.sampling.sample` / :func:`~decodekit.sampling.uniform` with a
+        ``key`` so each row's draws stay its own."""
         ...
 
 

@@ -101,7 +101,7 @@ def round_extras(
     extras: dict[str, object] = {}
     if needs & {"target_probs", "kl"}:
         p = node_probs(out.logits, draft, sampling)
-        extras["target_probs"] = p.gather(-1, draft.tokens[..., None])[..., 0] * draft.valid
+        extras["target_probs"] = p.gather(-1, draft.tokens.where(draft.valid, 0)[..., None])[..., 0] * draft.valid
         if "kl" in needs:
             extras["kl"] = _kl(p, draft)
     if "hidden" in needs or hidden_layers:

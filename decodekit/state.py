@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from decodekit.sampling import RowGenerators
 from decodekit.types import SamplingParams
 
 
@@ -25,7 +26,9 @@ class DecodeState:
         rows: ``[B]`` index of each live row in the caller's batch.
         pending: ``[B]`` the pending token of each row (``tokens[b, lengths[b] - 1]``).
         sampling: the sampling parameters of the call.
-        generator: the call's random generator (None = torch's global one).
+        generator: the call's randomness: a ``torch.Generator`` (an int seed),
+            :class:`~decodekit.sampling.RowGenerators` (one seed per row; draw through
+            :func:`~decodekit.sampling.sample` with a key), or None (torch's global generator).
         host_lengths: ``lengths`` as a host list, refreshed by the loop's one read per round: use it instead of
             reading ``lengths`` (each read of a device tensor is a host sync a GPU user pays for).
         host_max_lengths: ``max_lengths`` as a host list.
@@ -40,7 +43,7 @@ class DecodeState:
     rows: torch.Tensor
     pending: torch.Tensor
     sampling: SamplingParams
-    generator: torch.Generator | None = None
+    generator: torch.Generator | RowGenerators | None = None
     host_lengths: list[int] = field(default_factory=list)
     host_max_lengths: list[int] = field(default_factory=list)
     needs: frozenset[str] = frozenset()
@@ -51,7 +54,7 @@ class DecodeState:
         prompts: list[list[int]],
         max_lengths: list[int],
         sampling: SamplingParams,
-        generator: torch.Generator | None,
+        generator: torch.Generator | RowGenerators | None,
         device: torch.device,
     ) -> DecodeState:
         """Right-pad ``prompts`` into a state with room for ``max_lengths`` tokens per row."""
@@ -100,12 +103,14 @@ class DecodeState:
 
     def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
         """Keep only ``rows [B']`` (indices into the current batch; ``host_rows``: the same on the host, which
-        spares a host sync)."""
+        spares a host sync). Per-row generators keep the same rows."""
         for name in ("tokens", "lengths", "prompt_lengths", "max_lengths", "rows", "pending"):
             setattr(self, name, getattr(self, name)[rows])
         host_rows = rows.tolist() if host_rows is None else host_rows
         self.host_lengths = [self.host_lengths[b] for b in host_rows]
         self.host_max_lengths = [self.host_max_lengths[b] for b in host_rows]
+        if isinstance(self.generator, RowGenerators):
+            self.generator.select_rows(host_rows)
 
     @property
     def host_room(self) -> int:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from decodekit.budget import DraftBudget, DraftStep
+from decodekit.checks import check_float, check_model_spec
 from decodekit.draft import Draft, DraftKind
 from decodekit.models import LanguageModel, load_model
 from decodekit.registry import register
@@ -36,8 +37,9 @@ class ModelDrafter:
     """
 
     def __init__(self, model: Any, temperature: float | None = None) -> None:
+        check_model_spec("model", model)
+        self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")
         self.model: LanguageModel = load_model(model)
-        self.temperature = temperature
         self.cache = None
 
     @property
@@ -77,7 +79,7 @@ class ModelDrafter:
                 x, probs = logits.argmax(-1), (logits.float().softmax(-1) if report else None)
             else:
                 probs = probs_from_logits(logits, sampling)
-                x = sample(probs, state.generator)
+                x = sample(probs, state.generator, key=("draft", j))  # keyed by step: per-row seeds
             tokens.append(x)
             valid.append(alive)
             qs.append(probs)

@@ -6,6 +6,7 @@ import torch
 
 from decodekit.errors import ConfigError
 from decodekit.registry import register
+from decodekit.sampling import Generator
 from decodekit.types import Draft, DraftKind, SamplingParams, Verdict
 
 
@@ -16,6 +17,7 @@ class GreedyVerifier:
     A node is accepted iff its token is the target's argmax after its parent and its parent was accepted; the
     deepest accepted node wins (the first one on ties, which only arise between identical sibling tokens).
     The next pending token is the argmax after that node. Output equals plain greedy decoding token for token.
+    Only valid nodes are read (unused slots may hold any id, e.g. ``-1`` padding); no randomness is drawn.
     """
 
     accepts = frozenset(DraftKind)
@@ -28,9 +30,7 @@ class GreedyVerifier:
                 "use RejectionVerifier (the default when temperature > 0) or set temperature=0"
             )
 
-    def verify(
-        self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
-    ) -> Verdict:
+    def verify(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: Generator) -> Verdict:
         best = logits.argmax(-1)  # [B, N + 1]
         if draft.num_nodes == 0:
             return Verdict(accepted=draft.tokens, num_accepted=torch.zeros_like(best[:, 0]), next_token=best[:, 0])

@@ -6,7 +6,7 @@ import torch
 
 from decodekit.errors import IncompatibleDraftError
 from decodekit.registry import register
-from decodekit.sampling import probs_from_logits, sample, uniform
+from decodekit.sampling import Generator, probs_from_logits, sample, uniform
 from decodekit.types import Draft, DraftKind, SamplingParams, Verdict
 
 
@@ -19,26 +19,28 @@ class RejectionVerifier:
     from ``norm(max(p - q, 0))`` at the rejected position, or from ``p`` after the last token (bonus).
     Deterministic drafts are point masses (``q = one-hot``): accept with probability ``p(x)``, residual ``p``
     with ``x`` removed. At temperature 0 this is greedy decoding.
+
+    Only valid nodes are read: unused slots may hold any id (``-1`` padding of ragged chains) and any ``q``.
+    Draws: ``uniform(key="coins")`` (``[B, N]``, one coin per node) and ``sample(key="next")`` (the next token),
+    so with :class:`~decodekit.sampling.RowGenerators` a row's verdict does not depend on the other rows.
     """
 
     accepts = frozenset(DraftKind)  # on a chain, sampling without replacement is plain sampling
     lossless = True
 
-    def verify(
-        self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
-    ) -> Verdict:
+    def verify(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: Generator) -> Verdict:
         if not draft.is_chain:
             raise IncompatibleDraftError("RejectionVerifier verifies chains only; use a tree verifier for tree drafts")
         batch, n = draft.tokens.shape
         p = probs_from_logits(logits, sampling)  # [B, N + 1, V]
         if n == 0:
-            nxt = sample(p[:, 0], generator)
+            nxt = sample(p[:, 0], generator, key="next")
             return Verdict(accepted=draft.tokens, num_accepted=torch.zeros_like(nxt), next_token=nxt)
         rows = torch.arange(batch, device=p.device)
-        x = draft.tokens[..., None]
-        p_x = p[:, :n].gather(-1, x)[..., 0]
+        tokens = draft.tokens.where(draft.valid, 0)  # [B, N]: safe to gather with (unused slots may hold -1)
+        p_x = p[:, :n].gather(-1, tokens[..., None])[..., 0]
         q_x = draft.q_of_tokens()  # 1 for point masses
-        coins = uniform((batch, n), generator, p.device)
+        coins = uniform((batch, n), generator, p.device, key="coins")
         ok = draft.valid & (q_x > 0) & (coins * q_x < p_x)
         num = ok.long().cumprod(-1).sum(-1)
         target = p[rows, num]  # [B, V]: the target row after the last accepted token
@@ -47,7 +49,9 @@ class RejectionVerifier:
         if draft.kind.needs_q:
             residual = (target - draft.node_q()[rows, at].float()).clamp_(min=0)
         else:
-            residual = target.scatter(1, draft.tokens[rows, at][:, None], 0.0)
+            residual = target.scatter(1, tokens[rows, at][:, None], 0.0)
         usable = rejected & (residual.sum(-1) > 0)  # rounding can empty a residual: fall back to p
         target = torch.where(usable[:, None], residual, target)
-        return Verdict(accepted=draft.path(num - 1, num), num_accepted=num, next_token=sample(target, generator))
+        return Verdict(
+            accepted=draft.path(num - 1, num), num_accepted=num, next_token=sample(target, generator, key="next")
+        )
