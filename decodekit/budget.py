@@ -8,6 +8,9 @@ from functools import cached_property
 
 import torch
 
+from decodekit.checks import check_callable, check_int, describe
+from decodekit.errors import ComponentOutputError, ConfigError
+
 
 @dataclass(frozen=True, eq=False)
 class DraftStep:
@@ -47,6 +50,54 @@ class DraftBudget:
     stop: Callable[[DraftStep], torch.Tensor] | None = None
     node_bound: int | None = None
     depth_bound: int | None = None
+
+    def __post_init__(self) -> None:
+        """Types and shapes, and the host-side fields' values (no sync); :meth:`check` validates the tensors."""
+        for name in ("nodes", "depth"):
+            value = getattr(self, name)
+            if name == "depth" and value is None:
+                continue
+            integer = isinstance(value, torch.Tensor) and not (value.dtype.is_floating_point or value.dtype.is_complex)
+            if not integer or value.dtype == torch.bool or value.ndim != 1:
+                raise ComponentOutputError(f"DraftBudget.{name} must be an integer tensor [B], got {describe(value)}")
+        if self.depth is not None and self.depth.shape != self.nodes.shape:
+            raise ComponentOutputError(
+                f"DraftBudget.depth must have the shape of nodes {tuple(self.nodes.shape)}, "
+                f"got {tuple(self.depth.shape)}"
+            )
+        try:
+            for name in ("width", "node_bound", "depth_bound"):
+                check_int(f"DraftBudget.{name}", getattr(self, name), low=0, optional=True)
+            check_callable("DraftBudget.stop", self.stop)
+        except ConfigError as error:  # a policy's output: say so
+            raise ComponentOutputError(str(error)) from None
+
+    def check(self, batch_size: int, device: torch.device, source: str = "the policy", values: bool = False) -> None:
+        """Raise :class:`~decodekit.errors.ComponentOutputError` unless this budget is for ``batch_size`` rows on
+        ``device``; with ``values`` (one host sync) also unless ``nodes`` and ``depth`` are >= 0 and within
+        ``node_bound`` / ``depth_bound``. ``source`` names who returned it."""
+        what = f"{source} returned a malformed DraftBudget"
+        if self.nodes.shape[0] != batch_size:
+            raise ComponentOutputError(f"{what}: nodes has {self.nodes.shape[0]} rows, the batch has {batch_size}")
+        for name in ("nodes", "depth"):
+            value = getattr(self, name)
+            if value is not None and value.device != device:
+                raise ComponentOutputError(f"{what}: {name} is on {value.device}, the batch on {device}")
+        if not values or batch_size == 0:
+            return
+        depth = self.depth_or_nodes
+        checks = [
+            ((self.nodes >= 0).all(), "nodes must be >= 0 (0 = do not draft)"),
+            ((depth >= 0).all(), "depth must be >= 0"),
+        ]
+        if self.node_bound is not None:
+            checks.append(((self.nodes <= self.node_bound).all(), f"nodes exceed node_bound={self.node_bound}"))
+        if self.depth_bound is not None:
+            checks.append(((depth <= self.depth_bound).all(), f"depth exceeds depth_bound={self.depth_bound}"))
+        results = torch.stack([ok for ok, _ in checks]).tolist()
+        for ok, (_, message) in zip(results, checks):
+            if not ok:
+                raise ComponentOutputError(f"{what}: {message}")
 
     @property
     def depth_or_nodes(self) -> torch.Tensor:

@@ -2,21 +2,146 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from decodekit.checks import check_bool, check_int
+from decodekit.errors import ConfigError, ConfigTypeError, DecodeKitError, MissingDependencyError
 
 RECIPES = Path(__file__).parent / "recipes"
 COMMANDS = {"bench": "bench"}
 
 
-def build_component(cfg: Any) -> Any:
-    """Instantiate a component config; an empty or null config means "none / the default" (None)."""
+def build_component(cfg: Any, key: str = "component") -> Any:
+    """Instantiate a component config; an empty or null config means "none / the default" (None).
+
+    A constructor's error (a wrong-typed override such as ``policy.k=abc``) is raised as a
+    :class:`~decodekit.errors.ConfigError` naming the config key, e.g. ``policy.k must be an integer >= 0, got
+    'abc' (str)``, instead of Hydra's wrapped traceback.
+    """
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
-    if cfg is None or (hasattr(cfg, "keys") and "_target_" not in cfg):
+    if cfg is None or (isinstance(cfg, Mapping) and "_target_" not in cfg):
         return None
-    return instantiate(cfg)
+    if not isinstance(cfg, Mapping):
+        raise ConfigTypeError(f"{key} must be a config group option or a mapping with _target_, got {cfg!r}")
+    try:
+        return instantiate(cfg)
+    except InstantiationException as error:
+        raise _keyed_error(key, cfg, error) from error
+
+
+def _keyed_error(key: str, cfg: Any, error: Exception) -> Exception:
+    """``error``'s cause with its message prefixed by the config key it came from (``key`` plus Hydra's
+    ``full_key`` of a nested config); decodekit's own error classes are kept."""
+    cause: BaseException = error
+    full_key = ""
+    while cause.__cause__ is not None and type(cause).__name__ == "InstantiationException":
+        match = re.search(r"full_key: (\S+)", str(cause))
+        full_key = match[1] if match else full_key
+        cause = cause.__cause__
+    if isinstance(cause, MissingDependencyError):
+        return cause
+    from omegaconf import OmegaConf
+
+    where = full_key or key  # Hydra's full_key is the path from the root config
+    root = cfg._get_root() if OmegaConf.is_config(cfg) else cfg
+    node = OmegaConf.select(root, full_key) if full_key and OmegaConf.is_config(root) else cfg
+    message = str(cause) if isinstance(cause, DecodeKitError) else f"{type(cause).__name__}: {cause}"
+    first = message.split(" ", 1)[0]
+    keys = {str(k) for k in node} if isinstance(node, Mapping) else set()
+    text = f"{where}.{message}" if first in keys else f"{where}: {message}"
+    if isinstance(cause, DecodeKitError):
+        try:
+            return type(cause)(text)
+        except TypeError:  # an error class with another constructor
+            pass
+    return ConfigTypeError(text) if isinstance(cause, TypeError) else ConfigError(text)
+
+
+def check_bench_config(cfg: Any) -> None:
+    """Check a bench config's plain values (types and ranges) before anything is loaded; each error names its
+    key (e.g. ``max_new_tokens must be an integer >= 1, got 'abc' (str)``). Components are checked by their
+    constructors when :func:`build_component` instantiates them."""
+    from decodekit.bench.methods import Setting
+    from decodekit.bench.tasks import TASKS
+
+    check_int("max_new_tokens", cfg.get("max_new_tokens"), low=1)
+    check_int("seed", cfg.get("seed"))
+    check_bool("progress", cfg.get("progress"))
+    sizes = cfg.get("batch_sizes")
+    if not _is_list(sizes) or not sizes:
+        raise ConfigTypeError(f"batch_sizes must be a non-empty list of integers >= 1, e.g. [1, 8], got {sizes!r}")
+    for i, size in enumerate(sizes):
+        check_int(f"batch_sizes[{i}]", size, low=1)
+    settings = cfg.get("settings")
+    if not _is_list(settings) or not settings:
+        raise ConfigTypeError(
+            f"settings must be a non-empty list of {{name, temperature, top_k, top_p}}, got {settings!r}"
+        )
+    for i, setting in enumerate(settings):
+        where = f"settings[{i}]"
+        if not isinstance(setting, Mapping) or not isinstance(setting.get("name"), str):
+            raise ConfigTypeError(
+                f"{where} must be a mapping with a string name, e.g. {{name: greedy, temperature: 0}}"
+            )
+        extra = sorted(set(map(str, setting)) - _SETTING_KEYS)
+        if extra:
+            raise ConfigError(f"{where} has unknown keys {extra}; allowed: {', '.join(sorted(_SETTING_KEYS))}")
+        try:
+            Setting(**setting)
+        except ConfigError as error:
+            raise type(error)(f"{where}.{error}") from None
+    task = cfg.get("task")
+    if not isinstance(task, Mapping):
+        raise ConfigTypeError(f"task must be a task config (task=mixed, ...), got {task!r}")
+    if task.get("name") not in TASKS:
+        raise ConfigError(f"task.name must be one of {', '.join(TASKS)}, got {task.get('name')!r}")
+    check_int("task.num_prompts", task.get("num_prompts"), low=1, optional=True)
+    check_int("task.max_prompt_tokens", task.get("max_prompt_tokens"), low=1)
+    check_int("task.seed", task.get("seed"))
+    methods = cfg.get("methods")
+    if not isinstance(methods, Mapping) or not any(spec is not None for spec in methods.values()):
+        raise ConfigTypeError(
+            f"methods must map names to {{drafter, verifier, policy}} (at least one), got {methods!r}"
+        )
+    for name, spec in methods.items():
+        if spec is None:
+            continue
+        if not isinstance(spec, Mapping):
+            raise ConfigTypeError(f"methods.{name} must be a mapping of drafter / verifier / policy, got {spec!r}")
+        extra = sorted(set(map(str, spec)) - _METHOD_KEYS)
+        if extra:
+            raise ConfigError(f"methods.{name} has unknown keys {extra}; allowed: {', '.join(sorted(_METHOD_KEYS))}")
+        check_int(f"methods.{name}.max_batch", spec.get("max_batch"), low=1, optional=True)
+    baselines = cfg.get("baselines") or {}
+    if not isinstance(baselines, Mapping):
+        raise ConfigTypeError(f"baselines must map names to {{kind, k, max_ngram, assistant_from}}, got {baselines!r}")
+    for name, spec in baselines.items():
+        if not isinstance(spec, Mapping):
+            raise ConfigTypeError(f"baselines.{name} must be a mapping (kind: greedy | prompt_lookup | assisted)")
+        kind = spec.get("kind", "greedy")
+        if kind not in _BASELINE_KINDS:
+            raise ConfigError(f"baselines.{name}.kind must be one of {', '.join(_BASELINE_KINDS)}, got {kind!r}")
+        for field in ("k", "max_ngram"):
+            check_int(f"baselines.{name}.{field}", spec.get(field), low=1, optional=True)
+        source = spec.get("assistant_from")
+        if source is not None and methods.get(source) is None:
+            raise ConfigError(f"baselines.{name}.assistant_from must name a method, got {source!r}")
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, str)
+
+
+_COMPONENTS = ("drafter", "verifier", "policy")
+_SETTING_KEYS = {"name", "temperature", "top_k", "top_p"}
+_METHOD_KEYS = {"drafter", "verifier", "policy", "max_batch"}
+_BASELINE_KINDS = ("greedy", "prompt_lookup", "assisted")
 
 
 def run_bench(cfg: Any, out_dir: Path) -> str:
@@ -28,7 +153,27 @@ def run_bench(cfg: Any, out_dir: Path) -> str:
     from decodekit.bench.runner import machine_info, run_benchmark
     from decodekit.bench.tasks import load_task
 
-    model = build_component(cfg.model)
+    check_bench_config(cfg)
+    methods: list[Method | TransformersBaseline] = []
+    for name, spec in cfg.methods.items():  # the components first: their errors come before the model loads
+        if spec is None:
+            continue
+        spec = spec or {}
+        parts = {key: build_component(spec.get(key), f"methods.{name}.{key}") for key in _COMPONENTS}
+        methods.append(Method(str(name), **parts, max_batch=spec.get("max_batch")))
+    by_name = {m.name: m for m in methods}
+    for name, spec in (cfg.baselines or {}).items():
+        spec = dict(spec)
+        source = spec.pop("assistant_from", None)
+        if source is not None:
+            draft_model = getattr(by_name[source].drafter, "model", None)
+            if draft_model is None:
+                raise ConfigError(f"baselines.{name}.assistant_from={source!r} names a method without a draft model")
+            spec["assistant"] = draft_model
+        methods.append(TransformersBaseline(str(name), **spec))
+    model = build_component(cfg.model, "model")
+    if model is None:
+        raise ConfigError("model must be a model config (model=smollm2, or a mapping with _target_)")
     task = cfg.task
     data = load_task(
         task.name,
@@ -37,20 +182,6 @@ def run_bench(cfg: Any, out_dir: Path) -> str:
         max_prompt_tokens=task.max_prompt_tokens,
         seed=task.seed,
     )
-    methods: list[Method | TransformersBaseline] = []
-    for name, spec in cfg.methods.items():
-        if spec is None:
-            continue
-        spec = spec or {}
-        parts = {key: build_component(spec.get(key)) for key in ("drafter", "verifier", "policy")}
-        methods.append(Method(str(name), **parts))
-    by_name = {m.name: m for m in methods}
-    for name, spec in (cfg.baselines or {}).items():
-        spec = dict(spec)
-        source = spec.pop("assistant_from", None)
-        if source is not None:
-            spec["assistant"] = by_name[source].drafter.model
-        methods.append(TransformersBaseline(str(name), **spec))
     results = run_benchmark(
         model,
         data["input_ids"],
@@ -77,7 +208,12 @@ def main(argv: list[str] | None = None) -> None:
     @hydra.main(version_base="1.3", config_path=str(RECIPES), config_name=COMMANDS[argv[0]])
     def _bench(cfg: Any) -> None:
         out_dir = Path(HydraConfig.get().runtime.output_dir)
-        print(run_bench(cfg, out_dir))
+        try:
+            table = run_bench(cfg, out_dir)
+        except ConfigError as error:  # a bad config value or override: its message says which and what to change
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+        print(table)
         print(f"results: {out_dir}/results.json, results.md, speedup.png")
 
     sys.argv = [f"{sys.argv[0]} {argv[0]}", *argv[1:]]

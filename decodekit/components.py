@@ -10,8 +10,15 @@ import torch
 
 from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
+from decodekit.checks import check_instance, describe
 from decodekit.draft import Draft, DraftKind
-from decodekit.errors import ConfigError, IncompatibleDraftError, VocabMismatchError
+from decodekit.errors import (
+    ComponentOutputError,
+    ContextLengthError,
+    IncompatibleDraftError,
+    NoProgressError,
+    VocabMismatchError,
+)
 from decodekit.interfaces import (
     HOOKS,
     Begins,
@@ -28,7 +35,21 @@ from decodekit.interfaces import (
 from decodekit.models.base import LanguageModel
 from decodekit.round import Round, check_needs
 from decodekit.state import DecodeState
-from decodekit.types import SamplingParams
+from decodekit.types import SamplingParams, Verdict
+
+_WHAT = {
+    "drafter": (Drafter, "a propose(state, budget) method"),
+    "verifier": (Verifier, "accepts, lossless and a verify(draft, logits, sampling, generator) method"),
+    "policy": (LengthPolicy, "a plan(state) method"),
+}
+
+
+def check_components(drafter: Any, verifier: Any, policy: Any) -> None:
+    """Refuse a component that does not implement its Protocol, or a class passed instead of an instance (None
+    is fine: the default)."""
+    for name, value in (("drafter", drafter), ("verifier", verifier), ("policy", policy)):
+        protocol, what = _WHAT[name]
+        check_instance(name, value, protocol, what=what)
 
 
 class Components:
@@ -47,11 +68,8 @@ class Components:
         policy: LengthPolicy,
         sampling: SamplingParams,
     ) -> None:
-        for name, component, protocol in (("drafter", drafter, Drafter), ("verifier", verifier, Verifier)):
-            if component is not None and not isinstance(component, protocol):
-                raise ConfigError(f"{name} {component!r} does not implement the {protocol.__name__} protocol")
-        if drafter is not None and not isinstance(policy, LengthPolicy):
-            raise ConfigError(f"policy {policy!r} does not implement the LengthPolicy protocol (a plan method)")
+        check_components(drafter, verifier, policy)
+        check_instance("verifier", verifier, Verifier, what=_WHAT["verifier"][1], optional=False)
         self.drafter, self.verifier, self.policy = drafter, verifier, policy
         roles = {"drafter": drafter, "verifier": verifier, "policy": policy if drafter is not None else None}
         self.all = [c for c in roles.values() if c is not None]
@@ -104,9 +122,52 @@ class Components:
         for component in self.row_selectors:
             component.select_rows(rows)
 
-    def check_draft(self, draft: Draft, state: DecodeState, budget: DraftBudget) -> None:
-        """Validate a draft's values (a host sync): the loop calls this until a first non-empty draft passed, and
-        every round in debug mode."""
+    # ------------------------------------------------------------------------------------------ context
+    def check_context(self, max_length: int) -> None:
+        """Refuse a draft model (a drafter's ``model``) whose context is shorter than the ``max_length`` tokens a
+        row of this call may reach (it would run past its position table, or extrapolate silently)."""
+        draft_model = getattr(self.drafter, "model", None)
+        context = getattr(draft_model, "max_context", None) if isinstance(draft_model, LanguageModel) else None
+        if context is not None and context < max_length:
+            raise ContextLengthError(
+                f"the draft model of {type(self.drafter).__name__} has a context of {context} tokens but this call "
+                f"needs {max_length} (longest prompt + max_new_tokens, within the target's context); use a draft model "
+                "with a context at least as long as the target's, or shorten the prompts or max_new_tokens"
+            )
+
+    # ----------------------------------------------------------------------------------- component outputs
+    def plan(self, state: DecodeState, validate: bool = False) -> DraftBudget:
+        """The policy's budget for this round, checked (shape, dtype, device; values when ``validate``: a host
+        sync). The loop caps its depth."""
+        budget = self.policy.plan(state)
+        source = f"{type(self.policy).__name__}.plan"
+        if not isinstance(budget, DraftBudget):
+            raise ComponentOutputError(f"{source} must return a DraftBudget, got {describe(budget)}")
+        budget.check(state.batch_size, state.device, source, values=validate)
+        return budget
+
+    def check_budget_size(self, budget: DraftBudget) -> None:
+        """Refuse a negative node budget once its maximum is on the host (``budget`` capped by the loop, which
+        reads ``max_len`` anyway when ``max_depth > 0``)."""
+        if budget.max_depth > 0 and budget.max_len < 0:
+            raise ComponentOutputError(
+                f"{type(self.policy).__name__}.plan returned a malformed DraftBudget: nodes must be >= 0 "
+                f"(0 = do not draft), got a row with {budget.max_nodes}"
+            )
+
+    def check_draft(self, draft: Draft, state: DecodeState, budget: DraftBudget, values: bool = True) -> None:
+        """Check a draft: its type, batch size and device always (host metadata); its values with ``values`` (a
+        host sync: the loop validates until a first non-empty draft passed, and every round in debug mode)."""
+        source = f"{type(self.drafter).__name__}.propose"
+        if not isinstance(draft, Draft):
+            raise ComponentOutputError(f"{source} must return a Draft, got {describe(draft)}")
+        if draft.batch_size != state.batch_size or draft.tokens.device != state.device:
+            raise ComponentOutputError(
+                f"{source} returned a draft of {draft.batch_size} rows on {draft.tokens.device}; the batch has "
+                f"{state.batch_size} rows on {state.device}"
+            )
+        if not values:
+            return
         if self.declared_kind is None and draft.num_nodes:
             check_kind(self.verifier, draft.kind, self.drafter)
         elif draft.num_nodes and draft.kind != self.declared_kind:
@@ -114,8 +175,34 @@ class Components:
                 f"{type(self.drafter).__name__}.draft_kind() said {self.declared_kind.value} but it returned a "
                 f"{draft.kind.value} draft; make the two agree"
             )
-        draft.check(state.batch_size, self.vocab_size, budget)
+        draft.check(state.batch_size, self.vocab_size, budget, source)
         self.unchecked = self.unchecked and draft.num_nodes == 0
+
+    def check_verdict(self, verdict: Verdict, draft: Draft, values: bool = False) -> None:
+        """Check a verdict: its type and batch size always (host metadata; dtypes and shapes are checked when it
+        is built); its values with ``values`` (a host sync, every round in debug mode)."""
+        source = f"{type(self.verifier).__name__}.verify"
+        if not isinstance(verdict, Verdict):
+            raise ComponentOutputError(f"{source} must return a Verdict, got {describe(verdict)}")
+        if verdict.num_accepted.shape[0] != draft.batch_size or verdict.next_token.device != draft.tokens.device:
+            raise ComponentOutputError(
+                f"{source} returned a verdict of {verdict.num_accepted.shape[0]} rows on {verdict.next_token.device} "
+                f"for a draft of {draft.batch_size} rows on {draft.tokens.device}"
+            )
+        if values:
+            verdict.check(draft, self.vocab_size, source)
+
+    def check_progress(self, before: list[int], after: list[int], verdict: Verdict) -> None:
+        """Refuse a round that committed nothing to a live row (host lengths only: no sync); the loop would never
+        end. Every valid verdict commits ``num_accepted + 1 >= 1`` tokens to each row."""
+        stuck = [b for b, (old, new) in enumerate(zip(before, after)) if new <= old]
+        if stuck:
+            num = verdict.num_accepted.tolist()  # raising anyway: read what the verifier said
+            raise NoProgressError(
+                f"round committed no token to live row(s) {stuck[:8]}: {type(self.verifier).__name__}.verify returned "
+                f"num_accepted={[num[b] for b in stuck[:8]]} (each row must get num_accepted + 1 >= 1 tokens); "
+                "run with debug=True to validate every verdict"
+            )
 
 
 def check_kind(verifier: Verifier, kind: DraftKind, drafter: Any) -> None:

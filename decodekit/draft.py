@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decodekit.errors import ConfigError, IncompatibleDraftError
+from decodekit.checks import describe
+from decodekit.errors import ComponentOutputError, IncompatibleDraftError
 from decodekit.masks import tree_ancestors
 
 if TYPE_CHECKING:
@@ -68,9 +69,10 @@ class Draft:
     draft_probs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        self._check_types()
         shape = tuple(self.tokens.shape)
         if self.tokens.ndim != 2 or self.parents.shape != self.tokens.shape or self.valid.shape != self.tokens.shape:
-            raise ConfigError(
+            raise ComponentOutputError(
                 "Draft.tokens, parents and valid must all be [B, N]; got "
                 f"{shape}, {tuple(self.parents.shape)}, {tuple(self.valid.shape)}"
             )
@@ -82,12 +84,43 @@ class Draft:
         if self.q is not None:
             per_node = self.q_index is None
             if self.q.ndim != 3 or self.q.shape[0] != shape[0] or (per_node and self.q.shape[1] != shape[1]):
-                raise ConfigError(f"Draft.q must be [B, N, V], or [B, P, V] with q_index; got {tuple(self.q.shape)}")
+                got = tuple(self.q.shape)
+                raise ComponentOutputError(f"Draft.q must be [B, N, V], or [B, P, V] with q_index; got {got}")
             if not per_node and tuple(self.q_index.shape) != shape:
-                raise ConfigError(f"Draft.q_index must be [B, N] = {shape}, got {tuple(self.q_index.shape)}")
+                raise ComponentOutputError(f"Draft.q_index must be [B, N] = {shape}, got {tuple(self.q_index.shape)}")
         probs = self.draft_probs
         if probs is not None and (probs.ndim != 3 or tuple(probs.shape[:2]) != shape):
-            raise ConfigError(f"Draft.draft_probs must be [B, N, V] with [B, N] = {shape}, got {tuple(probs.shape)}")
+            got = tuple(probs.shape)
+            raise ComponentOutputError(f"Draft.draft_probs must be [B, N, V] with [B, N] = {shape}, got {got}")
+
+    def _check_types(self) -> None:
+        """dtypes, devices and the kind (host metadata, no sync)."""
+        expected = {"tokens": torch.long, "parents": torch.long, "valid": torch.bool, "q_index": torch.long}
+        for name, dtype in expected.items():
+            value = getattr(self, name)
+            if name == "q_index" and value is None:
+                continue
+            if not isinstance(value, torch.Tensor) or value.dtype != dtype:
+                fix = "; use .bool()" if dtype == torch.bool else "; use .long()"
+                raise ComponentOutputError(f"Draft.{name} must be a {dtype} tensor, got {describe(value)}{fix}")
+        for name in ("q", "draft_probs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point):
+                raise ComponentOutputError(f"Draft.{name} must be a floating-point tensor, got {describe(value)}")
+        for name in ("parents", "valid", "q", "q_index", "draft_probs"):
+            value = getattr(self, name)
+            if value is not None and value.device != self.tokens.device:
+                raise ComponentOutputError(
+                    f"Draft.{name} is on {value.device} but Draft.tokens on {self.tokens.device}: use one device"
+                )
+        if not isinstance(self.kind, DraftKind):
+            try:
+                object.__setattr__(self, "kind", DraftKind(self.kind))
+            except ValueError:
+                kinds = ", ".join(k.value for k in DraftKind)
+                raise ComponentOutputError(
+                    f"Draft.kind must be a DraftKind ({kinds}), got {describe(self.kind)}"
+                ) from None
 
     # ----------------------------------------------------------------------------------------------- builders
     @classmethod
@@ -188,11 +221,11 @@ class Draft:
 
     def q_of_tokens(self) -> torch.Tensor:
         """``[B, N]`` float32 probability each node's token had under the distribution it was drawn from
-        (1 for deterministic drafts: point masses)."""
+        (1 for deterministic drafts: point masses); meaningless at invalid nodes, whose ids may be anything."""
         q = self.node_q()
         if q is None:
             return torch.ones(self.tokens.shape, dtype=torch.float32, device=self.tokens.device)
-        return q.float().gather(-1, self.tokens[..., None])[..., 0]
+        return q.float().gather(-1, self.tokens.where(self.valid, 0)[..., None])[..., 0]
 
     def reported_probs(self) -> torch.Tensor | None:
         """``[B, N, V]`` the drafter's distribution at each node's parent, for diagnostics: ``draft_probs`` if
@@ -214,13 +247,16 @@ class Draft:
         order = torch.where(on_path, ar, n + ar).sort(-1).values  # path nodes first, in index = depth order
         return torch.where(order < n, order, -1)
 
-    def check(self, batch_size: int, vocab_size: int, budget: DraftBudget) -> None:
-        """Raise :class:`ConfigError` unless this draft is well formed for ``batch_size`` rows: token ids in
-        ``[0, vocab_size)``, parents first and valid, a chain built with :meth:`chain` really a chain, and row
-        ``b`` within ``budget`` (nodes, depth, width). One host sync; :func:`decodekit.generate` runs it on the
-        first round and, with ``debug=True``, on every round."""
+    def check(self, batch_size: int, vocab_size: int, budget: DraftBudget, source: str = "the drafter") -> None:
+        """Raise :class:`~decodekit.errors.ComponentOutputError` (a :class:`ConfigError`) unless this draft is well
+        formed for ``batch_size`` rows: token ids in ``[0, vocab_size)``, parents first and valid, a chain built
+        with :meth:`chain` really a chain, and row ``b`` within ``budget`` (nodes, depth, width). One host sync;
+        :func:`decodekit.generate` runs it on the first round and, with ``debug=True``, on every round. ``source``
+        names who returned it."""
         if self.batch_size != batch_size:
-            raise ConfigError(f"draft has {self.batch_size} rows, the batch has {batch_size}")
+            raise ComponentOutputError(
+                f"{source} returned a draft of {self.batch_size} rows, the batch has {batch_size}"
+            )
         if self.num_nodes == 0:
             return
         ar = torch.arange(self.num_nodes, device=self.tokens.device)
@@ -255,4 +291,4 @@ class Draft:
         results = torch.stack([ok for ok, _ in checks]).tolist()
         for ok, (_, message) in zip(results, checks):
             if not ok:
-                raise ConfigError(f"malformed Draft: {message}")
+                raise ComponentOutputError(f"{source} returned a malformed Draft: {message}")

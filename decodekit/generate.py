@@ -17,15 +17,23 @@ from typing import Any
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.components import Components
+from decodekit.checks import (
+    check_bool,
+    check_callable,
+    check_int,
+    check_model_spec,
+    check_seed,
+    eos_ids,
+)
+from decodekit.components import Components, check_components
 from decodekit.draft import Draft
-from decodekit.errors import ConfigError, ContextLengthError, EmptyPromptError
 from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import RoundCounters, SpecStats
 from decodekit.models import LanguageModel, load_model
 from decodekit.policies import FixedLength
+from decodekit.prompts import prompt_ids
 from decodekit.round import Round, kept_inputs, round_extras
-from decodekit.sampling import next_token
+from decodekit.sampling import begin_round, make_generator, next_token
 from decodekit.state import DecodeState
 from decodekit.timing import PhaseTimer
 from decodekit.types import GenerationOutput, SamplingParams, Verdict
@@ -47,7 +55,7 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     eos_token_id: int | Sequence[int] | None = None,
-    seed: int | None = None,
+    seed: int | Sequence[int] | None = None,
     streamer: Streamer | None = None,
     debug: bool = False,
 ) -> GenerationOutput:
@@ -55,8 +63,10 @@ def generate(
 
     Args:
         model: the target (a :class:`LanguageModel`, a transformers causal LM, or a path).
-        prompts: token ids, ragged ``list[list[int]]`` or a ``LongTensor [B, T]`` (one ``list[int]`` = one
-            prompt); strings are encoded with the model's tokenizer.
+        prompts: token ids, ragged ``list[list[int]]`` or an integer tensor / numpy array ``[B, T]`` (one
+            ``list[int]`` or 1-D array = one prompt); strings are encoded with the model's tokenizer; a tokenizer's
+            output (``BatchEncoding`` or a dict with ``input_ids``) works as is, its ``attention_mask`` (left or
+            right padding) stripping each row's padding. Floats are refused, never truncated.
         drafter: proposes tokens each round; None = autoregressive decoding.
         verifier: decides what the target accepts; default greedy at temperature 0, else rejection sampling.
         policy: draft budget per round; default ``FixedLength(4)``.
@@ -64,25 +74,40 @@ def generate(
         temperature, top_k, top_p: sampling of the target (and, by default, of the drafter); temperature 0 is
             greedy.
         eos_token_id: id(s) that end a row; None = the model's, ``()`` = never stop early.
-        seed: seeds the call's generator; the same seed gives the same output.
+        seed: an int seeds the call's generator (the same seed gives the same output); one int per prompt gives
+            each row its own keyed generator, so a row's sampled output depends only on its prompt, its seed and
+            the settings, not on the other rows of the batch (:class:`~decodekit.sampling.RowGenerators`).
         streamer: called as ``streamer(row, tokens)`` with each row's newly committed tokens.
-        debug: validate every draft's values and the cache's bookkeeping each round (host syncs); without it the
-            first non-empty draft is validated and later ones only by shape.
+        debug: validate every budget's, draft's and verdict's values and the cache's bookkeeping each round (host
+            syncs); without it the first non-empty draft is validated and later outputs only by type, shape, dtype
+            and device. A round that commits nothing to a live row raises :class:`~decodekit.errors.NoProgressError`
+            either way.
+
+    Every argument is checked before any model work (:mod:`decodekit.checks`): a wrong value raises a
+    :class:`~decodekit.errors.ConfigError` (a ``ValueError``; :class:`~decodekit.errors.ConfigTypeError`, also a
+    ``TypeError``, for a wrong type) whose message names the argument.
 
     Returns:
         :class:`GenerationOutput` with ``sequences`` (prompt excluded), ``finish_reasons`` and ``stats``.
     """
     start = time.perf_counter()
-    model = load_model(model)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1)
     sampling = SamplingParams(temperature, top_k, top_p)
-    verifier = verifier or (GreedyVerifier() if sampling.greedy else RejectionVerifier())
+    check_components(drafter, verifier, policy)
+    check_callable("streamer", streamer, expected="a callable streamer(row, tokens)")
+    debug = check_bool("debug", debug)
+    check_model_spec("model", model)
+    model = load_model(model)
     rows = _prompt_ids(prompts, model)
-    parts = Components(model, drafter, verifier, policy or FixedLength(4), sampling)
-    if max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    seed = check_seed(seed, len(rows))
     eos = torch.tensor(_eos_ids(eos_token_id, model), dtype=torch.long, device=model.device)
-    generator = None if seed is None else torch.Generator(model.device).manual_seed(seed)
-    state = DecodeState.from_prompts(rows, _max_lengths(rows, max_new_tokens, model), sampling, generator, model.device)
+    max_lengths = _max_lengths(rows, max_new_tokens, model)
+    if verifier is None:
+        verifier = GreedyVerifier() if sampling.greedy else RejectionVerifier()
+    parts = Components(model, drafter, verifier, FixedLength(4) if policy is None else policy, sampling)
+    parts.check_context(max(max_lengths))
+    generator = make_generator(seed, model.device)  # a list of ints: one keyed generator per row
+    state = DecodeState.from_prompts(rows, max_lengths, sampling, generator, model.device)
     state.needs = parts.needs
     timer, counters = PhaseTimer(model.device, exact="timings" in parts.needs), RoundCounters(model.device)
     out = _Outputs(state, eos, streamer)
@@ -91,6 +116,7 @@ def generate(
     cache = model.new_cache(state.batch_size, state.tokens.shape[1])
     width = max(state.host_lengths)
     logits = model.extend(cache, state.tokens[:, :width], state.lengths, host_counts=state.host_lengths).logits
+    begin_round(generator, state.host_lengths)
     first = next_token(logits, sampling, generator)
     out.commit(state, first[:, None], torch.ones_like(first))
     out.sync(state, cache)
@@ -98,7 +124,8 @@ def generate(
     timer.mark("prefill")
     timer.end_round()
     index = 0
-    while out.drop_finished(state, cache, parts):
+    while out.drop_finished(state, cache, parts):  # state.select_rows keeps per-row generators in step
+        begin_round(generator, state.host_lengths)
         timer.start()
         draft = _propose(parts, state, validate=debug or parts.unchecked)
         timer.mark("draft")
@@ -106,13 +133,16 @@ def generate(
             cache, state.pending, draft, hidden_layers=parts.hidden_layers, return_hidden="hidden" in parts.needs
         )
         verdict = verifier.verify(draft, scored.logits, sampling, generator)
+        parts.check_verdict(verdict, draft, values=debug)
         cache.keep(verdict.num_accepted + 1, _kept_slots(draft, verdict))
         timer.mark("verify")
         tokens, counts = _round_tokens(draft, verdict)
         counts = out.commit(state, tokens, counts)
         counters.add_round(draft.num_valid, verdict.num_accepted, draft.num_nodes)
         times = timer.end_round()
+        before = state.host_lengths
         out.sync(state, cache, check=debug)
+        parts.check_progress(before, state.host_lengths, verdict)
         if parts.observers:
             extras = round_extras(parts.needs, parts.hidden_layers, draft, scored, verdict, sampling)
             if times and "timings" in parts.needs:
@@ -137,12 +167,12 @@ def _propose(parts: Components, state: DecodeState, validate: bool) -> Draft:
     drafter; validated when ``validate``; unused columns trimmed."""
     if parts.drafter is None:
         return _empty_draft(state.batch_size, state.device)
-    budget = parts.policy.plan(state).capped(state.remaining - 1, state.host_room - 1)
+    budget = parts.plan(state, validate).capped(state.remaining - 1, state.host_room - 1)
+    parts.check_budget_size(budget)
     if budget.max_depth == 0 or budget.max_len == 0:
         return _empty_draft(state.batch_size, state.device)
     draft = parts.drafter.propose(state, budget)
-    if validate:
-        parts.check_draft(draft, state, budget)
+    parts.check_draft(draft, state, budget, values=validate)
     return draft.trimmed() if draft.num_nodes else draft
 
 
@@ -238,32 +268,9 @@ class _Outputs:
 
 
 def _prompt_ids(prompts: Any, model: LanguageModel) -> list[list[int]]:
-    """Normalise prompts to a non-empty list of non-empty id lists that fit the context."""
-    if isinstance(prompts, torch.Tensor):
-        prompts = prompts.tolist() if prompts.ndim == 2 else [prompts.tolist()]
-    elif isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
-        prompts = [prompts]
-    prompts = list(prompts)
-    if not prompts:
-        raise EmptyPromptError("no prompts given; pass at least one prompt")
-    rows = []
-    for i, prompt in enumerate(prompts):
-        if isinstance(prompt, str):
-            if model.tokenizer is None:
-                raise ConfigError("string prompts need a model with a tokenizer; pass token ids instead")
-            prompt = model.tokenizer(prompt)["input_ids"]
-        ids = [int(t) for t in (prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)]
-        if not ids:
-            raise EmptyPromptError(f"prompt {i} is empty; every prompt needs at least one token (e.g. BOS)")
-        if min(ids) < 0 or max(ids) >= model.vocab_size:
-            raise ConfigError(f"prompt {i} has token ids outside the vocabulary [0, {model.vocab_size})")
-        if model.max_context is not None and len(ids) >= model.max_context:
-            raise ContextLengthError(
-                f"prompt {i} has {len(ids)} tokens but the model's context is {model.max_context}; "
-                f"shorten it to at most {model.max_context - 1} tokens"
-            )
-        rows.append(ids)
-    return rows
+    """Normalise prompts to a non-empty list of non-empty id lists that fit the context (see
+    :func:`decodekit.prompts.prompt_ids`)."""
+    return prompt_ids(prompts, model)
 
 
 def _max_lengths(rows: list[list[int]], max_new_tokens: int, model: LanguageModel) -> list[int]:
@@ -279,4 +286,4 @@ def _max_lengths(rows: list[list[int]], max_new_tokens: int, model: LanguageMode
 def _eos_ids(eos_token_id: int | Sequence[int] | None, model: LanguageModel) -> list[int]:
     if eos_token_id is None:
         return list(model.eos_token_ids)
-    return [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    return eos_ids(eos_token_id, model.vocab_size)

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from decodekit.budget import DraftBudget, DraftStep
+from decodekit.checks import check_float, check_int, describe
 from decodekit.draft import Draft, DraftKind
-from decodekit.errors import ConfigError
+from decodekit.errors import ComponentOutputError
 
 if TYPE_CHECKING:
     from decodekit.metrics import SpecStats
@@ -33,12 +34,13 @@ class SamplingParams:
     top_p: float | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ConfigError(f"top_k must be a positive integer or None, got {self.top_k}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p must be in (0, 1] or None, got {self.top_p}")
+        checked = {
+            "temperature": check_float("temperature", self.temperature, low=0, hint=" (0 = greedy)"),
+            "top_k": check_int("top_k", self.top_k, low=1, optional=True),
+            "top_p": check_float("top_p", self.top_p, low=0, high=1, low_open=True, optional=True),
+        }
+        for name, value in checked.items():  # numpy scalars and ints become plain floats / ints
+            object.__setattr__(self, name, value)
 
     @property
     def greedy(self) -> bool:
@@ -58,6 +60,44 @@ class Verdict:
     accepted: torch.Tensor
     num_accepted: torch.Tensor
     next_token: torch.Tensor
+
+    def __post_init__(self) -> None:
+        """Shapes and dtypes (host metadata, no sync); :meth:`check` validates the values."""
+        for name, ndim, shape in (("accepted", 2, "[B, D]"), ("num_accepted", 1, "[B]"), ("next_token", 1, "[B]")):
+            value = getattr(self, name)
+            if not isinstance(value, torch.Tensor) or value.ndim != ndim or value.dtype != torch.long:
+                got = describe(value)
+                raise ComponentOutputError(f"Verdict.{name} must be a torch.long tensor {shape}, got {got}")
+        batch = self.accepted.shape[0]
+        if self.num_accepted.shape[0] != batch or self.next_token.shape[0] != batch:
+            raise ComponentOutputError(
+                "Verdict.accepted [B, D], num_accepted [B] and next_token [B] must have the same B, got "
+                f"{tuple(self.accepted.shape)}, {tuple(self.num_accepted.shape)}, {tuple(self.next_token.shape)}"
+            )
+
+    def check(self, draft: Draft, vocab_size: int, source: str = "the verifier") -> None:
+        """Raise :class:`~decodekit.errors.ComponentOutputError` unless this verdict's values fit ``draft``:
+        ``num_accepted`` in ``[0, draft's valid nodes]`` per row, ``accepted`` a root-to-leaf path of valid nodes
+        of that length (entries after it in ``[-1, N)``), ``next_token`` in ``[0, vocab_size)``. One host sync;
+        :func:`decodekit.generate` runs it every round with ``debug=True``. ``source`` names who returned it."""
+        n, width = draft.num_nodes, self.accepted.shape[1]
+        num, accepted, nxt = self.num_accepted, self.accepted, self.next_token
+        checks = [
+            (((num >= 0) & (num <= draft.num_valid)).all(), "num_accepted must be in [0, the row's valid draft nodes]"),
+            (((nxt >= 0) & (nxt < vocab_size)).all(), f"next_token must be in [0, {vocab_size}) (the vocabulary)"),
+            ((num <= width).all(), f"num_accepted must be <= accepted.shape[1] = {width}"),
+            (((accepted >= -1) & (accepted < max(n, 1))).all(), f"accepted must hold -1 or node indices in [0, {n})"),
+        ]
+        if n and width:
+            on_path = torch.arange(width, device=num.device) < num[:, None]
+            node = accepted.clamp(0, n - 1)
+            previous = torch.cat([torch.full_like(accepted[:, :1], -1), accepted[:, :-1]], 1)
+            path = (accepted >= 0) & draft.valid.gather(1, node) & (draft.parents.gather(1, node) == previous)
+            checks.append(((path | ~on_path).all(), "accepted must list a root-to-leaf path of valid nodes, in order"))
+        results = torch.stack([ok for ok, _ in checks]).tolist()
+        for ok, (_, message) in zip(results, checks):
+            if not ok:
+                raise ComponentOutputError(f"{source} returned a malformed Verdict: {message}")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from typing import Literal
 
 import torch
 
+from decodekit.checks import check_int, describe
 from decodekit.errors import ConfigError
 from decodekit.registry import register
 from decodekit.state import DecodeState
@@ -29,10 +30,12 @@ class NGramDrafter:
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, match: Literal["recent", "first"] = "recent") -> None:
-        if not 1 <= min_ngram <= max_ngram:
+        max_ngram = check_int("max_ngram", max_ngram, low=1)
+        min_ngram = check_int("min_ngram", min_ngram, low=1)
+        if min_ngram > max_ngram:
             raise ConfigError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
-        if match not in ("recent", "first"):
-            raise ConfigError(f"match must be 'recent' or 'first', got {match!r}")
+        if not isinstance(match, str) or match not in ("recent", "first"):
+            raise ConfigError(f"match must be 'recent' or 'first', got {describe(match)}")
         self.max_ngram, self.min_ngram, self.match = max_ngram, min_ngram, match
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
@@ -44,9 +47,7 @@ class NGramDrafter:
         history = state.tokens[:, :width]
         lengths = state.lengths
         start = torch.full_like(lengths, -1)  # where the continuation begins, -1 = no match yet
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            if width <= n:
-                continue
+        for n in range(min(self.max_ngram, width - 1), self.min_ngram - 1, -1):  # longer suffixes cannot match
             key = history.gather(1, (lengths[:, None] - n + torch.arange(n, device=history.device)).clamp(min=0))
             windows = history.unfold(1, n, 1)  # [B, width - n + 1, n]
             pos = torch.arange(windows.shape[1], device=history.device)

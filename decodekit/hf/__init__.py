@@ -74,11 +74,13 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from decodekit.checks import check_seed, describe
+from decodekit.components import check_components
 from decodekit.errors import ConfigError
 from decodekit.generate import generate
 from decodekit.hf.inputs import check_model_kwargs, check_no_padding_needed, check_positions, real_token_mask
 from decodekit.hf.options import check_mode, check_outputs, pad_token, sampling_options, stopping_options
-from decodekit.hf.streaming import VERIFIED_TRANSFORMERS, StreamerAdapter, dropped_generate_arguments
+from decodekit.hf.streaming import VERIFIED_TRANSFORMERS, StreamerAdapter, check_streamer, dropped_generate_arguments
 from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import SpecStats
 from decodekit.models import load_model
@@ -140,6 +142,7 @@ def custom_generate(
     """
     if streamer is None and assistant_model is None:
         streamer, assistant_model = dropped_generate_arguments(custom_generate)
+    check_streamer(streamer)
     adapter = StreamerAdapter(streamer) if streamer is not None else None
     try:
         return _run(
@@ -182,8 +185,10 @@ def _run(
         )
     if getattr(model.config, "is_encoder_decoder", False):
         raise ConfigError("the decodekit bridge supports decoder-only causal LMs, not encoder-decoder models")
-    if input_ids.ndim != 2:
-        raise ConfigError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+    check_components(drafter, verifier, policy)  # before any work, as decodekit.generate does
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or not _integer(input_ids):
+        raise ConfigError(f"input_ids must be an integer tensor [batch, length], got {describe(input_ids)}")
+    check_seed(seed, input_ids.shape[0])
     check_mode(config, assistant_model)
     check_outputs(config)
     check_model_kwargs(model_kwargs)
@@ -203,6 +208,7 @@ def _run(
             "(and num_return_sequences=1), or call decodekit.generate(..., streamer=fn) with fn(row, tokens)"
         )
     target = load_model(model)
+    eos = tuple(t for t in eos if 0 <= t < target.vocab_size)  # transformers allows others; they never occur
     prompts = [row[m].tolist() for row, m in zip(input_ids, mask.to(input_ids.device))]
     pad = pad_token(config)
     if pad is None:
@@ -231,3 +237,7 @@ def _run(
     if not config.return_dict_in_generate:
         return sequences
     return DecodeKitGenerateOutput(sequences=sequences, stats=out.stats, finish_reasons=out.finish_reasons)
+
+
+def _integer(tensor: torch.Tensor) -> bool:
+    return not (tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool)

@@ -15,9 +15,16 @@ import torch
 import transformers
 from transformers.generation.utils import GenerationMixin
 
-from decodekit.errors import ConfigError
+from decodekit.checks import describe
+from decodekit.errors import ConfigError, ConfigTypeError
 
-__all__ = ["VERIFIED_TRANSFORMERS", "StreamerAdapter", "dropped_generate_arguments", "verified_transformers"]
+__all__ = [
+    "VERIFIED_TRANSFORMERS",
+    "StreamerAdapter",
+    "check_streamer",
+    "dropped_generate_arguments",
+    "verified_transformers",
+]
 
 _PACKAGE = "decodekit.hf"  # frames of the bridge's own modules are not the caller
 
@@ -40,6 +47,22 @@ class StreamerAdapter:
         if not self.ended:
             self.ended = True
             self.streamer.end()
+
+
+def check_streamer(streamer: Any) -> None:
+    """Refuse a streamer that is not a transformers streamer instance (``put(tokens)`` and ``end()`` methods)."""
+    if streamer is None:
+        return
+    if isinstance(streamer, type):
+        raise ConfigTypeError(
+            f"streamer must be an instance, got the class {streamer.__name__}; pass an instance, e.g. "
+            f"{streamer.__name__}(tokenizer)"
+        )
+    if not all(callable(getattr(streamer, name, None)) for name in ("put", "end")):
+        raise ConfigTypeError(
+            "streamer must be a transformers streamer (put(tokens) and end() methods, e.g. TextStreamer), got "
+            f"{describe(streamer)}"
+        )
 
 
 # ------------------------------------------------------------------------ arguments transformers drops

@@ -40,20 +40,30 @@ def onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def int8_dynamic(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model`` whose ``nn.Linear`` layers are dynamically quantized to int8 (CPU, lossy)."""
+def int8_dynamic(model: torch.nn.Module, in_place: bool = False) -> torch.nn.Module:
+    """A copy of ``model`` whose ``nn.Linear`` layers are dynamically quantized to int8 (CPU, lossy); with
+    ``in_place``, ``model`` itself is quantized (no copy)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.ao.quantization is deprecated.*")
         warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
-        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
+        target = model if in_place else copy.deepcopy(model)
+        return torch.ao.quantization.quantize_dynamic(target, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
 
 
-def apply_kernels(model: torch.nn.Module, kernels: str | None) -> torch.nn.Module:
-    """Apply ``kernels`` (None, ``"onednn"`` or ``"int8"``) to a CPU model; returns the model to use."""
-    if kernels is None:
+def check_kernels(kernels: object) -> str | None:
+    """``kernels`` if it is None or a name in :data:`KERNELS`; else a :class:`ConfigError` naming the choices."""
+    if kernels is not None and (not isinstance(kernels, str) or kernels not in KERNELS):
+        raise ConfigError(f"unknown kernels {kernels!r}; use None or one of {', '.join(map(repr, KERNELS))}")
+    return kernels
+
+
+def apply_kernels(model: torch.nn.Module, kernels: str | None, *, in_place: bool = False) -> torch.nn.Module:
+    """Apply ``kernels`` (None, ``"onednn"`` or ``"int8"``) to a CPU model; returns the model to use: a converted
+    copy, or with ``in_place`` ``model`` itself converted (``model`` unchanged when ``kernels`` is None)."""
+    if check_kernels(kernels) is None:
         return model
-    if kernels not in KERNELS:
-        raise ConfigError(f"unknown kernels {kernels!r}; use None or one of {', '.join(KERNELS)}")
     if any(not p.is_cpu for p in model.parameters()):
         raise ConfigError(f"kernels={kernels!r} are CPU kernels; load the model on the CPU or use kernels=None")
-    return onednn_linears(model) if kernels == "onednn" else int8_dynamic(model)
+    if kernels == "onednn":
+        return onednn_linears(model if in_place else copy.deepcopy(model))
+    return int8_dynamic(model, in_place=in_place)

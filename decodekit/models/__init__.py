@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import copy
+import os
 from typing import Any
 
 import torch
 
-from decodekit.kernels.cpu import apply_kernels
+from decodekit.checks import check_bool, check_model_spec, describe, parse_device
+from decodekit.errors import ConfigError, ConfigTypeError, ModelNotFoundError
+from decodekit.kernels.cpu import apply_kernels, check_kernels
 from decodekit.models.base import LanguageModel, ModelOutput
-from decodekit.models.dtypes import parse_dtype
+from decodekit.models.dtypes import parse_float_dtype
 from decodekit.models.hf import HFCausalLM
-from decodekit.models.zoo import ZOO, load_zoo_model
+from decodekit.models.zoo import ZOO, did_you_mean, load_zoo_model, zoo_names
 
 __all__ = ["ZOO", "HFCausalLM", "LanguageModel", "ModelOutput", "load_model", "load_zoo_model"]
 
@@ -24,6 +28,7 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
     kernels: str | None = None,
+    in_place: bool = False,
 ) -> LanguageModel:
     """Return a :class:`LanguageModel` for ``spec``.
 
@@ -31,47 +36,128 @@ def load_model(
     :func:`decodekit.generate` called with the same model does not rebuild it. (Build ``HFCausalLM(m)`` directly
     for a fresh one, e.g. after replacing the model's output head.)
 
+    Every argument is checked before anything is loaded, converted or copied.
+
     Args:
-        spec: a :class:`LanguageModel` (returned as is), a loaded transformers causal LM, a zoo name
-            (a key of :data:`~decodekit.models.zoo.ZOO`, e.g. ``"smollm2-135m-instruct"``), or a local path
-            to a causal LM (``from_pretrained``).
-        tokenizer: the tokenizer to attach (loaded from the path when ``spec`` is a path); given for a model
-            that already has an adapter, it replaces that adapter's tokenizer.
-        dtype: optional dtype to cast the model to (``nn.Module.to``: a transformers model you pass is cast in
-            place).
-        device: optional device to move the model to (in place, likewise).
-        kernels: optional CPU linear kernels, ``"onednn"`` (same float32 model, faster small-batch linears; the
-            model you pass gets its ``nn.Linear`` layers replaced in place) or ``"int8"`` (a lossy int8 copy, for
-            draft models; your model is left alone); see :mod:`decodekit.kernels.cpu`.
+        spec: a :class:`LanguageModel` (returned as is; with ``dtype`` / ``device`` / ``kernels``, an
+            :class:`HFCausalLM`'s transformers model is loaded again with them), a loaded transformers causal LM, a
+            zoo name (a key of :data:`~decodekit.models.zoo.ZOO`, e.g. ``"smollm2-135m-instruct"``), or a local
+            directory holding a causal LM (``from_pretrained``, local files only: decodekit never downloads).
+        tokenizer: the tokenizer object to attach (loaded from the path when ``spec`` is a path); given for a
+            model that already has an adapter, it replaces that adapter's tokenizer. Not a name: load it first.
+        dtype: optional floating-point dtype to cast the model to (a ``torch.dtype`` or its name).
+        device: optional device to move the model to (``"cpu"``, ``"cuda:0"``, ...).
+        kernels: optional CPU linear kernels, ``"onednn"`` (same float32 model, faster small-batch linears) or
+            ``"int8"`` (lossy int8 linears, for draft models); see :mod:`decodekit.kernels.cpu`.
+        in_place: how ``dtype`` / ``device`` / ``kernels`` treat a transformers model you pass. False (default):
+            your model is left as it is and the adapter wraps a converted copy (``copy.deepcopy``, which costs the
+            memory of a second model). True: your model itself is cast, moved and gets its ``nn.Linear`` layers
+            replaced (no copy); its adapter is rebuilt.
 
     Wrapping puts the model in ``eval()`` mode, switches attention implementations that cannot take decodekit's
-    masks to ``sdpa`` (see :class:`HFCausalLM`), and records the adapter on the model (attribute
-    ``_decodekit_adapter``, so it is found again and freed with the model); nothing else about your model changes.
+    masks to ``sdpa`` with a warning (see :class:`HFCausalLM`), and records the adapter on the model (attribute
+    ``_decodekit_adapter``, so it is found again and freed with the model); without ``in_place=True`` nothing
+    else about your model changes.
+
+    Raises:
+        ConfigTypeError: ``spec``, ``tokenizer`` or another argument of the wrong type (a class instead of an
+            instance, a tokenizer given as a string, ...).
+        ModelNotFoundError: a string that is neither a zoo name nor an existing path (the message lists the zoo).
+        ConfigError: an unknown or non-floating ``dtype``, an unknown ``device`` or one this machine lacks,
+            unknown ``kernels``.
     """
+    check_model_spec("spec", spec)
+    _check_tokenizer(tokenizer)
+    resolved_dtype = None if dtype is None or dtype == "auto" else parse_float_dtype(dtype)
+    resolved_device = None if device is None else parse_device("device", device)
+    check_kernels(kernels)
+    in_place = check_bool("in_place", in_place)
+    options = dict(dtype=dtype, device=device, kernels=kernels)
     if isinstance(spec, LanguageModel):
-        if tokenizer is not None:
-            spec.tokenizer = tokenizer
-        return spec
-    if isinstance(spec, str) and spec in ZOO:
-        model = load_zoo_model(spec, dtype=dtype, device=device, kernels=kernels)
-        model.tokenizer = tokenizer or model.tokenizer
-        return model
-    if isinstance(spec, str):
+        if dtype is None and device is None and kernels is None:
+            if tokenizer is not None:
+                spec.tokenizer = tokenizer
+            return spec
+        if not isinstance(spec, HFCausalLM):
+            raise ConfigError(
+                f"dtype, device and kernels apply to transformers models; {type(spec).__name__} is a LanguageModel "
+                "decodekit did not build: convert it before passing it"
+            )
+        tokenizer = spec.tokenizer if tokenizer is None else tokenizer
+        return load_model(spec.hf, tokenizer, **options, in_place=in_place)  # type: ignore[arg-type]
+    fresh = False
+    if isinstance(spec, (str, os.PathLike)):
+        name = os.fspath(spec)
+        if name in ZOO:
+            model = load_zoo_model(name, **options)  # type: ignore[arg-type]
+            model.tokenizer = model.tokenizer if tokenizer is None else tokenizer
+            return model
+        if not os.path.exists(name):
+            raise ModelNotFoundError(
+                f"model {name!r} is neither a zoo model{did_you_mean(name)} (available: {zoo_names()}) nor an existing "
+                "local path; decodekit does not download models: download it first (e.g. "
+                "huggingface_hub.snapshot_download) and pass the local directory"
+            )
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(spec)
-        spec = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype or "auto")
-    if not isinstance(spec, torch.nn.Module):
-        raise TypeError(f"load_model expects a LanguageModel, a transformers model or a path, got {type(spec)!r}")
-    if dtype is not None:
-        spec = spec.to(parse_dtype(dtype))
-    if device is not None:
-        spec = spec.to(device)
-    spec = apply_kernels(spec, kernels)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+        spec = AutoModelForCausalLM.from_pretrained(name, dtype=resolved_dtype or "auto", local_files_only=True)
+        fresh = True  # ours: convert it without copying
+    converts = kernels is not None or _needs_cast(spec, resolved_dtype, resolved_device)
+    if converts and not (fresh or in_place):
+        spec = _copy_without_adapter(spec)
+    if resolved_dtype is not None:
+        spec = spec.to(resolved_dtype)
+    if resolved_device is not None:
+        spec = spec.to(resolved_device)
+    spec = apply_kernels(spec, kernels, in_place=True)  # spec is a copy here, unless the caller asked in_place
     adapter = spec.__dict__.get(_ADAPTER_ATTR)
-    if adapter is None or kernels is not None:  # new kernels replace modules the old adapter captured
+    if adapter is None or converts:  # new kernels replace modules the old adapter captured
         adapter = HFCausalLM(spec, tokenizer=tokenizer)
         spec.__dict__[_ADAPTER_ATTR] = adapter
     elif tokenizer is not None:
         adapter.tokenizer = tokenizer
     return adapter
+
+
+def _check_tokenizer(tokenizer: Any) -> None:
+    """A tokenizer object (callable as ``tokenizer(text)``), not its name or class."""
+    if tokenizer is None:
+        return
+    if isinstance(tokenizer, (str, bytes, os.PathLike)):
+        raise ConfigTypeError(
+            f"tokenizer must be a tokenizer object, got the string {tokenizer!r}; load it first, e.g. "
+            f"AutoTokenizer.from_pretrained({tokenizer!r})"
+        )
+    if isinstance(tokenizer, type):
+        raise ConfigTypeError(
+            f"tokenizer must be an instance, got the class {tokenizer.__name__}; pass an instance, e.g. "
+            f"{tokenizer.__name__}.from_pretrained(path)"
+        )
+    if not callable(tokenizer):
+        raise ConfigTypeError(
+            f"tokenizer must be callable as tokenizer(text) -> {{'input_ids': [...]}} (a transformers tokenizer), "
+            f"got {describe(tokenizer)}"
+        )
+
+
+def _needs_cast(model: torch.nn.Module, dtype: torch.dtype | None, device: torch.device | None) -> bool:
+    """Whether casting ``model`` to ``dtype`` / moving it to ``device`` would change any of its tensors."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if dtype is not None and any(t.is_floating_point() and t.dtype != dtype for t in tensors):
+        return True
+    if device is None:
+        return False
+    index = device.index
+    if device.type == "cuda" and index is None:
+        index = torch.cuda.current_device()
+    return any(t.device.type != device.type or (index is not None and t.device.index != index) for t in tensors)
+
+
+def _copy_without_adapter(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``model`` without its cached adapter (which the copy must not share or duplicate)."""
+    adapter = model.__dict__.get(_ADAPTER_ATTR)
+    copied = copy.deepcopy(model, memo={} if adapter is None else {id(adapter): None})
+    copied.__dict__.pop(_ADAPTER_ATTR, None)
+    return copied

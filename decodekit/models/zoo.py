@@ -14,16 +14,18 @@ keeps the first 4 decoder layers plus the final norm and the LM head
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from decodekit.errors import UnknownComponentError
-from decodekit.kernels.cpu import apply_kernels
+from decodekit.checks import parse_device
+from decodekit.errors import ConfigTypeError, UnknownComponentError
+from decodekit.kernels.cpu import apply_kernels, check_kernels
 from decodekit.models.disk_cache import cache_root, cached_checkpoint
-from decodekit.models.dtypes import parse_dtype
+from decodekit.models.dtypes import parse_float_dtype
 from decodekit.models.gguf_convert import convert_gguf
 from decodekit.models.hf import HFCausalLM
 from decodekit.models.truncate import check_num_layers, truncate_layers
@@ -69,10 +71,25 @@ Converter = Callable[[ZooModel, Path], None]
 
 
 def _entry(name: str) -> ZooModel:
+    if not isinstance(name, str):
+        raise ConfigTypeError(f"name must be a zoo name ({zoo_names()}), got {name!r} ({type(name).__name__})")
     try:
         return ZOO[name]
     except KeyError:
-        raise UnknownComponentError(f"unknown zoo model {name!r}; available: {', '.join(sorted(ZOO))}") from None
+        raise UnknownComponentError(
+            f"unknown zoo model {name!r}{did_you_mean(name)}; available: {zoo_names()}"
+        ) from None
+
+
+def zoo_names() -> str:
+    """The zoo's names, for messages."""
+    return ", ".join(sorted(ZOO))
+
+
+def did_you_mean(name: str) -> str:
+    """``" (did you mean 'x'?)"`` for the zoo name closest to ``name``, or ``""``."""
+    close = difflib.get_close_matches(name.lower(), list(ZOO), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def cached_model_dir(name: str, *, convert: Converter | None = None) -> Path:
@@ -121,13 +138,16 @@ def load_zoo_model(
 
     Raises:
         UnknownComponentError: ``name`` is not in the zoo.
-        ConfigError: ``num_layers`` out of range, or an unknown ``dtype``.
+        ConfigError: ``num_layers`` out of range, an unknown or non-floating ``dtype``, an unknown ``device`` or
+            one this machine lacks, unknown ``kernels`` (all checked before the first conversion).
         MissingDependencyError: the first load needs the weights' package and ``gguf``.
     """
     entry = _entry(name)
-    if num_layers is not None:  # checked before a possibly long first conversion
+    if num_layers is not None:  # checked before a possibly long first conversion, like the rest
         check_num_layers(num_layers, entry.num_layers, repr(name))
-    resolved_dtype = "auto" if dtype is None or dtype == "auto" else parse_dtype(dtype)
+    resolved_dtype = "auto" if dtype is None or dtype == "auto" else parse_float_dtype(dtype)
+    resolved_device = None if device is None else parse_device("device", device)
+    check_kernels(kernels)
     path = cached_model_dir(name)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -135,6 +155,6 @@ def load_zoo_model(
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if num_layers is not None:
         model = truncate_layers(model, num_layers)
-    if device is not None:
-        model = model.to(device)
-    return HFCausalLM(apply_kernels(model, kernels), tokenizer=tokenizer)
+    if resolved_device is not None:
+        model = model.to(resolved_device)
+    return HFCausalLM(apply_kernels(model, kernels, in_place=True), tokenizer=tokenizer)  # a fresh model: no copy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from decodekit.errors import ConfigError
+from decodekit.checks import check_float, check_int
 from decodekit.registry import register
 from decodekit.state import DecodeState
 from decodekit.types import DraftBudget, DraftStep
@@ -18,11 +18,8 @@ class ConfidenceStop:
     """
 
     def __init__(self, threshold: float = 0.4, max_len: int = 20) -> None:
-        if not 0.0 <= threshold <= 1.0:
-            raise ConfigError(f"threshold must be a probability in [0, 1], got {threshold}")
-        if max_len < 1:
-            raise ConfigError(f"max_len must be >= 1, got {max_len}")
-        self.threshold, self.max_len = threshold, max_len
+        self.threshold = check_float("threshold", threshold, low=0, high=1, hint=" (a probability)")
+        self.max_len = check_int("max_len", max_len, low=1)
 
     def stop(self, step: DraftStep) -> torch.Tensor:
         return step.token_probs < self.threshold

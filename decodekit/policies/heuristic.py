@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from decodekit.checks import check_int
 from decodekit.errors import ConfigError
 from decodekit.registry import register
 from decodekit.state import DecodeState
@@ -13,6 +14,9 @@ from decodekit.types import DraftBudget
 
 if TYPE_CHECKING:
     from decodekit.round import Round
+
+
+_STEPS = ("initial", "increase", "decrease")
 
 
 @register("policy", "heuristic")
@@ -26,8 +30,11 @@ class HeuristicLength:
     def __init__(
         self, initial: int = 5, increase: int = 2, decrease: int = 1, min_len: int = 1, max_len: int = 64
     ) -> None:
-        if not 0 <= min_len <= initial <= max_len:
-            raise ConfigError(f"need 0 <= min_len <= initial <= max_len, got {min_len}, {initial}, {max_len}")
+        initial, increase, decrease = (check_int(n, v, low=0) for n, v in zip(_STEPS, (initial, increase, decrease)))
+        min_len = check_int("min_len", min_len, low=1, hint=" (a row at length 0 would never draft again)")
+        max_len = check_int("max_len", max_len, low=1)
+        if not min_len <= initial <= max_len:
+            raise ConfigError(f"need 1 <= min_len <= initial <= max_len, got {min_len}, {initial}, {max_len}")
         self.initial, self.increase, self.decrease = initial, increase, decrease
         self.min_len, self.max_len = min_len, max_len
         self.lengths: torch.Tensor | None = None
