@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.errors import ConfigError
+from decodekit.errors import ConfigError, IncompatibleDraftError
 from decodekit.masks import add_root, chain_mask, tree_mask
 from decodekit.types import Draft
 
@@ -59,12 +59,15 @@ class LanguageModel:
         eos_token_ids: token ids that end a sequence by default.
         max_context: longest sequence the model supports (None = unknown).
         tokenizer: the matching tokenizer, if known.
+        tree_refusal: why the model cannot score token trees (None = it can); :meth:`score` raises
+            :class:`~decodekit.errors.IncompatibleDraftError` with it on a tree draft.
     """
 
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
     max_context: int | None = None
     tokenizer: Any = None
+    tree_refusal: str | None = None
 
     @property
     def device(self) -> torch.device:
@@ -163,6 +166,10 @@ class LanguageModel:
             row ``i + 1`` the distribution for the children of node ``i``. Staged slot ``j`` holds input ``j``
             (0 = pending).
         """
+        if self.tree_refusal and not draft.is_chain:
+            raise IncompatibleDraftError(
+                f"{self!r} cannot score token trees ({self.tree_refusal}); use a chain drafter with this model"
+            )
         tokens = pending[:, None]
         if draft.num_nodes:
             tokens = torch.cat([tokens, draft.tokens.where(draft.valid, 0)], 1)

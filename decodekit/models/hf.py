@@ -9,13 +9,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
 from decodekit.cache import KVCache
 from decodekit.errors import ConfigError, UnsupportedModelError
 from decodekit.masks import to_additive
 from decodekit.models.base import LanguageModel, ModelOutput, check_layer
 from decodekit.models.hf_attention import attention_plan, per_layer_masks
-from decodekit.models.hf_support import check_supported
+from decodekit.models.hf_support import CHAIN_ONLY, check_supported
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def _as_tuple(ids: Any) -> tuple[int, ...]:
 def _decoder(model: torch.nn.Module) -> torch.nn.Module:
     """The decoder stack under the LM head (``get_decoder()``, else the usual attribute names)."""
     decoder = model.get_decoder()
-    if decoder is model:
+    if decoder is model or not isinstance(decoder, PreTrainedModel):  # ModernBERT's "decoder" is its head
         names = ("model", "transformer", getattr(model, "base_model_prefix", ""))
         decoder = next((m for n in names if n and isinstance(m := getattr(model, n, None), torch.nn.Module)), model)
     return decoder
@@ -70,8 +71,9 @@ class HFCausalLM(LanguageModel):
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None) -> None:
-        check_supported(model)
         self.decoder = _decoder(model)
+        check_supported(model, self.decoder)
+        self.tree_refusal = CHAIN_ONLY.get(getattr(model.config, "model_type", ""))
         self.lm_head = model.get_output_embeddings()  # captured: rebuild the adapter after swapping modules
         if self.decoder is model or self.lm_head is None:
             raise UnsupportedModelError(f"{type(model).__name__} is not a causal LM with a separate output head")
@@ -93,8 +95,11 @@ class HFCausalLM(LanguageModel):
         self._embeddings = model.get_input_embeddings()
         self._embed_weight = self._embeddings.weight  # device / dtype (quantized heads have no .weight)
         gen_config = getattr(model, "generation_config", None)
-        self.eos_token_ids = _as_tuple(getattr(gen_config, "eos_token_id", None) or config.eos_token_id)
-        self.max_context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        self.eos_token_ids = _as_tuple(
+            getattr(gen_config, "eos_token_id", None) or getattr(config, "eos_token_id", None)
+        )
+        context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        self.max_context = context if isinstance(context, int) and context > 0 else None  # XLNet: -1 = unbounded
         self.tokenizer = tokenizer
         self._biases: dict[int, Any] = {}  # GPT-Neo's global causal biases, made once
 

@@ -2,7 +2,9 @@
 
 A model is refused when decodekit cannot make its output equal the model's own: it is not a causal LM, it keeps
 state outside the KV cache (recurrent, convolutional and linear-attention layers cannot roll back a rejected
-draft), or it builds position information from a 2-D padding mask instead of taking decodekit's 4-D mask (ALiBi).
+draft), it builds position information from a 2-D padding mask instead of taking decodekit's 4-D mask (Bloom's
+ALiBi), or its decoder cannot take explicit positions and a cache (decoders of encoder-decoder models, XLNet,
+Reformer, GPT-1).
 Every refusal is an :class:`~decodekit.errors.UnsupportedModelError` raised when the adapter is built, before any
 compute. ``tests/unit/test_architectures.py`` checks every decoder-only architecture the pinned transformers can
 build: each is either equal to ``model.generate`` token for token or refused here.
@@ -10,6 +12,7 @@ build: each is either equal to ``model.generate`` token for token or refused her
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -19,10 +22,41 @@ from decodekit.errors import UnsupportedModelError
 _STATE = "keeps recurrent or convolutional state outside the KV cache, which a rejected draft cannot roll back"
 _ALIBI = "ALiBi position bias built from a 2-D padding mask; it cannot take decodekit's 4-D masks (trees, ragged rows)"
 
+_ENCODER = (
+    "an encoder run as a decoder: its LM head transforms the hidden state before the output embedding and "
+    "RoBERTa-style models offset their positions, which decodekit's adapter does not reproduce"
+)
+
 #: model type -> why decodekit refuses it (beyond the generic checks of :func:`check_supported`).
 REFUSED: dict[str, str] = {
     "bloom": _ALIBI,
-    "mpt": _ALIBI,
+    **dict.fromkeys(
+        (
+            "bert",
+            "big_bird",
+            "camembert",
+            "data2vec-text",
+            "electra",
+            "ernie",
+            "megatron-bert",
+            "rembert",
+            "roberta",
+            "roberta-prelayernorm",
+            "roc_bert",
+            "roformer",
+            "xlm-roberta",
+            "xlm-roberta-xl",
+            "xmod",
+            "modernbert-decoder",
+        ),
+        _ENCODER,
+    ),
+}
+
+#: model type -> why it runs chains only: its decoder takes no ``position_ids`` but derives everything from key
+#: slots, which equal positions along a chain and not inside a token tree (scoring a tree raises).
+CHAIN_ONLY: dict[str, str] = {
+    "mpt": "ALiBi bias from key slots (slot == position on a chain, not inside a token tree)",
 }
 
 
@@ -35,10 +69,23 @@ def _causal_lm_classes() -> set[str]:
     return names
 
 
-def check_supported(model: torch.nn.Module) -> None:
+def _parameters(module: torch.nn.Module) -> set[str]:
+    try:
+        return set(inspect.signature(type(module).forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def check_supported(model: torch.nn.Module, decoder: torch.nn.Module | None = None) -> None:
     """Raise :class:`UnsupportedModelError` naming the architecture and the reason if decodekit cannot run
     ``model`` exactly; return quietly otherwise (the attention pattern is checked by
-    :func:`decodekit.models.hf_attention.attention_plan`)."""
+    :func:`decodekit.models.hf_attention.attention_plan`).
+
+    Args:
+        model: the transformers model.
+        decoder: its decoder stack (the module decodekit calls with ids, positions, mask and cache), if known:
+            it must take ``position_ids`` and ``past_key_values``.
+    """
     config: Any = getattr(model, "config", None)
     name = type(model).__name__
     model_type = getattr(config, "model_type", None) or "?"
@@ -62,3 +109,12 @@ def check_supported(model: torch.nn.Module) -> None:
         raise refuse(_ALIBI)
     if model_type in REFUSED:
         raise refuse(REFUSED[model_type])
+    if decoder is not None:
+        parameters = _parameters(decoder)
+        if "past_key_values" not in parameters:
+            raise refuse("its decoder takes no KV cache (past_key_values), so decodekit cannot run it incrementally")
+        if "position_ids" not in parameters and model_type not in CHAIN_ONLY:
+            raise refuse(
+                "its decoder takes no position_ids (it derives positions from the cache length), so ragged rows and "
+                "token trees would get wrong positions"
+            )

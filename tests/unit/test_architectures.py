@@ -1,0 +1,242 @@
+"""Every decoder-only architecture of the installed transformers, tiny and random (``tests/archs.py``): decodekit's
+greedy output equals ``model.generate(do_sample=False)`` token for token, or decodekit refuses the model up front.
+
+Checks per supported case, each prompt run alone unless said otherwise (``MAX_NEW`` tokens, EOS off, sliding windows
+of ``archs.WINDOW`` tokens, shorter than every prompt + output):
+
+- ``test_greedy_matches_transformers``: plain decoding equals transformers' batch-1 greedy generate;
+- ``test_ngram_drafter``: the same with the n-gram drafter (prompts with repetitions: drafts get accepted);
+- ``test_self_drafter``: a model drafter whose draft model is the target itself (every draft accepted);
+- ``test_perturbed_drafter``: a draft model with noisy weights (some drafts accepted, not all);
+- ``test_ragged_batch``: the three prompts in one ragged batch (plain, then n-gram) equal their batch-1 runs.
+
+A refused case (``EXPECTED[case] == "refused"``) must make ``load_model`` raise ``UnsupportedModelError`` naming the
+architecture, and ``generate`` likewise, before any model code runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.drafters import ModelDrafter, NGramDrafter
+from decodekit.errors import IncompatibleDraftError, UnsupportedModelError
+from decodekit.policies import FixedLength
+from tests.archs import CASES, EXPECTED, build_model, case_id, tiny_model
+
+MAX_NEW = 24
+PROMPTS = [  # lengths 10, 5, 13: prompt + output always exceeds the window; repetitions feed the n-gram drafter
+    [5, 17, 33, 5, 17, 33, 5, 17, 33, 5],
+    [40, 41, 42, 40, 41],
+    [9, 8, 7, 6, 9, 8, 7, 6, 9, 8, 60, 61, 9],
+]
+
+
+def _params(expected: str) -> list:
+    return [
+        pytest.param(t, v, id=case_id(t, v)) for t, v in CASES if EXPECTED.get(case_id(t, v), "supported") == expected
+    ]
+
+
+SUPPORTED = _params("supported")
+REFUSED = _params("refused")
+if os.environ.get("DECODEKIT_SWEEP_ALL"):  # diagnosis: run the exactness checks on every case, refused ones too
+    SUPPORTED, REFUSED = SUPPORTED + REFUSED, []
+
+
+@functools.cache
+def reference(model_type: str, variant: str | None) -> tuple[tuple[int, ...], ...]:
+    """transformers' greedy continuation of each prompt, batch 1 (no padding), EOS off."""
+    model = tiny_model(model_type, variant)
+    out = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        tokens = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW)
+        out.append(tuple(tokens[0, len(prompt) :].tolist()))
+    return tuple(out)
+
+
+@functools.cache
+def draft_copy(model_type: str, variant: str | None) -> torch.nn.Module:
+    """A noisy copy of the case's model (a fresh build: no adapter attached) whose argmax agrees with the target's
+    on 30-90% of the reference tokens (teacher-forced, transformers' own forward): the first noise scale that
+    does, or the one closest to 60%."""
+    target, refs = tiny_model(model_type, variant), reference(model_type, variant)
+    inputs = [torch.tensor([p + list(r[:-1])]) for p, r in zip(PROMPTS, refs)]
+    with torch.no_grad():
+        want = [target(x).logits[0, len(p) - 1 :].argmax(-1) for x, p in zip(inputs, PROMPTS)]
+    best = None
+    for scale in (0.2, 0.1, 0.05, 0.5, 0.02, 0.01, 0.005, 0.002):
+        draft = _perturbed(build_model(model_type, variant), scale)
+        with torch.no_grad():
+            got = [draft(x).logits[0, len(p) - 1 :].argmax(-1) for x, p in zip(inputs, PROMPTS)]
+        agree = float(torch.cat([g == w for g, w in zip(got, want)]).float().mean())
+        if 0.3 <= agree <= 0.9:
+            return draft
+        if best is None or abs(agree - 0.6) < best[0]:
+            best = (abs(agree - 0.6), draft)
+    return best[1]
+
+
+def _perturbed(model: torch.nn.Module, scale: float) -> torch.nn.Module:
+    """``model`` with Gaussian noise (``scale`` x each tensor's std) on its weight matrices (vectors such as norm
+    weights, biases and activation parameters are left alone: some architectures diverge when those move)."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.add_(torch.randn(p.shape, generator=gen) * scale * p.std().clamp(min=1e-3))
+    return model
+
+
+def _generate(model: torch.nn.Module, prompts: list[list[int]], drafter=None, k: int = 4) -> dk.GenerationOutput:
+    return dk.generate(model, prompts, drafter, policy=FixedLength(k), max_new_tokens=MAX_NEW, eos_token_id=())
+
+
+def _check(what: str, got: list[list[int]], want: list[tuple[int, ...]], model: torch.nn.Module | None = None) -> None:
+    """Fail with the first differing row and position (and transformers' top-2 logit margin there)."""
+    for row, (g, w) in enumerate(zip(got, want)):
+        g, w = list(g), list(w)
+        if g == w:
+            continue
+        pos = next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
+        detail = ""
+        if model is not None and pos < min(len(g), len(w)):
+            with torch.no_grad():
+                logits = model(torch.tensor([PROMPTS[row] + w[:pos]])).logits[0, -1].float()
+            top = logits.topk(2)
+            detail = (
+                f"; transformers' top-2 there {top.indices.tolist()} margin {float(top.values[0] - top.values[1]):.3g}"
+            )
+        pytest.fail(
+            f"{what}: row {row} (prompt length {len(PROMPTS[row])}) diverges at new token {pos}: "
+            f"expected {w[pos : pos + 4]}..., got {g[pos : pos + 4]}...{detail}",
+            pytrace=False,
+        )
+
+
+@pytest.mark.parametrize(("model_type", "variant"), SUPPORTED)
+def test_greedy_matches_transformers(model_type, variant):
+    model = tiny_model(model_type, variant)
+    want = reference(model_type, variant)
+    got = [_generate(model, [p]).sequences[0] for p in PROMPTS]
+    _check("plain greedy vs transformers", got, want, model)
+
+
+@pytest.mark.parametrize(("model_type", "variant"), SUPPORTED)
+def test_ngram_drafter(model_type, variant):
+    model = tiny_model(model_type, variant)
+    want = reference(model_type, variant)
+    outs = [_generate(model, [p], NGramDrafter()) for p in PROMPTS]
+    _check("n-gram drafter vs transformers", [o.sequences[0] for o in outs], want, model)
+    assert sum(o.stats.drafted for o in outs) > 0, "the n-gram drafter drafted nothing: the check is vacuous"
+
+
+@pytest.mark.parametrize(("model_type", "variant"), SUPPORTED)
+def test_self_drafter(model_type, variant):
+    model = tiny_model(model_type, variant)
+    want = reference(model_type, variant)
+    outs = [_generate(model, [p], ModelDrafter(model)) for p in PROMPTS]
+    _check("self-drafting vs transformers", [o.sequences[0] for o in outs], want, model)
+    for o in outs:  # a perfect draft is always accepted
+        assert o.stats.accepted == o.stats.drafted > 0, f"accepted {o.stats.accepted} of {o.stats.drafted} drafted"
+
+
+@pytest.mark.parametrize(("model_type", "variant"), SUPPORTED)
+def test_perturbed_drafter(model_type, variant):
+    model = tiny_model(model_type, variant)
+    want = reference(model_type, variant)
+    drafter = ModelDrafter(draft_copy(model_type, variant))
+    outs = [_generate(model, [p], drafter) for p in PROMPTS]
+    _check("perturbed draft model vs transformers", [o.sequences[0] for o in outs], want, model)
+    accepted, drafted = sum(o.stats.accepted for o in outs), sum(o.stats.drafted for o in outs)
+    assert 0 < accepted < drafted, f"accepted {accepted} of {drafted} drafted: want some, not all"
+
+
+@pytest.mark.parametrize(("model_type", "variant"), SUPPORTED)
+def test_ragged_batch(model_type, variant):
+    model = tiny_model(model_type, variant)
+    for name, drafter in (("plain", None), ("n-gram", NGramDrafter())):
+        alone = [_generate(model, [p], drafter).sequences[0] for p in PROMPTS]
+        batch = _generate(model, PROMPTS, drafter).sequences
+        _check(f"ragged batch ({name}) vs batch-1 runs", batch, [tuple(a) for a in alone], model)
+
+
+@pytest.mark.parametrize(("model_type", "variant"), REFUSED)
+def test_refused(model_type, variant):
+    model = tiny_model(model_type, variant)
+    names = (model_type, type(model).__name__)
+    before = (model.training, model.config._attn_implementation)
+    with pytest.raises(UnsupportedModelError) as refused:
+        dk.load_model(model)
+    assert any(n in str(refused.value) for n in names), f"the refusal does not name the architecture: {refused.value}"
+    with pytest.raises(UnsupportedModelError):
+        _generate(model, PROMPTS[:1])
+    assert (model.training, model.config._attn_implementation) == before  # refused before anything changed
+
+
+def _bert_masked_lm() -> torch.nn.Module:
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    return BertForMaskedLM(BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=2))
+
+
+def _bert_encoder_lm_head() -> torch.nn.Module:
+    from transformers import BertConfig, BertLMHeadModel
+
+    torch.manual_seed(0)  # is_decoder=False: bidirectional attention
+    config = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, is_decoder=False)
+    return BertLMHeadModel(config)
+
+
+def _t5() -> torch.nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2, decoder_start_token_id=0)
+    return T5ForConditionalGeneration(config)
+
+
+@pytest.mark.parametrize(
+    "build", [_bert_masked_lm, _bert_encoder_lm_head, _t5], ids=["bert-masked-lm", "bert-not-decoder", "t5"]
+)
+def test_non_causal_model_refused(build):
+    model = build()
+    with pytest.raises(UnsupportedModelError) as refused:
+        dk.load_model(model)
+    names = (model.config.model_type, type(model).__name__)
+    assert any(n in str(refused.value) for n in names), f"the refusal does not name the architecture: {refused.value}"
+
+
+def test_sweep_tables_name_real_cases():
+    ids = {case_id(t, v) for t, v in CASES}
+    assert set(EXPECTED) <= ids, sorted(set(EXPECTED) - ids)
+    assert set(EXPECTED.values()) <= {"supported", "refused"}
+
+
+def test_chain_only_model_refuses_token_trees():
+    """MPT's ALiBi comes from key slots: exact on chains (the checks above), refused on trees instead of wrong."""
+    from tests.unit.test_greedy_equality import DecoyTreeDrafter
+
+    model = tiny_model("mpt", None)
+    with pytest.raises(IncompatibleDraftError, match="cannot score token trees"):
+        dk.generate(model, PROMPTS[:1], DecoyTreeDrafter(model, depth=2), policy=FixedLength(4), max_new_tokens=4)
+
+
+def test_supported_models_page_lists_every_case():
+    """docs/supported-models.md stays true: each case under the heading of its expected status."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "supported-models.md").read_text()
+    supported, refused = page.split("\n## Refused")[0].split("\n## Supported")[1], page.split("\n## Refused")[1]
+    refused = refused.split("\n## ")[0]
+    for t, v in CASES:
+        name = f"`{case_id(t, v)}`"
+        expected = EXPECTED.get(case_id(t, v), "supported")
+        assert name in (supported if expected == "supported" else refused), f"{name} is not listed as {expected}"
+        assert name not in (refused if expected == "supported" else supported), f"{name} is listed twice"
