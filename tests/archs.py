@@ -18,6 +18,8 @@ import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, GenerationConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from decodekit.models.hf_support import ENCODER_REASON, REFUSED
+
 VOCAB = 128
 WINDOW = 8  # sliding / local attention window, shorter than every prompt + output the sweep runs
 MAX_PARAMS = 3_000_000  # a tiny model; anything bigger means an override is missing
@@ -338,24 +340,9 @@ OWN_POSITIONS = (  # decoders of encoder-decoder models: positions from the cach
     "plbart",
     "trocr",
 )
-ENCODERS = (  # BERT-style encoders run as decoders: the LM head transforms before the output embedding
-    "bert",
-    "big_bird",
-    "camembert",
-    "data2vec-text",
-    "electra",
-    "ernie",
-    "megatron-bert",
-    "rembert",
-    "roberta",
-    "roberta-prelayernorm",
-    "roc_bert",
-    "roformer",
-    "xlm-roberta",
-    "xlm-roberta-xl",
-    "xmod",
-    "modernbert-decoder",  # the same: its lm_head (dense, act, norm) runs before the output Linear
-)
+# BERT-style encoders run as decoders (their LM head transforms before the output embedding): decodekit's own list.
+# Taking it from the code loses nothing: a type dropped from it becomes "supported" here and must then be exact.
+ENCODERS = tuple(t for t, why in REFUSED.items() if why == ENCODER_REASON)
 OTHER_REFUSED = {
     "xlnet": "two-stream attention with its own memory (mems), no Cache",
     "reformer": "LSH / chunked local attention with its own cache",

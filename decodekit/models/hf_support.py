@@ -22,7 +22,7 @@ from decodekit.errors import UnsupportedModelError
 _STATE = "keeps recurrent or convolutional state outside the KV cache, which a rejected draft cannot roll back"
 _ALIBI = "ALiBi position bias built from a 2-D padding mask; it cannot take decodekit's 4-D masks (trees, ragged rows)"
 
-_ENCODER = (
+ENCODER_REASON = (
     "an encoder run as a decoder: its LM head transforms the hidden state before the output embedding and "
     "RoBERTa-style models offset their positions, which decodekit's adapter does not reproduce"
 )
@@ -49,7 +49,7 @@ REFUSED: dict[str, str] = {
             "xmod",
             "modernbert-decoder",
         ),
-        _ENCODER,
+        ENCODER_REASON,
     ),
 }
 
