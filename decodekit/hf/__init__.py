@@ -65,6 +65,7 @@ The returned ``past_key_values`` is always None (decodekit's cache is not a tran
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,7 +112,7 @@ def custom_generate(
     drafter: Drafter | None = None,
     verifier: Verifier | None = None,
     policy: LengthPolicy | None = None,
-    seed: int | None = None,
+    seed: int | Sequence[int] | None = None,
     streamer: Any = None,
     assistant_model: Any = None,
     **model_kwargs: Any,
@@ -128,7 +129,7 @@ def custom_generate(
         drafter: a decodekit drafter (e.g. ``NGramDrafter()``, ``ModelDrafter(small_model)``); None = plain decoding.
         verifier: a decodekit verifier; default greedy when ``do_sample=False``, else rejection sampling.
         policy: a decodekit length policy; default ``FixedLength(4)``.
-        seed: seeds decodekit's generator; the same seed gives the same output.
+        seed: seeds decodekit's generator (one int per row: per-row seeds); the same seed gives the same output.
         streamer, assistant_model: used when passed here; transformers (5.20 - 5.x) does not pass them to a
             callable ``custom_generate``, so by default they are read from the calling ``generate`` (see the module
             docstring).
@@ -173,7 +174,7 @@ def _run(
     drafter: Drafter | None,
     verifier: Verifier | None,
     policy: LengthPolicy | None,
-    seed: int | None,
+    seed: int | Sequence[int] | None,
     streamer: StreamerAdapter | None,
     assistant_model: Any,
     model_kwargs: dict[str, Any],
