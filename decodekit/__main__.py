@@ -1,4 +1,4 @@
-"""``python -m decodekit bench ...``"""
+"""``python -m decodekit bench ...``; ``python -m decodekit --help`` lists the commands."""
 
 from decodekit.cli import main
 

@@ -1,4 +1,5 @@
-"""Command line: ``python -m decodekit bench [hydra overrides]`` (see ``decodekit/recipes/bench.yaml``)."""
+"""Command line: ``python -m decodekit bench [hydra overrides]`` (see ``decodekit/recipes/bench.yaml``);
+``python -m decodekit --help`` lists the commands."""
 
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def check_bench_config(cfg: Any) -> None:
     from decodekit.bench.tasks import TASKS
 
     check_int("max_new_tokens", cfg.get("max_new_tokens"), low=1)
+    check_int("passes", cfg.get("passes", 3), low=1)
     check_int("seed", cfg.get("seed"))
     check_bool("progress", cfg.get("progress"))
     sizes = cfg.get("batch_sizes")
@@ -146,8 +148,6 @@ _BASELINE_KINDS = ("greedy", "prompt_lookup", "assisted")
 
 def run_bench(cfg: Any, out_dir: Path) -> str:
     """Build everything a bench config names, run it, write the reports to ``out_dir``; return the table."""
-    from omegaconf import OmegaConf
-
     from decodekit.bench.methods import Method, Setting, TransformersBaseline
     from decodekit.bench.report import save
     from decodekit.bench.runner import machine_info, run_benchmark
@@ -190,17 +190,61 @@ def run_bench(cfg: Any, out_dir: Path) -> str:
         batch_sizes=list(cfg.batch_sizes),
         max_new_tokens=cfg.max_new_tokens,
         seed=cfg.seed,
+        passes=cfg.get("passes", 3),
         progress=cfg.progress,
         prompt_ids=list(data["id"]),
     )
     info = machine_info(model) | {"task": task.name, "prompts": len(data)}
-    return save(results, out_dir, info, OmegaConf.to_container(cfg, resolve=True))
+    return save(results, out_dir, info, ran_config(cfg))
+
+
+def ran_config(cfg: Any) -> dict[str, Any]:
+    """The bench config as it ran, for ``results.json``: resolved, without the disabled (null) methods and without
+    the component groups (``drafter`` / ``verifier`` / ``policy``) that nothing that ran refers to (e.g. under
+    ``experiment=smollm2_main``, whose methods spell out their components)."""
+    from omegaconf import OmegaConf
+
+    def enabled(config: dict[str, Any]) -> dict[str, Any]:
+        methods = config.get("methods") or {}
+        return config | {"methods": {name: spec for name, spec in methods.items() if spec is not None}}
+
+    raw = enabled(OmegaConf.to_container(cfg, resolve=False))
+    referenced = {root for key, value in raw.items() if key not in _COMPONENTS for root in _interpolated(value)}
+    resolved = enabled(OmegaConf.to_container(cfg, resolve=True))
+    return {key: value for key, value in resolved.items() if key not in _COMPONENTS or key in referenced}
+
+
+_INTERPOLATION = re.compile(r"\$\{\s*\.*([A-Za-z_]\w*)")
+
+
+def _interpolated(value: Any) -> set[str]:
+    """The top-level keys that the interpolations (``${drafter}``, ``${policy.k}``) inside ``value`` start from."""
+    if isinstance(value, str):
+        return set(_INTERPOLATION.findall(value))
+    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, list) else ()
+    return set().union(*map(_interpolated, items)) if items else set()
+
+
+USAGE = """usage: python -m decodekit <command> [options]
+
+commands:
+  bench    benchmark decoding methods on real prompts (Hydra: group=option and key=value overrides, -m to sweep)
+           e.g. python -m decodekit bench experiment=smollm2_main
+                python -m decodekit bench drafter=model policy.k=3
+                python -m decodekit bench -m policy.k=1,2,4,8
+
+python -m decodekit <command> --help lists a command's config groups and options."""
+
+APP_NAME = "decodekit"
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in COMMANDS:
-        print("usage: python -m decodekit bench [hydra overrides, e.g. experiment=smollm2_main policy.k=4]")
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        sys.exit(0)
+    if argv[0] not in COMMANDS:
+        print(f"error: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
     import hydra
     from hydra.core.hydra_config import HydraConfig
@@ -216,5 +260,9 @@ def main(argv: list[str] | None = None) -> None:
         print(table)
         print(f"results: {out_dir}/results.json, results.md, speedup.png")
 
-    sys.argv = [f"{sys.argv[0]} {argv[0]}", *argv[1:]]
+    overrides = argv[1:]
+    if not any(arg.startswith("hydra.job.name=") for arg in overrides):
+        # Hydra names the app after the calling file (cli); its --help and log file should say decodekit
+        overrides = [*overrides, f"hydra.job.name={APP_NAME}"]
+    sys.argv = [f"{sys.argv[0]} {argv[0]}", *overrides]
     _bench()

@@ -5,11 +5,16 @@ Register a class with the decorator::
     @register("drafter", "ngram")
     class NGramDrafter: ...
 
-and build it by name: ``dk.build("drafter", "ngram", max_ngram=3)``.
+and build it by name: ``dk.build("drafter", "ngram", max_ngram=3)``. The recipe of a component in
+``decodekit/recipes/<kind>/`` has the same name (``drafter=ngram`` on the command line).
+
+A registered class that does not define ``__repr__`` prints readably (:func:`readable_repr`), e.g.
+``NGramDrafter(max_ngram=3, min_ngram=1, match='recent')``.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -22,7 +27,8 @@ T = TypeVar("T", bound=type)
 
 
 def register(kind: str, name: str) -> Callable[[T], T]:
-    """Class decorator: make ``cls`` buildable as ``build(kind, name, ...)``."""
+    """Class decorator: make ``cls`` buildable as ``build(kind, name, ...)``; a class without its own
+    ``__repr__`` gets :func:`readable_repr`."""
     _kind(kind)
 
     def decorator(cls: T) -> T:
@@ -34,6 +40,8 @@ def register(kind: str, name: str) -> Callable[[T], T]:
         if existing is not None and not same:  # re-registering the same class (module reload) is fine
             raise ValueError(f"{kind} name {name!r} is already taken by {existing.__qualname__}")
         _REGISTRY[kind][name] = cls
+        if cls.__repr__ is object.__repr__:
+            cls.__repr__ = readable_repr  # type: ignore[assignment]
         return cls
 
     return decorator
@@ -62,3 +70,31 @@ def _kind(kind: str) -> dict[str, type]:
 def build(kind: str, name: str, /, *args: Any, **kwargs: Any) -> Any:
     """Instantiate the component registered as ``name`` under ``kind`` with the given arguments."""
     return resolve(kind, name)(*args, **kwargs)
+
+
+_MAX_VALUE_REPR = 80
+
+
+def readable_repr(obj: Any) -> str:
+    """``Type(param=value, ...)``: the constructor's named parameters with the values of the same-named attributes
+    (parameters without such an attribute are left out). A value without a readable repr of its own (the default
+    ``<... object at 0x...>``, a multi-line or very long one such as a torch module's) prints as ``Type(...)``."""
+    cls = type(obj)
+    try:
+        parameters = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):  # no introspectable signature
+        parameters = []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    fields = [
+        f"{p.name}={_value_repr(getattr(obj, p.name))}" for p in parameters if p.kind in named and hasattr(obj, p.name)
+    ]
+    return f"{cls.__name__}({', '.join(fields)})"
+
+
+def _value_repr(value: Any) -> str:
+    if type(value).__repr__ is object.__repr__:
+        return f"{type(value).__name__}(...)"
+    text = repr(value)
+    if "\n" in text or len(text) > _MAX_VALUE_REPR:
+        return f"{type(value).__name__}(...)"
+    return text

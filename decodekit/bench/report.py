@@ -29,6 +29,15 @@ def greedy_match(result: Result) -> str:
     return f"{same}/{result.prompts}" + (f" ({notes})" if notes else "")
 
 
+def speedup(result: Result) -> str:
+    """``1.74x (1.70-1.78)``: the median pass's speedup and the min-max over passes; ``-`` when not measured."""
+    if result.speedup is None:
+        return "-"
+    low, high = result.speedup_range or (result.speedup, result.speedup)
+    spread = f" ({low:.2f}-{high:.2f})" if len(result.pass_decode_s) > 1 else ""
+    return f"{result.speedup:.2f}x{spread}"
+
+
 def markdown(results: Sequence[Result], title: str = "", info: dict[str, Any] | None = None) -> str:
     """One table per (setting, batch size), methods as rows; under it, each greedy difference explained."""
     lines = [f"## {title}"] if title else []
@@ -38,13 +47,15 @@ def markdown(results: Sequence[Result], title: str = "", info: dict[str, Any] | 
     for r in results:
         groups.setdefault((r.setting, r.batch_size), []).append(r)
     for (setting, batch), rows in groups.items():
+        passes = len(rows[0].pass_decode_s)
         lines += [
             "",
-            f"**{setting}, batch {batch}** ({rows[0].prompts} prompts)",
+            f"**{setting}, batch {batch}** ({rows[0].prompts} prompts, {passes} interleaved passes; speedup: median "
+            "(min-max) of the per-pass ratios)",
             "",
-            "| method | tok/s | decode tok/s | speedup | bound | realized / bound | ceiling | mean acc. len | "
+            "| method | tok/s | decode tok/s | speedup | zero-overhead speedup | ceiling | mean acc. len | "
             "acceptance per position | draft / verify / other s | prefill s | greedy match |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
+            "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
         ]
         for r in rows:
             s = r.stats
@@ -53,13 +64,15 @@ def markdown(results: Sequence[Result], title: str = "", info: dict[str, Any] | 
                 acc = f"{s.mean_acceptance_length:.2f}"
                 per_pos = " ".join(f"{a:.2f}" for a in s.acceptance_rate_per_pos[:8]) or "-"
                 split = f"{s.draft_time_s:.1f} / {s.verify_time_s:.1f} / {s.other_time_s:.1f}"
-            efficiency = r.speedup / r.bound if r.bound and r.speedup else None
             lines.append(
-                f"| {r.method} | {r.tokens_per_s:.1f} | {r.decode_tokens_per_s:.1f} | {_fmt(r.speedup, suffix='x')} | "
-                f"{_fmt(r.bound, suffix='x')} | {_fmt(efficiency, '.0%')} | {_fmt(r.ceiling, suffix='x')} | {acc} | "
+                f"| {r.method} | {r.tokens_per_s:.1f} | {r.decode_tokens_per_s:.1f} | {speedup(r)} | "
+                f"{_fmt(r.zero_overhead, suffix='x')} | {_fmt(r.ceiling, suffix='x')} | {acc} | "
                 f"{per_pos} | {split} | "
                 f"{r.prefill_s:.1f} | {greedy_match(r)} |"
             )
+        warnings = list(dict.fromkeys(f"- WARNING {r.method}: {w}" for r in rows for w in r.warnings))
+        if warnings:
+            lines += ["", *warnings]
         diffs = [f"- {r.method}: {d}" for r in rows for d in r.greedy_diffs]
         if diffs:
             lines += ["", "Greedy outputs that differ from the reference (first differing token, target's top-2):"]
@@ -78,17 +91,22 @@ def plot(results: Sequence[Result], path: Path) -> None:
     methods = list(dict.fromkeys(r.method for r in results))
     fig, (ax_speed, ax_acc) = plt.subplots(1, 2, figsize=(14, 4.8))
     width = 0.8 / len(methods)
+    colours = {m: f"C{i % 10}" for i, m in enumerate(methods)}  # one colour per method in every panel
     for i, method in enumerate(methods):
-        values = []
+        values, low, high = [], [], []
         for group in groups:
             match = [r for r in results if (r.setting, r.batch_size) == group and r.method == method]
-            values.append(match[0].speedup if match and match[0].speedup else 0.0)
+            r = match[0] if match and match[0].speedup else None
+            values.append(r.speedup if r else 0.0)
+            spread = (r.speedup_range or (r.speedup, r.speedup)) if r else (0.0, 0.0)
+            low.append(values[-1] - spread[0])
+            high.append(spread[1] - values[-1])
         xs = [g + (i - (len(methods) - 1) / 2) * width for g in range(len(groups))]
-        ax_speed.bar(xs, values, width, label=method)
+        ax_speed.bar(xs, values, width, label=method, color=colours[method], yerr=[low, high], capsize=2)
     ax_speed.axhline(1.0, color="black", linewidth=0.8)
     ax_speed.set_xticks(range(len(groups)), [f"{s}\nbatch {b}" for s, b in groups])
     ax_speed.set_ylabel("decode speedup vs autoregressive")
-    ax_speed.set_title("Speedup (same run, same prompts)")
+    ax_speed.set_title("Speedup (median over passes, min-max bars)")
     ax_speed.legend(fontsize=8)
     styles = {}
     smallest = min(r.batch_size for r in results)
@@ -97,7 +115,8 @@ def plot(results: Sequence[Result], path: Path) -> None:
             continue
         rates = r.stats.acceptance_rate_per_pos
         style = styles.setdefault(r.setting, ["-", "--", ":", "-."][len(styles) % 4])
-        ax_acc.plot(range(1, len(rates) + 1), rates, style, marker="o", label=f"{r.method} ({r.setting})")
+        label = f"{r.method} ({r.setting})"
+        ax_acc.plot(range(1, len(rates) + 1), rates, style, marker="o", color=colours[r.method], label=label)
     ax_acc.xaxis.get_major_locator().set_params(integer=True)
     ax_acc.set_xlabel("draft position")
     ax_acc.set_ylabel("acceptance rate")
@@ -114,7 +133,13 @@ def save(results: Sequence[Result], out_dir: Path, info: dict[str, Any], config:
     """Write ``results.json``, ``results.md`` and ``speedup.png`` to ``out_dir``; return the markdown."""
     out_dir.mkdir(parents=True, exist_ok=True)
     table = markdown(results, "decodekit benchmark", info)
-    payload = {"machine": info, "config": config or {}, "results": [r.to_dict() for r in results]}
+    warnings = list(dict.fromkeys(f"{r.setting} b={r.batch_size} {r.method}: {w}" for r in results for w in r.warnings))
+    payload = {
+        "machine": info,
+        "config": config or {},
+        "warnings": warnings,
+        "results": [r.to_dict() for r in results],
+    }
     (out_dir / "results.json").write_text(json.dumps(payload, indent=2))
     (out_dir / "results.md").write_text(table)
     plot(results, out_dir / "speedup.png")

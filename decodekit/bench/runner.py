@@ -1,26 +1,33 @@
-"""Run methods over a prompt set and collect comparable measurements.
+"""Run methods over a prompt set and collect comparable measurements that hold on a shared machine.
 
 Protocol, for every (sampling setting, batch size): the first method is the reference (autoregressive decoding);
-every method gets one untimed warm-up call (first batch, 16 new tokens), then one timed call per batch of
-prompts, all on the same prompts with the same seeds. Reported per method:
+every method gets one untimed warm-up call (first batch, 16 new tokens). Then ``passes`` timed passes: in each, for
+each batch of prompts, every method runs back to back on that batch, in an order rotated from batch to batch and
+pass to pass, so a burst of load from elsewhere lands on all methods alike. Speedups are ratios within a pass
+(never between passes), reported as the median over passes with their min-max spread. Every timed call is kept
+(:class:`Call`, in ``results.json``). Reported per method:
 
-* tokens/s end to end and for decoding alone (prefill, i.e. time to the first token, reported separately);
-* ``speedup``: decode tokens/s over the reference's, measured in the same run;
-* mean acceptance length, per-position acceptance rate, draft / verify / other time;
-* ``bound``: the speedup the measured acceptance and measured draft + verify costs would give with zero loop
-  overhead: tokens committed per second of draft + verify time over the reference's tokens per second of forward
-  time (the analytical model of ``policies.md`` section 0, ``E[committed] / (k c + v(k))`` per round, with every
-  term measured; summing over the run keeps it exact when rows of a batch finish in different rounds); the
-  ``ceiling`` if every drafted token were accepted; ``speedup / bound`` is how much of it the loop realises;
+* tokens/s end to end and for decoding alone (prefill, i.e. time to the first token, reported separately), from the
+  median pass;
+* ``speedup``: decode tokens/s over the reference's in the same pass (median, and ``speedup_range``);
+* mean acceptance length, per-position acceptance rate, draft / verify / other time (the median pass's);
+* ``zero_overhead``: the speedup the measured acceptance and measured draft + verify costs would give if the loop's
+  own bookkeeping cost nothing (tokens committed per second of draft + verify time over the reference's tokens per
+  second of forward time; ``policies.md`` section 0 with every term measured). It is the speedup minus the
+  loop's overhead, not an upper bound over drafters; ``ceiling`` is the same with every drafted token accepted;
 * ``greedy_match``: at temperature 0, the fraction of prompts whose output equals the reference's, so a speedup
   is never reported for different output; ``greedy_diffs`` explains each prompt that differs (the first differing
   token and the target's top-2 margin there, :func:`decodekit.diagnostics.first_divergence`), so a floating-point
-  near-tie is told apart from a bug. The diagnostics run after every timed call, outside the timed regions.
+  near-tie is told apart from a bug. The diagnostics run after all timing;
+* ``warnings``: a wide spread across passes (the machine was busy), and decodekit's autoregressive loop slower
+  than transformers' ``generate`` by more than 10% (a slow reference inflates every speedup).
 """
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -30,11 +37,31 @@ from tqdm.auto import tqdm
 
 import decodekit as dk
 from decodekit.bench.methods import Method, Run, Setting, TransformersBaseline
+from decodekit.checks import check_int
 from decodekit.diagnostics import Divergence, first_divergences
 from decodekit.errors import ConfigError
 from decodekit.models import LanguageModel
 
 WARMUP_TOKENS = 16
+WIDE_SPREAD = 0.15  # (max - min) / median of a ratio across passes above which the table warns
+SLOW_REFERENCE = 1.10  # transformers' generate this much faster than decodekit's autoregressive loop: warn
+
+
+@dataclass(frozen=True)
+class Call:
+    """One timed call: ``method`` on batch ``batch`` of ``setting`` at ``batch_size``, in pass ``pass_index``,
+    ``order``-th of the methods run on that batch."""
+
+    setting: str
+    batch_size: int
+    method: str
+    pass_index: int
+    batch: int
+    order: int
+    rows: int
+    tokens: int
+    wall_s: float
+    prefill_s: float
 
 
 @dataclass(frozen=True)
@@ -83,7 +110,8 @@ class GreedyDiff:
 
 @dataclass
 class Result:
-    """Aggregated measurements of one method at one (setting, batch size)."""
+    """Aggregated measurements of one method at one (setting, batch size): times, tokens and stats of the median
+    pass (by speedup), the speedup's median and min-max over passes, and every pass's decode time."""
 
     method: str
     setting: str
@@ -97,9 +125,14 @@ class Result:
     speedup: float | None = None
     e2e_speedup: float | None = None
     greedy_match: float | None = None
-    bound: float | None = None
+    zero_overhead: float | None = None
     ceiling: float | None = None
     greedy_diffs: list[GreedyDiff] = field(default_factory=list, repr=False)
+    speedup_range: tuple[float, float] | None = None
+    pass_decode_s: list[float] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list, repr=False)
+    _passes: list[list[Run]] = field(default_factory=list, repr=False)  # per pass, per batch; dropped after timing
 
     @property
     def decode_s(self) -> float:
@@ -114,7 +147,9 @@ class Result:
         return (self.tokens - self.prompts) / self.decode_s  # the first token of each row comes from prefill
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k not in ("sequences", "stats", "greedy_diffs")}
+        skip = ("sequences", "stats", "greedy_diffs", "calls", "_passes")
+        out = {k: v for k, v in asdict(self).items() if k not in skip}
+        out.update(calls=[asdict(c) for c in self.calls])
         out.update(greedy_diffs=[d.to_dict() for d in self.greedy_diffs])
         out.update(decode_s=self.decode_s, tokens_per_s=self.tokens_per_s, decode_tokens_per_s=self.decode_tokens_per_s)
         if self.stats is not None:
@@ -140,38 +175,39 @@ def run_benchmark(
     batch_sizes: Sequence[int] = (1,),
     max_new_tokens: int = 128,
     seed: int = 0,
+    passes: int = 3,
     progress: bool = True,
     prompt_ids: Sequence[int | str] | None = None,
 ) -> list[Result]:
-    """Measure every method on ``prompts`` for every setting and batch size; the first method is the reference.
+    """Measure every method on ``prompts`` for every setting and batch size, interleaved over ``passes`` passes
+    (see the module docstring); the first method is the reference.
 
     Methods that cannot run a batch size (transformers' assisted generation above 1) are skipped there.
     ``prompt_ids`` (e.g. a task's ``id`` column) name the prompts in ``greedy_diffs``; default: their indices.
     """
+    passes = check_int("passes", passes, low=1)
     prompts = [list(p) for p in prompts]
     ids = list(prompt_ids) if prompt_ids is not None else list(range(len(prompts)))
     if len(ids) != len(prompts):
         raise ConfigError(f"got {len(ids)} prompt ids for {len(prompts)} prompts")
-    units = sum(len(_batches(prompts, b)) + 1 for _ in settings for b in batch_sizes for m in methods if _fits(m, b))
+    units = sum(
+        (1 + passes * len(_batches(prompts, b))) * sum(_fits(m, b) for m in methods)
+        for _ in settings
+        for b in batch_sizes
+    )
     bar = tqdm(total=units, desc="benchmark", disable=not progress, unit="call")
     results = []
-    differing: list[tuple[Result, Result]] = []  # (result, its reference), diagnosed after all timing
     for setting in settings:
         for batch_size in batch_sizes:
-            reference: Result | None = None
-            for method in methods:
-                if not _fits(method, batch_size):
-                    continue
-                bar.set_postfix_str(f"{setting.name} b={batch_size} {method.name}")
-                result = _measure(model, prompts, method, setting, batch_size, max_new_tokens, seed, bar)
-                reference = reference or result
-                _compare(result, reference, setting)
-                results.append(result)
-                if result.greedy_match is not None and result.greedy_match < 1:
-                    differing.append((result, reference))
+            fitting = [m for m in methods if _fits(m, batch_size)]
+            group = _measure(model, prompts, fitting, setting, batch_size, max_new_tokens, seed, passes, bar)
+            _compare(group, fitting, setting)
+            results += group
     bar.close()
-    for result, reference in differing:
-        result.greedy_diffs = _greedy_diffs(model, prompts, ids, reference.sequences, result.sequences)
+    for result in results:
+        if result.greedy_match is not None and result.greedy_match < 1:
+            reference = next(r for r in results if (r.setting, r.batch_size) == (result.setting, result.batch_size))
+            result.greedy_diffs = _greedy_diffs(model, prompts, ids, reference.sequences, result.sequences)
     return results
 
 
@@ -186,53 +222,136 @@ def _batches(prompts: list[list[int]], batch_size: int) -> list[list[list[int]]]
 def _measure(
     model: LanguageModel,
     prompts: list[list[int]],
-    method: Method | TransformersBaseline,
+    methods: list[Method | TransformersBaseline],
     setting: Setting,
     batch_size: int,
     max_new_tokens: int,
     seed: int,
+    passes: int,
     bar: tqdm,
-) -> Result:
+) -> list[Result]:
+    """Warm every method up, then time them interleaved: per pass, per batch, all methods back to back in a
+    rotated order. Returns one :class:`Result` per method with every pass kept (``_runs``)."""
     batches = _batches(prompts, batch_size)
-    method.generate(model, batches[0], setting, min(max_new_tokens, WARMUP_TOKENS), seed)  # warm-up (lazy init)
-    bar.update()
-    runs: list[Run] = []
-    for i, batch in enumerate(batches):
-        runs.append(method.generate(model, batch, setting, max_new_tokens, seed + i))
+    for method in methods:
+        bar.set_postfix_str(f"{setting.name} b={batch_size} warm-up {method.name}")
+        method.generate(model, batches[0], setting, min(max_new_tokens, WARMUP_TOKENS), seed)  # lazy init
         bar.update()
-    stats = None
-    if runs[0].stats is not None:
-        stats = runs[0].stats
-        for run in runs[1:]:
-            stats = stats.merge(run.stats)
-    sequences = [s for run in runs for s in run.sequences]
-    return Result(
-        method=method.name,
+    runs: dict[str, list[list[Run]]] = {m.name: [[] for _ in range(passes)] for m in methods}
+    calls: dict[str, list[Call]] = {m.name: [] for m in methods}
+    for p in range(passes):
+        for i, batch in enumerate(batches):
+            shift = (p * len(batches) + i) % len(methods)
+            for order, method in enumerate(methods[shift:] + methods[:shift]):
+                bar.set_postfix_str(f"{setting.name} b={batch_size} pass {p + 1}/{passes} {method.name}")
+                run = method.generate(model, batch, setting, max_new_tokens, seed + i)
+                runs[method.name][p].append(run)
+                tokens = sum(len(s) for s in run.sequences)
+                call = Call(setting.name, batch_size, method.name, p, i, order, len(batch), tokens, *_times(run))
+                calls[method.name].append(call)
+                bar.update()
+    return [_result(m.name, setting, batch_size, len(prompts), runs[m.name], calls[m.name]) for m in methods]
+
+
+def _times(run: Run) -> tuple[float, float]:
+    return run.wall_s, run.prefill_s
+
+
+def _result(
+    name: str, setting: Setting, batch_size: int, num_prompts: int, passes: list[list[Run]], calls: list[Call]
+) -> Result:
+    first = passes[0]
+    sequences = [s for run in first for s in run.sequences]  # the same in every pass (same seeds)
+    result = Result(
+        method=name,
         setting=setting.name,
         batch_size=batch_size,
-        prompts=len(prompts),
+        prompts=num_prompts,
         tokens=sum(len(s) for s in sequences),
-        wall_s=sum(r.wall_s for r in runs),
-        prefill_s=sum(r.prefill_s for r in runs),
+        wall_s=sum(r.wall_s for r in first),
+        prefill_s=sum(r.prefill_s for r in first),
         sequences=sequences,
-        stats=stats,
+        stats=_merged(first),
+        calls=calls,
     )
+    result.pass_decode_s = [sum(r.wall_s - r.prefill_s for r in runs) for runs in passes]
+    result._passes = passes  # until _compare picks the median pass
+    return result
 
 
-def _compare(result: Result, reference: Result, setting: Setting) -> None:
-    """Fill in the fields measured against the reference (autoregressive decoding in the same run)."""
-    result.speedup = result.decode_tokens_per_s / reference.decode_tokens_per_s
-    result.e2e_speedup = result.tokens_per_s / reference.tokens_per_s
-    if setting.greedy:
-        same = sum(a == b for a, b in zip(result.sequences, reference.sequences))
-        result.greedy_match = same / len(reference.sequences)
-    s, ref = result.stats, reference.stats
+def _merged(runs: list[Run]) -> dk.SpecStats | None:
+    stats = None
+    for run in runs:
+        if run.stats is not None:
+            stats = run.stats if stats is None else stats.merge(run.stats)
+    return stats
+
+
+def _median_index(values: list[float]) -> int:
+    """Index of the (lower) median of ``values``."""
+    return sorted(range(len(values)), key=values.__getitem__)[(len(values) - 1) // 2]
+
+
+def _compare(group: list[Result], methods: list[Method | TransformersBaseline], setting: Setting) -> None:
+    """Fill in everything measured against the reference (the group's first result), pass by pass; keep each
+    method's median pass; add the warnings."""
+    reference = group[0]
+    ref_passes = reference._passes
+    for result, method in zip(group, methods):
+        speedups, e2e, zero, ceiling = [], [], [], []
+        for runs, ref_runs in zip(result._passes, ref_passes):
+            mine, ref = _rates(runs, result.prompts), _rates(ref_runs, reference.prompts)
+            speedups.append(mine[0] / ref[0])
+            e2e.append(mine[1] / ref[1])
+            z, c = _zero_overhead(runs, ref_runs, result.prompts, reference.prompts)
+            zero.append(z)
+            ceiling.append(c)
+        m = _median_index(speedups if result is not reference else result.pass_decode_s)
+        median_pass = result._passes[m]
+        result.wall_s = sum(r.wall_s for r in median_pass)
+        result.prefill_s = sum(r.prefill_s for r in median_pass)
+        result.stats = _merged(median_pass)
+        result.speedup, result.e2e_speedup = speedups[m], e2e[m]
+        result.zero_overhead, result.ceiling = zero[m], ceiling[m]
+        result.speedup_range = (min(speedups), max(speedups))
+        if setting.greedy:
+            same = sum(a == b for a, b in zip(result.sequences, reference.sequences))
+            result.greedy_match = same / len(reference.sequences)
+        low, high = result.speedup_range
+        if len(speedups) > 1 and (high - low) / result.speedup > WIDE_SPREAD:
+            result.warnings.append(
+                f"speedup varies {low:.2f}x-{high:.2f}x across passes: the machine was busy; rerun or raise passes"
+            )
+        if isinstance(method, TransformersBaseline) and method.kind == "greedy" and result.speedup > SLOW_REFERENCE:
+            warning = (
+                f"transformers' generate is {result.speedup:.2f}x decodekit's autoregressive loop here: a slow "
+                "reference inflates every speedup in this table"
+            )
+            result.warnings.append(warning)
+            reference.warnings.append(warning)
+    for result in group:
+        result._passes = []
+
+
+def _rates(runs: list[Run], prompts: int) -> tuple[float, float]:
+    """(decode tokens/s, end-to-end tokens/s) of one pass; the first token of each row comes from prefill."""
+    tokens = sum(len(s) for run in runs for s in run.sequences)
+    wall = sum(r.wall_s for r in runs)
+    return (tokens - prompts) / (wall - sum(r.prefill_s for r in runs)), tokens / wall
+
+
+def _zero_overhead(
+    runs: list[Run], ref_runs: list[Run], prompts: int, ref_prompts: int
+) -> tuple[float | None, float | None]:
+    """The pass's speedup with zero loop overhead, and with every drafted token accepted (see the module doc)."""
+    s, ref = _merged(runs), _merged(ref_runs)
     if s is None or ref is None or not s.rounds or not ref.verify_time_s:
-        return
-    forward_rate = (reference.tokens - reference.prompts) / ref.verify_time_s  # plain decoding, no loop overhead
+        return None, None
+    ref_tokens = sum(len(x) for run in ref_runs for x in run.sequences)
+    forward_rate = (ref_tokens - ref_prompts) / ref.verify_time_s  # plain decoding, no loop overhead
     work = s.draft_time_s + s.verify_time_s
-    result.bound = (result.tokens - result.prompts) / work / forward_rate
-    result.ceiling = (s.row_steps + s.drafted) / work / forward_rate  # every drafted token accepted
+    tokens = sum(len(x) for run in runs for x in run.sequences)
+    return (tokens - prompts) / work / forward_rate, (s.row_steps + s.drafted) / work / forward_rate
 
 
 def _greedy_diffs(
@@ -250,7 +369,8 @@ def _greedy_diffs(
 
 
 def machine_info(model: LanguageModel) -> dict[str, Any]:
-    """Where a benchmark ran: CPU/GPU, threads, library versions."""
+    """Where and with what a benchmark ran: CPU (model, count, the cores this process may use), torch threads,
+    device and GPU, package versions, and the project's git commit (None outside a git checkout)."""
     import transformers
 
     cpu = platform.processor() or platform.machine()
@@ -259,15 +379,31 @@ def machine_info(model: LanguageModel) -> dict[str, Any]:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     info = {
         "device": str(model.device),
         "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": usable,
         "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "decodekit": dk.__version__,
+        "git_commit": _git_commit(),
     }
-    if model.device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(model.device)
     return info
+
+
+def _git_commit() -> str | None:
+    """The commit of the decodekit checkout being run (with ``+dirty`` for local changes), or None."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(dk.__file__)))
+    try:
+        run = lambda *args: subprocess.run(  # noqa: E731
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        commit = run("rev-parse", "HEAD")
+        return commit + ("+dirty" if run("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -7,6 +7,8 @@ zoo's disk cache (:mod:`decodekit.models.disk_cache`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,10 +18,29 @@ from decodekit.resources import package_dirs, package_file
 if TYPE_CHECKING:
     from decodekit.models.zoo import ZooModel
 
-__all__ = ["GGUF_INSTALL", "convert_gguf", "gguf_source"]
+__all__ = ["GGUF_INSTALL", "convert_gguf", "gguf_source", "loading_progress"]
 
 GGUF_INSTALL = "pip install gguf"
 """Installs the GGUF reader transformers uses."""
+
+
+@contextmanager
+def loading_progress(enabled: bool) -> Iterator[None]:
+    """Within the block, transformers' (and huggingface_hub's) progress bars, such as ``from_pretrained``'s
+    "Loading weights" bar, are shown only if ``enabled`` and not already switched off; the previous setting is
+    restored on exit."""
+    if enabled:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def gguf_source(entry: ZooModel) -> Path:
@@ -44,6 +65,7 @@ def gguf_source(entry: ZooModel) -> Path:
 
 def convert_gguf(entry: ZooModel, dest: Path) -> None:
     """Dequantize ``entry``'s GGUF file with transformers and save model + tokenizer into ``dest`` (safetensors).
+    :func:`~decodekit.models.zoo.cached_model_dir` runs it inside :func:`loading_progress`.
 
     Raises:
         MissingDependencyError: when the weights' package or ``gguf`` is not installed.

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from decodekit.checks import parse_device
+from decodekit.checks import check_bool, parse_device
 from decodekit.errors import ConfigTypeError, UnknownComponentError
 from decodekit.kernels.cpu import apply_kernels, check_kernels
 from decodekit.models.disk_cache import cache_root, cached_checkpoint
 from decodekit.models.dtypes import parse_float_dtype
-from decodekit.models.gguf_convert import convert_gguf
+from decodekit.models.gguf_convert import convert_gguf, loading_progress
 from decodekit.models.hf import HFCausalLM
 from decodekit.models.truncate import check_num_layers, truncate_layers
 
@@ -92,7 +92,7 @@ def did_you_mean(name: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def cached_model_dir(name: str, *, convert: Converter | None = None) -> Path:
+def cached_model_dir(name: str, *, convert: Converter | None = None, progress: bool = False) -> Path:
     """Directory of zoo model ``name``'s converted checkpoint, converting it on first use.
 
     The checkpoint is written atomically and checked on reuse (see
@@ -102,6 +102,7 @@ def cached_model_dir(name: str, *, convert: Converter | None = None) -> Path:
         name: a key of :data:`ZOO`.
         convert: what writes the checkpoint (default :func:`~decodekit.models.gguf_convert.convert_gguf`); tests
             inject a small stand-in.
+        progress: show transformers' progress bars during the conversion (off by default).
 
     Returns:
         ``cache_root() / "zoo" / name``, a directory that ``from_pretrained`` can load.
@@ -112,7 +113,12 @@ def cached_model_dir(name: str, *, convert: Converter | None = None) -> Path:
     """
     entry = _entry(name)
     write = convert or convert_gguf
-    return cached_checkpoint(cache_root() / "zoo" / entry.name, entry.gguf_file, lambda dest: write(entry, dest))
+
+    def run_convert(dest: Path) -> None:
+        with loading_progress(progress):
+            write(entry, dest)
+
+    return cached_checkpoint(cache_root() / "zoo" / entry.name, entry.gguf_file, run_convert)
 
 
 def load_zoo_model(
@@ -122,6 +128,7 @@ def load_zoo_model(
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
     kernels: str | None = None,
+    progress: bool = False,
 ) -> HFCausalLM:
     """Load zoo model ``name`` (converted and cached on first use, see :func:`cached_model_dir`).
 
@@ -132,6 +139,8 @@ def load_zoo_model(
         dtype: dtype to load in, a ``torch.dtype`` or its name (default or ``"auto"``: the checkpoint's, float32).
         device: device to move the model to (default: CPU).
         kernels: CPU linear kernels, ``"onednn"`` or ``"int8"`` (see :mod:`decodekit.kernels.cpu`); None = stock.
+        progress: show transformers' progress bars (a first conversion's, ``from_pretrained``'s "Loading
+            weights"); off by default.
 
     Returns:
         an :class:`HFCausalLM` with the tokenizer (and its chat template) attached.
@@ -148,11 +157,13 @@ def load_zoo_model(
     resolved_dtype = "auto" if dtype is None or dtype == "auto" else parse_float_dtype(dtype)
     resolved_device = None if device is None else parse_device("device", device)
     check_kernels(kernels)
-    path = cached_model_dir(name)
+    check_bool("progress", progress)
+    path = cached_model_dir(name, progress=progress)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolved_dtype, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    with loading_progress(progress):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolved_dtype, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if num_layers is not None:
         model = truncate_layers(model, num_layers)
     if resolved_device is not None:

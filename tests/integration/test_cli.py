@@ -1,4 +1,5 @@
-"""The command line and the README's notebook example on the real model (slow)."""
+"""The command line: its help (fast, nothing loaded), and a sweep and the README's notebook example on the real
+model (slow)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,34 @@ from decodekit.models.zoo import ZOO
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow
+
+def decodekit_cli(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "decodekit", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.mark.parametrize("args", [["--help"], ["-h"], []])
+def test_help_lists_the_commands(args):
+    run = decodekit_cli(*args)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "usage: python -m decodekit" in run.stdout
+    assert re.search(r"^\s+bench\s", run.stdout, flags=re.M), run.stdout
+
+
+def test_unknown_command_is_an_error_with_the_usage():
+    run = decodekit_cli("bnech")
+    assert run.returncode == 2
+    assert "unknown command 'bnech'" in run.stderr and "bench" in run.stderr
+
+
+def test_hydra_help_names_the_app_decodekit():
+    run = decodekit_cli("bench", "--help")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.startswith("decodekit is powered by Hydra.")
+    assert re.search(r"^drafter: .*\bmodel\b.*\bngram\b", run.stdout, flags=re.M), run.stdout[:2000]
+
+
+@pytest.fixture(scope="module")
 def needs_smollm2():
     try:
         gguf_source(ZOO["smollm2-135m-instruct"])
@@ -26,6 +51,8 @@ def needs_smollm2():
         pytest.skip(str(err))
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("needs_smollm2")
 def test_bench_sweep_over_k(tmp_path):
     cmd = [
         sys.executable,
@@ -42,6 +69,7 @@ def test_bench_sweep_over_k(tmp_path):
     ]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
+    assert "Loading weights" not in run.stdout + run.stderr  # no progress bar per model load
     for job, k in (("0", 1), ("1", 2)):
         data = json.loads((tmp_path / job / "results.json").read_text())
         assert data["config"]["policy"]["k"] == k
@@ -51,6 +79,8 @@ def test_bench_sweep_over_k(tmp_path):
         assert (tmp_path / job / "speedup.png").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("needs_smollm2")
 def test_readme_notebook_example_runs():
     readme = (ROOT / "README.md").read_text()
     example = re.findall(r"```python\n(.*?)```", readme, flags=re.S)[0]

@@ -1,4 +1,5 @@
-"""Every recipe composes and instantiates: each option of each config group, and each experiment.
+"""Every recipe composes and instantiates: each option of each config group, and each experiment. A component's
+recipe is named like the component in the registry, and every registered component prints readably.
 
 The zoo model loader is replaced by a tiny random model so this stays fast; tests/integration runs a recipe on
 the real model end to end.
@@ -10,11 +11,13 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 import decodekit as dk
+from decodekit import registry
 from decodekit.bench.methods import TransformersBaseline
-from decodekit.cli import RECIPES, build_component
+from decodekit.cli import RECIPES, build_component, ran_config
 from decodekit.models.tiny import tiny_llama
 
 GROUPS = ("model", "drafter", "verifier", "policy", "task")
@@ -80,3 +83,49 @@ def test_overrides_reach_the_components():
     method = cfg.methods.speculative
     assert build_component(method.drafter).max_ngram == 5
     assert build_component(method.policy).initial == 3
+
+
+NO_COMPONENT = {"none", "default"}  # options that build nothing: no drafter, the default verifier
+
+
+@pytest.mark.parametrize("kind", registry.KINDS)
+def test_recipe_names_are_registry_names(kind):
+    recipes = sorted((RECIPES / kind).glob("*.yaml"))
+    assert recipes
+    for path in recipes:
+        cfg = OmegaConf.load(path)
+        if "_target_" not in cfg:
+            assert path.stem in NO_COMPONENT, f"{path.name} builds nothing; name it none or default"
+            continue
+        assert path.stem in dk.available(kind), f"{kind}/{path.name} is not a registered {kind} name"
+        assert get_class(cfg._target_) is registry.resolve(kind, path.stem), (
+            f"{kind}/{path.name} builds {cfg._target_}, not the {kind} registered as {path.stem!r}"
+        )
+
+
+@pytest.mark.parametrize(("kind", "name"), [(k, n) for k in registry.KINDS for n in registry.available(k)])
+def test_every_registered_component_prints_readably(kind, name):
+    cls = registry.resolve(kind, name)
+    component = cls(dk.load_model(tiny_llama(0))) if name == "model" else dk.build(kind, name)
+    text = repr(component)
+    assert text.startswith(f"{cls.__name__}(") and text.endswith(")")
+    assert "object at 0x" not in text and "\n" not in text
+    assert str(component) == text
+
+
+def test_component_repr_shows_its_arguments():
+    assert repr(dk.build("policy", "fixed", k=3)) == "FixedLength(k=3)"
+    assert repr(dk.build("drafter", "ngram", max_ngram=5)) == "NGramDrafter(max_ngram=5, min_ngram=1, match='recent')"
+    drafter = dk.build("drafter", "model", dk.load_model(tiny_llama(0)), temperature=0.5)
+    assert repr(drafter).startswith("ModelDrafter(model=HFCausalLM(") and repr(drafter).endswith(", temperature=0.5)")
+
+
+def test_results_config_holds_only_what_ran():
+    default = ran_config(compose_bench(["policy.k=2"]))
+    assert list(default["methods"]) == ["autoregressive", "speculative"]
+    assert default["policy"]["k"] == 2 and default["methods"]["speculative"]["policy"]["k"] == 2
+    assert {"drafter", "verifier", "policy", "model", "task"} <= set(default)
+    main = ran_config(compose_bench(["experiment=smollm2_main"]))
+    assert "speculative" not in main["methods"] and "ngram" in main["methods"]
+    assert not {"drafter", "verifier", "policy"} & set(main)  # its methods spell out their components
+    assert {"model", "task", "settings"} <= set(main)

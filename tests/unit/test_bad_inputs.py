@@ -413,8 +413,8 @@ def test_cli_plain_values(compose_bench, overrides, error, match):
         (["policy=heuristic", "policy.min_len=x"], "policy", ConfigTypeError, "policy.min_len must be an integer"),
         (["drafter.max_ngram=x"], "drafter", ConfigTypeError, "drafter.max_ngram must be an integer >= 1"),
         (["+drafter.foo=1"], "drafter", ConfigTypeError, "drafter: TypeError: .*unexpected keyword argument 'foo'"),
-        (["drafter=draft_model", "drafter.model.kernels=fp4"], "drafter", ConfigError, "drafter.model: unknown kern"),
-        (["drafter=draft_model", "+drafter.model.dtype=int64"], "drafter", ConfigError, "drafter.model.dtype must be"),
+        (["drafter=model", "drafter.model.kernels=fp4"], "drafter", ConfigError, "drafter.model: unknown kern"),
+        (["drafter=model", "+drafter.model.dtype=int64"], "drafter", ConfigError, "drafter.model.dtype must be"),
     ],
 )
 def test_cli_component_overrides(compose_bench, overrides, key, error, match):

@@ -33,7 +33,7 @@ def results():
     ]
     settings = [Setting(name="greedy"), Setting(name="t0.8", temperature=0.8)]
     return model, run_benchmark(
-        model, prompts, methods, settings=settings, batch_sizes=[1, 2], max_new_tokens=16, progress=False
+        model, prompts, methods, settings=settings, batch_sizes=[1, 2], max_new_tokens=16, passes=2, progress=False
     )
 
 
@@ -54,14 +54,30 @@ def test_greedy_outputs_match_autoregressive(results):
     assert "| 4/4 |" in markdown(rows) and "Greedy outputs that differ" not in markdown(rows)
 
 
-def test_bounds_come_from_measured_acceptance(results):
+def test_zero_overhead_speedup_comes_from_measured_acceptance(results):
     _, rows = results
     for r in rows:
         if r.method.startswith("draft model"):
-            assert r.bound is not None and 0 < r.bound <= r.ceiling
+            assert r.zero_overhead is not None and 0 < r.zero_overhead <= r.ceiling
             assert r.stats.drafted > 0 and r.stats.mean_acceptance_length > 1.0
         if r.method.startswith("transformers"):
-            assert r.bound is None and r.stats is None
+            assert r.zero_overhead is None and r.stats is None
+
+
+def test_calls_are_interleaved_and_all_kept(results):
+    """Every timed call is recorded; on each batch all methods run back to back, in an order that rotates."""
+    _, rows = results
+    group = [r for r in rows if (r.setting, r.batch_size) == ("greedy", 1)]
+    for r in group:
+        assert len(r.calls) == 2 * 4  # passes x batches
+        assert {(c.pass_index, c.batch) for c in r.calls} == {(p, b) for p in range(2) for b in range(4)}
+        assert len({c.order for c in r.calls}) > 1  # not always at the same place in the order
+        low, high = r.speedup_range
+        assert low <= r.speedup <= high and len(r.pass_decode_s) == 2
+    for p, b in [(0, 0), (1, 3)]:  # one batch's calls: each method once, positions 0 .. n-1
+        assert sorted(c.order for r in group for c in r.calls if (c.pass_index, c.batch) == (p, b)) == list(
+            range(len(group))
+        )
 
 
 def test_reports_are_written(results, tmp_path):
@@ -70,6 +86,9 @@ def test_reports_are_written(results, tmp_path):
     assert "| ngram k=3 |" in table and "greedy, batch 2" in table
     data = json.loads((tmp_path / "results.json").read_text())
     assert len(data["results"]) == len(rows) and "cpu" in data["machine"]
+    assert {"cpu_count", "cpus_usable", "torch_threads", "gpu", "git_commit", "torch"} <= set(data["machine"])
+    assert len(data["results"][0]["calls"]) == 2 * 4 and "warnings" in data
+    assert "(" in table.split("| ngram k=3 |")[1].split("|")[2]  # speedup with its min-max spread
     assert (tmp_path / "speedup.png").stat().st_size > 10_000
     assert markdown(rows).count("| autoregressive |") == 4
 
@@ -134,3 +153,39 @@ def test_greedy_differences_are_explained(tmp_path):
     ]
     assert diffs[0]["margin"] <= diffs[0]["tolerance"] and diffs[1]["margin"] >= 0 and diffs[2]["margin"] is None
     assert diffs[1]["candidate_token"] == worst and diffs[1]["suspect"] == "candidate"
+
+
+@dataclass
+class Slowed:
+    """A method whose calls take ``delay(pass)`` seconds longer: a slow reference or a noisy machine."""
+
+    name: str
+    delay: Callable[[int], float]
+    max_batch: int | None = None
+    calls: int = 0
+
+    def generate(self, model, prompts, setting, max_new_tokens, seed) -> Run:
+        import time
+
+        run = Method(self.name).generate(model, prompts, setting, max_new_tokens, seed)
+        extra = self.delay(self.calls)
+        self.calls += 1
+        time.sleep(extra)
+        return Run(run.sequences, run.wall_s + extra, run.prefill_s, run.stats)
+
+
+def test_warnings_for_a_slow_reference_and_a_wide_spread(tmp_path):
+    model = dk.load_model(tiny_llama(0))
+    prompts = [[5, 6, 7, 8], [1, 2, 3]]
+    slow_reference = Slowed("autoregressive", lambda call: 0.05)
+    bursty = Slowed("bursty", lambda call: 0.0 if call < 3 else 0.1)  # warm-up + pass 1 quiet, pass 2 loaded
+    methods = [slow_reference, TransformersBaseline("transformers greedy"), bursty]
+    rows = run_benchmark(model, prompts, methods, max_new_tokens=6, passes=2, progress=False)
+    table = markdown(rows)
+    assert "WARNING transformers greedy: transformers' generate is" in table
+    assert "WARNING bursty: speedup varies" in table
+    save(rows, tmp_path, machine_info(model))
+    warnings = json.loads((tmp_path / "results.json").read_text())["warnings"]
+    assert any("slow reference" in w for w in warnings) and any("varies" in w for w in warnings)
+    quiet = run_benchmark(model, prompts, [Method("autoregressive"), Method("again")], max_new_tokens=6, progress=False)
+    assert not any("transformers' generate" in w for r in quiet for w in r.warnings)
