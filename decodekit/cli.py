@@ -148,9 +148,10 @@ _BASELINE_KINDS = ("greedy", "prompt_lookup", "assisted")
 
 def run_bench(cfg: Any, out_dir: Path) -> str:
     """Build everything a bench config names, run it, write the reports to ``out_dir``; return the table."""
+    from decodekit.bench.machine import machine_info
     from decodekit.bench.methods import Method, Setting, TransformersBaseline
     from decodekit.bench.report import save
-    from decodekit.bench.runner import machine_info, run_benchmark
+    from decodekit.bench.runner import run_benchmark
     from decodekit.bench.tasks import load_task
 
     check_bench_config(cfg)

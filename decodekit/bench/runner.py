@@ -25,20 +25,16 @@ pass to pass, so a burst of load from elsewhere lands on all methods alike. Spee
 
 from __future__ import annotations
 
-import os
-import platform
-import subprocess
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
 import decodekit as dk
+from decodekit.bench.greedy_diff import GreedyDiff, greedy_diffs
 from decodekit.bench.methods import Method, Run, Setting, TransformersBaseline
 from decodekit.checks import check_int
-from decodekit.diagnostics import Divergence, first_divergences
 from decodekit.errors import ConfigError
 from decodekit.models import LanguageModel
 
@@ -62,50 +58,6 @@ class Call:
     tokens: int
     wall_s: float
     prefill_s: float
-
-
-@dataclass(frozen=True)
-class GreedyDiff:
-    """A prompt whose greedy output differs from the reference's.
-
-    Attributes:
-        prompt: the prompt's id (its task id when the runner was given ``prompt_ids``, else its index).
-        divergence: the first differing token and the target's ranking there; None when one output is a strict
-            prefix of the other (a stopping difference: EOS or length, verdict ``"length"``).
-        reference_length: generated tokens of the reference's output.
-        candidate_length: generated tokens of this method's output.
-    """
-
-    prompt: int | str
-    divergence: Divergence | None
-    reference_length: int
-    candidate_length: int
-
-    @property
-    def verdict(self) -> str:
-        """``"near_tie"`` (float rounding), ``"mismatch"`` (a bug) or ``"length"`` (stopped at a different point)."""
-        return self.divergence.verdict if self.divergence else "length"
-
-    @property
-    def position(self) -> int:
-        """The first generated position where the outputs differ (for ``length``: where the shorter one ends)."""
-        return self.divergence.position if self.divergence else min(self.reference_length, self.candidate_length)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(prompt=self.prompt, position=self.position, verdict=self.verdict)
-        out.update(margin=self.divergence.margin if self.divergence else None)
-        out.update(reference_length=self.reference_length, candidate_length=self.candidate_length)
-        if self.divergence:
-            out.update({k: v for k, v in self.divergence.to_dict().items() if k not in out})
-        return out
-
-    def __str__(self) -> str:
-        if self.divergence:
-            return f"prompt {self.prompt}, {self.divergence}"
-        return (
-            f"prompt {self.prompt}: same tokens, different length (reference {self.reference_length}, "
-            f"candidate {self.candidate_length}): LENGTH"
-        )
 
 
 @dataclass
@@ -207,7 +159,7 @@ def run_benchmark(
     for result in results:
         if result.greedy_match is not None and result.greedy_match < 1:
             reference = next(r for r in results if (r.setting, r.batch_size) == (result.setting, result.batch_size))
-            result.greedy_diffs = _greedy_diffs(model, prompts, ids, reference.sequences, result.sequences)
+            result.greedy_diffs = greedy_diffs(model, prompts, ids, reference.sequences, result.sequences)
     return results
 
 
@@ -352,58 +304,3 @@ def _zero_overhead(
     work = s.draft_time_s + s.verify_time_s
     tokens = sum(len(x) for run in runs for x in run.sequences)
     return (tokens - prompts) / work / forward_rate, (s.row_steps + s.drafted) / work / forward_rate
-
-
-def _greedy_diffs(
-    model: LanguageModel,
-    prompts: list[list[int]],
-    ids: list[int | str],
-    references: list[list[int]],
-    candidates: list[list[int]],
-) -> list[GreedyDiff]:
-    """Explain every prompt whose output differs from the reference's (untimed: target forwards)."""
-    rows = [i for i, (r, c) in enumerate(zip(references, candidates)) if r != c]
-    pick = [[seqs[i] for i in rows] for seqs in (prompts, references, candidates)]
-    divergences = first_divergences(model, *pick)
-    return [GreedyDiff(ids[i], d, len(references[i]), len(candidates[i])) for i, d in zip(rows, divergences)]
-
-
-def machine_info(model: LanguageModel) -> dict[str, Any]:
-    """Where and with what a benchmark ran: CPU (model, count, the cores this process may use), torch threads,
-    device and GPU, package versions, and the project's git commit (None outside a git checkout)."""
-    import transformers
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    info = {
-        "device": str(model.device),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": usable,
-        "torch_threads": torch.get_num_threads(),
-        "gpu": torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "decodekit": dk.__version__,
-        "git_commit": _git_commit(),
-    }
-    return info
-
-
-def _git_commit() -> str | None:
-    """The commit of the decodekit checkout being run (with ``+dirty`` for local changes), or None."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(dk.__file__)))
-    try:
-        run = lambda *args: subprocess.run(  # noqa: E731
-            ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        commit = run("rev-parse", "HEAD")
-        return commit + ("+dirty" if run("status", "--porcelain", "--untracked-files=no") else "")
-    except (OSError, subprocess.SubprocessError):
-        return None

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import decodekit as dk
+from decodekit.bench.machine import machine_info
 from decodekit.bench.methods import Method, Run, Setting, TransformersBaseline
 from decodekit.bench.report import markdown, save
-from decodekit.bench.runner import machine_info, run_benchmark
+from decodekit.bench.runner import run_benchmark
 from decodekit.models.tiny import perturbed, tiny_llama
 
 
