@@ -16,6 +16,25 @@ RECIPES = Path(__file__).parent / "recipes"
 COMMANDS = {"bench": "bench"}
 
 
+GENERIC_METHOD = "speculative"  # bench.yaml's method built from the drafter / verifier / policy groups
+
+
+def method_label(parts: dict[str, Any]) -> str:
+    """Name a method by what runs: ``ngram k=4``, ``model k=3 rejection``; ``autoregressive`` without a drafter."""
+    from decodekit.registry import name_of
+
+    drafter, verifier, policy = parts.get("drafter"), parts.get("verifier"), parts.get("policy")
+    if drafter is None:
+        return "autoregressive"
+    label = [name_of("drafter", drafter)]
+    if policy is not None:
+        k = getattr(policy, "k", None)
+        label.append(f"k={k}" if k is not None else name_of("policy", policy))
+    if verifier is not None:
+        label.append(name_of("verifier", verifier))
+    return " ".join(label)
+
+
 def build_component(cfg: Any, key: str = "component") -> Any:
     """Instantiate a component config; an empty or null config means "none / the default" (None).
 
@@ -161,7 +180,8 @@ def run_bench(cfg: Any, out_dir: Path) -> str:
             continue
         spec = spec or {}
         parts = {key: build_component(spec.get(key), f"methods.{name}.{key}") for key in _COMPONENTS}
-        methods.append(Method(str(name), **parts, max_batch=spec.get("max_batch")))
+        label = method_label(parts) if name == GENERIC_METHOD else str(name)
+        methods.append(Method(label, **parts, max_batch=spec.get("max_batch")))
     by_name = {m.name: m for m in methods}
     for name, spec in (cfg.baselines or {}).items():
         spec = dict(spec)

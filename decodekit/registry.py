@@ -67,6 +67,12 @@ def _kind(kind: str) -> dict[str, type]:
     return _REGISTRY[kind]
 
 
+def name_of(kind: str, component: Any) -> str:
+    """The registry name of ``component``'s class (its class name when it is not registered)."""
+    cls = type(component)
+    return next((n for n, c in _kind(kind).items() if c is cls), cls.__name__)
+
+
 def build(kind: str, name: str, /, *args: Any, **kwargs: Any) -> Any:
     """Instantiate the component registered as ``name`` under ``kind`` with the given arguments."""
     return resolve(kind, name)(*args, **kwargs)

@@ -129,3 +129,14 @@ def test_results_config_holds_only_what_ran():
     assert "speculative" not in main["methods"] and "ngram" in main["methods"]
     assert not {"drafter", "verifier", "policy"} & set(main)  # its methods spell out their components
     assert {"model", "task", "settings"} <= set(main)
+
+
+def test_generic_method_is_named_by_what_ran():
+    from decodekit.cli import method_label
+    from decodekit.drafters import NGramDrafter
+    from decodekit.policies import FixedLength
+    from decodekit.verifiers import RejectionVerifier
+
+    assert method_label({"drafter": NGramDrafter(), "policy": FixedLength(4)}) == "ngram k=4"
+    assert method_label({"drafter": NGramDrafter(), "verifier": RejectionVerifier()}) == "ngram rejection"
+    assert method_label({}) == "autoregressive"
