@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -100,9 +101,19 @@ def load_model(
             )
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from decodekit.models.gguf_convert import loading_progress
+
         if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
-        spec = AutoModelForCausalLM.from_pretrained(name, dtype=resolved_dtype or "auto", local_files_only=True)
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+            except (OSError, ValueError) as err:  # a model directory without a (usable) tokenizer
+                warnings.warn(
+                    f"no tokenizer could be loaded from {name!r} ({str(err).splitlines()[0]}); the model runs on token "
+                    "ids. Pass tokenizer= to load_model for string prompts and chat templates",
+                    stacklevel=2,
+                )
+        with loading_progress(False):  # no progress bar per load
+            spec = AutoModelForCausalLM.from_pretrained(name, dtype=resolved_dtype or "auto", local_files_only=True)
         fresh = True  # ours: convert it without copying
     converts = kernels is not None or _needs_cast(spec, resolved_dtype, resolved_device)
     if converts and not (fresh or in_place):

@@ -332,6 +332,21 @@ def test_load_model_leaves_the_callers_model_alone():
     assert len(greedy(wide, PROMPT).sequences[0]) == 6
 
 
+def test_load_model_from_a_directory_without_tokenizer(tmp_path, capsys):
+    """A saved model without a tokenizer loads (token-id prompts) with a warning, and prints no loading bar."""
+    model = tiny_llama(0)
+    model.save_pretrained(tmp_path)
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="no tokenizer could be loaded"):
+        adapter = dk.load_model(str(tmp_path))
+    assert "Loading weights" not in "".join(capsys.readouterr())
+    assert adapter.tokenizer is None
+    assert (
+        dk.generate(adapter, [[1, 2, 3]], max_new_tokens=4).sequences
+        == dk.generate(model, [[1, 2, 3]], max_new_tokens=4).sequences
+    )
+
+
 def test_load_model_in_place_is_opt_in():
     hf = tiny_llama(0)
     adapter = dk.load_model(hf, dtype=torch.float64, in_place=True)
