@@ -103,6 +103,9 @@ def plot(results: Sequence[Result], path: Path) -> None:
             high.append(spread[1] - values[-1])
         xs = [g + (i - (len(methods) - 1) / 2) * width for g in range(len(groups))]
         ax_speed.bar(xs, values, width, label=method, color=colours[method], yerr=[low, high], capsize=2)
+        for x, value in zip(xs, values):
+            if not value:  # the method does not run at this setting / batch size (e.g. batch-1-only baselines)
+                ax_speed.text(x, 0.02, "n/a", rotation=90, ha="center", va="bottom", fontsize=7, color=colours[method])
     ax_speed.axhline(1.0, color="black", linewidth=0.8)
     ax_speed.set_xticks(range(len(groups)), [f"{s}\nbatch {b}" for s, b in groups])
     ax_speed.set_ylabel("decode speedup vs autoregressive")
