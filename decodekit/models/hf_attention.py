@@ -19,9 +19,10 @@ exact (``docs/supported-models.md`` lists both).
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,20 +56,27 @@ class AttentionPlan:
     """How the adapter turns its mask into what the decoder takes.
 
     Attributes:
-        single: one pattern for every layer (the decoder takes one mask), or None.
+        single: one pattern for every layer (the decoder takes one mask), or None. All three None (the default):
+            plain causal attention everywhere.
         by_type: layer type name -> pattern, for decoders that take a mapping (``config.layer_types``), or None.
         per_layer: one pattern per layer, delivered by forward pre-hooks (GPT-Neo), or None.
     """
 
-    single: Pattern | None = Pattern()
+    single: Pattern | None = None
     by_type: dict[str, Pattern] | None = None
     per_layer: tuple[Pattern, ...] | None = None
-    patterns: frozenset[Pattern] = field(default_factory=frozenset)
 
-    @property
+    @functools.cached_property
+    def patterns(self) -> frozenset[Pattern]:
+        """The distinct patterns of the model's layers (empty for the default plan: plain causal attention)."""
+        if self.single is not None:
+            return frozenset({self.single})
+        return frozenset((self.by_type or {}).values()) | frozenset(self.per_layer or ())
+
+    @functools.cached_property
     def plain(self) -> bool:
         """True when every layer takes decodekit's mask unchanged (no key positions needed)."""
-        return self.single == Pattern()
+        return self.patterns <= {Pattern()}
 
     def masks(self, mask: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor) -> Any:
         """What the decoder takes as ``attention_mask``, from decodekit's mask ``[B, 1, N, S]`` (bool), the query
@@ -121,30 +129,21 @@ def attention_plan(model: torch.nn.Module, decoder: torch.nn.Module) -> Attentio
     source = _forward_source(decoder)
     if getattr(config, "model_type", "") == "gpt_neo":
         layers = tuple(_pattern(t, config, architecture) for t in config.attention_layers)
-        return _plan(per_layer=layers)
+        return AttentionPlan(per_layer=layers)
     layer_types = getattr(config, "layer_types", None)
     if layer_types:
         by_type = {t: _pattern(t, config, architecture) for t in dict.fromkeys(layer_types)}
         if len(set(by_type.values())) == 1:
-            return _plan(single=next(iter(by_type.values())))
+            return AttentionPlan(single=next(iter(by_type.values())))
         if "attention_mask, dict" not in source:
             raise UnsupportedModelError(
                 f"{architecture}: layers of types {sorted(by_type)} need different masks, and its decoder does not "
                 "take a mapping from layer type to mask"
             )
-        return _plan(by_type=by_type)
+        return AttentionPlan(by_type=by_type)
     if getattr(config, "sliding_window", None) and "create_sliding_window_causal_mask" in source:
-        return _plan(single=Pattern("sliding", _window(config, architecture)))
+        return AttentionPlan(single=Pattern("sliding", _window(config, architecture)))
     return AttentionPlan()
-
-
-def _plan(
-    single: Pattern | None = None,
-    by_type: dict[str, Pattern] | None = None,
-    per_layer: tuple[Pattern, ...] | None = None,
-) -> AttentionPlan:
-    patterns = {single} if single else set((by_type or {}).values()) | set(per_layer or ())
-    return AttentionPlan(single, by_type, per_layer, frozenset(patterns))
 
 
 @contextlib.contextmanager
