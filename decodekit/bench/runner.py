@@ -84,7 +84,6 @@ class Result:
     pass_decode_s: list[float] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list, repr=False)
-    _passes: list[list[Run]] = field(default_factory=list, repr=False)  # per pass, per batch; dropped after timing
 
     @property
     def decode_s(self) -> float:
@@ -99,7 +98,7 @@ class Result:
         return (self.tokens - self.prompts) / self.decode_s  # the first token of each row comes from prefill
 
     def to_dict(self) -> dict[str, Any]:
-        skip = ("sequences", "stats", "greedy_diffs", "calls", "_passes")
+        skip = ("sequences", "stats", "greedy_diffs", "calls")
         out = {k: v for k, v in asdict(self).items() if k not in skip}
         out.update(calls=[asdict(c) for c in self.calls])
         out.update(greedy_diffs=[d.to_dict() for d in self.greedy_diffs])
@@ -152,9 +151,8 @@ def run_benchmark(
     for setting in settings:
         for batch_size in batch_sizes:
             fitting = [m for m in methods if _fits(m, batch_size)]
-            group = _measure(model, prompts, fitting, setting, batch_size, max_new_tokens, seed, passes, bar)
-            _compare(group, fitting, setting)
-            results += group
+            runs, calls = _measure(model, prompts, fitting, setting, batch_size, max_new_tokens, seed, passes, bar)
+            results += _results(fitting, runs, calls, setting, batch_size, len(prompts))
     bar.close()
     for result in results:
         if result.greedy_match is not None and result.greedy_match < 1:
@@ -181,54 +179,41 @@ def _measure(
     seed: int,
     passes: int,
     bar: tqdm,
-) -> list[Result]:
+) -> tuple[list[list[list[Run]]], list[list[Call]]]:
     """Warm every method up, then time them interleaved: per pass, per batch, all methods back to back in a
-    rotated order. Returns one :class:`Result` per method with every pass kept (``_runs``)."""
+    rotated order. Returns each method's runs ``[method][pass][batch]`` and its timed calls ``[method][call]``."""
     batches = _batches(prompts, batch_size)
     for method in methods:
         bar.set_postfix_str(f"{setting.name} b={batch_size} warm-up {method.name}")
         method.generate(model, batches[0], setting, min(max_new_tokens, WARMUP_TOKENS), seed)  # lazy init
         bar.update()
-    runs: dict[str, list[list[Run]]] = {m.name: [[] for _ in range(passes)] for m in methods}
-    calls: dict[str, list[Call]] = {m.name: [] for m in methods}
+    runs: list[list[list[Run]]] = [[[] for _ in range(passes)] for _ in methods]
+    calls: list[list[Call]] = [[] for _ in methods]
     for p in range(passes):
         for i, batch in enumerate(batches):
             shift = (p * len(batches) + i) % len(methods)
-            for order, method in enumerate(methods[shift:] + methods[:shift]):
+            for order, m in enumerate([*range(shift, len(methods)), *range(shift)]):
+                method = methods[m]
                 bar.set_postfix_str(f"{setting.name} b={batch_size} pass {p + 1}/{passes} {method.name}")
                 run = method.generate(model, batch, setting, max_new_tokens, seed + i)
-                runs[method.name][p].append(run)
+                runs[m][p].append(run)
                 tokens = sum(len(s) for s in run.sequences)
-                call = Call(setting.name, batch_size, method.name, p, i, order, len(batch), tokens, *_times(run))
-                calls[method.name].append(call)
+                calls[m].append(
+                    Call(
+                        setting.name,
+                        batch_size,
+                        method.name,
+                        p,
+                        i,
+                        order,
+                        len(batch),
+                        tokens,
+                        run.wall_s,
+                        run.prefill_s,
+                    )
+                )
                 bar.update()
-    return [_result(m.name, setting, batch_size, len(prompts), runs[m.name], calls[m.name]) for m in methods]
-
-
-def _times(run: Run) -> tuple[float, float]:
-    return run.wall_s, run.prefill_s
-
-
-def _result(
-    name: str, setting: Setting, batch_size: int, num_prompts: int, passes: list[list[Run]], calls: list[Call]
-) -> Result:
-    first = passes[0]
-    sequences = [s for run in first for s in run.sequences]  # the same in every pass (same seeds)
-    result = Result(
-        method=name,
-        setting=setting.name,
-        batch_size=batch_size,
-        prompts=num_prompts,
-        tokens=sum(len(s) for s in sequences),
-        wall_s=sum(r.wall_s for r in first),
-        prefill_s=sum(r.prefill_s for r in first),
-        sequences=sequences,
-        stats=_merged(first),
-        calls=calls,
-    )
-    result.pass_decode_s = [sum(r.wall_s - r.prefill_s for r in runs) for runs in passes]
-    result._passes = passes  # until _compare picks the median pass
-    return result
+    return runs, calls
 
 
 def _merged(runs: list[Run]) -> dk.SpecStats | None:
@@ -244,31 +229,51 @@ def _median_index(values: list[float]) -> int:
     return sorted(range(len(values)), key=values.__getitem__)[(len(values) - 1) // 2]
 
 
-def _compare(group: list[Result], methods: list[Method | TransformersBaseline], setting: Setting) -> None:
-    """Fill in everything measured against the reference (the group's first result), pass by pass; keep each
-    method's median pass; add the warnings."""
-    reference = group[0]
-    ref_passes = reference._passes
-    for result, method in zip(group, methods):
+def _results(
+    methods: list[Method | TransformersBaseline],
+    runs: list[list[list[Run]]],
+    calls: list[list[Call]],
+    setting: Setting,
+    batch_size: int,
+    prompts: int,
+) -> list[Result]:
+    """One :class:`Result` per method, measured against the reference (the first method) pass by pass: the
+    speedup's median pass gives the reported times and stats, all passes the spread; plus the warnings."""
+    ref_passes = runs[0]
+    results: list[Result] = []
+    for method, passes, method_calls in zip(methods, runs, calls):
         speedups, e2e, zero, ceiling = [], [], [], []
-        for runs, ref_runs in zip(result._passes, ref_passes):
-            mine, ref = _rates(runs, result.prompts), _rates(ref_runs, reference.prompts)
-            speedups.append(mine[0] / ref[0])
-            e2e.append(mine[1] / ref[1])
-            z, c = _zero_overhead(runs, ref_runs, result.prompts, reference.prompts)
+        for mine, ref in zip(passes, ref_passes):
+            rate, ref_rate = _rates(mine, prompts), _rates(ref, prompts)
+            speedups.append(rate[0] / ref_rate[0])
+            e2e.append(rate[1] / ref_rate[1])
+            z, c = _zero_overhead(mine, ref, prompts)
             zero.append(z)
             ceiling.append(c)
-        m = _median_index(speedups if result is not reference else result.pass_decode_s)
-        median_pass = result._passes[m]
-        result.wall_s = sum(r.wall_s for r in median_pass)
-        result.prefill_s = sum(r.prefill_s for r in median_pass)
-        result.stats = _merged(median_pass)
-        result.speedup, result.e2e_speedup = speedups[m], e2e[m]
-        result.zero_overhead, result.ceiling = zero[m], ceiling[m]
-        result.speedup_range = (min(speedups), max(speedups))
+        decode_s = [sum(r.wall_s - r.prefill_s for r in runs_) for runs_ in passes]
+        m = _median_index(speedups if results else decode_s)  # the reference's ratios are all 1: its median time
+        sequences = [s for run in passes[0] for s in run.sequences]  # the same in every pass (same seeds)
+        result = Result(
+            method=method.name,
+            setting=setting.name,
+            batch_size=batch_size,
+            prompts=prompts,
+            tokens=sum(len(s) for s in sequences),
+            wall_s=sum(r.wall_s for r in passes[m]),
+            prefill_s=sum(r.prefill_s for r in passes[m]),
+            sequences=sequences,
+            stats=_merged(passes[m]),
+            speedup=speedups[m],
+            e2e_speedup=e2e[m],
+            zero_overhead=zero[m],
+            ceiling=ceiling[m],
+            speedup_range=(min(speedups), max(speedups)),
+            pass_decode_s=decode_s,
+            calls=method_calls,
+        )
         if setting.greedy:
-            same = sum(a == b for a, b in zip(result.sequences, reference.sequences))
-            result.greedy_match = same / len(reference.sequences)
+            reference = results[0].sequences if results else sequences
+            result.greedy_match = sum(a == b for a, b in zip(sequences, reference)) / len(reference)
         low, high = result.speedup_range
         if len(speedups) > 1 and (high - low) / result.speedup > WIDE_SPREAD:
             result.warnings.append(
@@ -280,9 +285,9 @@ def _compare(group: list[Result], methods: list[Method | TransformersBaseline], 
                 "reference inflates every speedup in this table"
             )
             result.warnings.append(warning)
-            reference.warnings.append(warning)
-    for result in group:
-        result._passes = []
+            results[0].warnings.append(warning)
+        results.append(result)
+    return results
 
 
 def _rates(runs: list[Run], prompts: int) -> tuple[float, float]:
@@ -292,15 +297,13 @@ def _rates(runs: list[Run], prompts: int) -> tuple[float, float]:
     return (tokens - prompts) / (wall - sum(r.prefill_s for r in runs)), tokens / wall
 
 
-def _zero_overhead(
-    runs: list[Run], ref_runs: list[Run], prompts: int, ref_prompts: int
-) -> tuple[float | None, float | None]:
+def _zero_overhead(runs: list[Run], ref_runs: list[Run], prompts: int) -> tuple[float | None, float | None]:
     """The pass's speedup with zero loop overhead, and with every drafted token accepted (see the module doc)."""
     s, ref = _merged(runs), _merged(ref_runs)
     if s is None or ref is None or not s.rounds or not ref.verify_time_s:
         return None, None
     ref_tokens = sum(len(x) for run in ref_runs for x in run.sequences)
-    forward_rate = (ref_tokens - ref_prompts) / ref.verify_time_s  # plain decoding, no loop overhead
+    forward_rate = (ref_tokens - prompts) / ref.verify_time_s  # plain decoding, no loop overhead
     work = s.draft_time_s + s.verify_time_s
     tokens = sum(len(x) for run in runs for x in run.sequences)
     return (tokens - prompts) / work / forward_rate, (s.row_steps + s.drafted) / work / forward_rate
