@@ -4,33 +4,38 @@ Host syncs (reads of device values that make the CPU wait for the GPU) per round
 and row lengths at the end of the round, plus one for the used width of a non-empty draft
 (:meth:`~decodekit.draft.Draft.trimmed`); step-wise drafters add their own (``ModelDrafter``: one per draft step
 when the policy has a stop rule). A streamer adds one per round. ``tests/unit/test_host_syncs.py`` counts them.
+Logits processors and stop strings (:mod:`decodekit.processors`, :mod:`decodekit.outputs`) add none of their own,
+except one per round for a tree draft's paths and whatever a processor itself reads from the device.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from decodekit.cache import KVCache
-from decodekit.checks import (
-    check_bool,
-    check_callable,
-    check_int,
-    check_model_spec,
-    check_seed,
-    eos_ids,
-)
+from decodekit.checks import check_bool, check_model_spec, check_seed, eos_ids
 from decodekit.components import Components, check_components
 from decodekit.draft import Draft
 from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import RoundCounters, SpecStats
 from decodekit.models import LanguageModel, load_model
+from decodekit.options import (
+    build_processors,
+    call_options,
+    max_new_tokens_for,
+    pad_id,
+    prompts_or_input_ids,
+    tokenizer_for,
+)
+from decodekit.outputs import Outputs, StopStrings, as_streamer, check_streamer
 from decodekit.policies import FixedLength
+from decodekit.processors import LogitsProcessing, Processor, process_next, process_scored
 from decodekit.prompts import prompt_ids
 from decodekit.round import Round, kept_inputs, round_extras
 from decodekit.sampling import begin_round, make_generator, next_token
@@ -39,25 +44,38 @@ from decodekit.timing import PhaseTimer
 from decodekit.types import GenerationOutput, SamplingParams, Verdict
 from decodekit.verifiers import GreedyVerifier, RejectionVerifier
 
-Streamer = Callable[[int, list[int]], Any]
-
 
 @torch.no_grad()
 def generate(
     model: Any,
-    prompts: Any,
+    prompts: Any = None,
     drafter: Drafter | None = None,
     verifier: Verifier | None = None,
     policy: LengthPolicy | None = None,
     *,
-    max_new_tokens: int = 64,
-    temperature: float = 0.0,
+    max_new_tokens: int | None = None,
+    temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | Sequence[int] | None = None,
-    streamer: Streamer | None = None,
+    streamer: Any = None,
     debug: bool = False,
+    generation_config: Any = None,
+    do_sample: bool | None = None,
+    max_length: int | None = None,
+    min_new_tokens: int | None = None,
+    repetition_penalty: float | None = None,
+    no_repeat_ngram_size: int | None = None,
+    bad_words_ids: list[list[int]] | None = None,
+    suppress_tokens: list[int] | None = None,
+    logits_processor: Sequence[Processor] | None = None,
+    stop_strings: str | Sequence[str] | None = None,
+    tokenizer: Any = None,
+    pad_token_id: int | None = None,
+    input_ids: Any = None,
+    attention_mask: Any = None,
+    **unsupported: Any,
 ) -> GenerationOutput:
     """Generate continuations of ``prompts`` with speculative decoding (plain decoding when ``drafter`` is None).
 
@@ -70,37 +88,60 @@ def generate(
         drafter: proposes tokens each round; None = autoregressive decoding.
         verifier: decides what the target accepts; default greedy at temperature 0, else rejection sampling.
         policy: draft budget per round; default ``FixedLength(4)``.
-        max_new_tokens: per row, including the EOS token.
-        temperature, top_k, top_p: sampling of the target (and, by default, of the drafter); temperature 0 is
-            greedy.
+        max_new_tokens: per row, including the EOS token; default 64.
+        temperature, top_k, top_p: sampling of the target (and, by default, of the drafter); temperature 0 (the
+            default) is greedy.
         eos_token_id: id(s) that end a row; None = the model's, ``()`` = never stop early.
         seed: an int seeds the call's generator (the same seed gives the same output); one int per prompt gives
             each row its own keyed generator, so a row's sampled output depends only on its prompt, its seed and
             the settings, not on the other rows of the batch (:class:`~decodekit.sampling.RowGenerators`).
-        streamer: called as ``streamer(row, tokens)`` with each row's newly committed tokens.
+        streamer: called as ``streamer(row, tokens)`` with each row's newly committed tokens (and ``end()``, if it
+            has one, when the call ends); or a transformers streamer (``TextStreamer``, any ``BaseStreamer``) for
+            one prompt, fed as ``model.generate`` feeds it: the prompt, then each round's tokens, then ``end()``.
         debug: validate every budget's, draft's and verdict's values and the cache's bookkeeping each round (host
             syncs); without it the first non-empty draft is validated and later outputs only by type, shape, dtype
             and device. A round that commits nothing to a live row raises :class:`~decodekit.errors.NoProgressError`
             either way.
+
+    transformers' conventions (:mod:`decodekit.conventions`): ``generation_config`` (a ``GenerationConfig``: its
+    set fields are defaults the keywords override), ``do_sample`` (False = greedy whatever the temperature; True
+    samples at ``temperature`` or 1.0), ``max_length`` (prompt + generated, counted from the longest prompt, as
+    transformers counts from the padded width), ``min_new_tokens`` (per row), ``repetition_penalty``,
+    ``no_repeat_ngram_size``, ``bad_words_ids``, ``suppress_tokens`` and ``logits_processor`` (processors ``f(input_ids
+    [n, T], scores [n, V])``, applied to the target's and a model drafter's distributions alike before temperature
+    / top-k / top-p, so speculation stays lossless for the processed distribution: :mod:`decodekit.processors`),
+    ``stop_strings`` (with ``tokenizer``, default the model's), ``pad_token_id`` (for :meth:`GenerationOutput.padded`,
+    model.generate's ``[B, T + G]`` tensor), ``input_ids`` / ``attention_mask`` instead of ``prompts``. Other
+    ``model.generate`` keywords are refused by name with what to do instead.
 
     Every argument is checked before any model work (:mod:`decodekit.checks`): a wrong value raises a
     :class:`~decodekit.errors.ConfigError` (a ``ValueError``; :class:`~decodekit.errors.ConfigTypeError`, also a
     ``TypeError``, for a wrong type) whose message names the argument.
 
     Returns:
-        :class:`GenerationOutput` with ``sequences`` (prompt excluded), ``finish_reasons`` and ``stats``.
+        :class:`GenerationOutput` with ``sequences`` (prompt excluded), ``finish_reasons``, ``stats``, and
+        :meth:`~GenerationOutput.padded`.
     """
     start = time.perf_counter()
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1)
-    sampling = SamplingParams(temperature, top_k, top_p)
+    given = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+    given |= dict(eos_token_id=eos_token_id, do_sample=do_sample, max_length=max_length, pad_token_id=pad_token_id)
+    given |= dict(min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty, stop_strings=stop_strings)
+    given |= dict(no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids)
+    given |= dict(suppress_tokens=suppress_tokens, logits_processor=logits_processor)
+    options = call_options(generation_config, given, unsupported)
+    sampling = SamplingParams(options.temperature, options.top_k, options.top_p)
     check_components(drafter, verifier, policy)
-    check_callable("streamer", streamer, expected="a callable streamer(row, tokens)")
     debug = check_bool("debug", debug)
     check_model_spec("model", model)
     model = load_model(model)
-    rows = _prompt_ids(prompts, model)
+    rows = _prompt_ids(prompts_or_input_ids(prompts, input_ids, attention_mask), model)
+    max_new_tokens = max_new_tokens_for(options, rows)
     seed = check_seed(seed, len(rows))
-    eos = torch.tensor(_eos_ids(eos_token_id, model), dtype=torch.long, device=model.device)
+    eos_list = _eos_ids(options.eos_token_id, model)
+    eos = torch.tensor(eos_list, dtype=torch.long, device=model.device)
+    processors = build_processors(options, model.vocab_size, eos_list, model.device)
+    stop = StopStrings(options.stop_strings, tokenizer_for(tokenizer, model)) if options.stop_strings else None
+    check_streamer(streamer)
     max_lengths = _max_lengths(rows, max_new_tokens, model)
     if verifier is None:
         verifier = GreedyVerifier() if sampling.greedy else RejectionVerifier()
@@ -109,15 +150,27 @@ def generate(
     generator = make_generator(seed, model.device)  # a list of ints: one keyed generator per row
     state = DecodeState.from_prompts(rows, max_lengths, sampling, generator, model.device)
     state.needs = parts.needs
-    timer, counters = PhaseTimer(model.device, exact="timings" in parts.needs), RoundCounters(model.device)
-    out = _Outputs(state, eos, streamer)
+    if processors or options.min_new_tokens:
+        state.processing = LogitsProcessing(processors, options.min_new_tokens, eos, model.vocab_size)
+    out = Outputs(state, eos, as_streamer(streamer, rows), stop, pad_id(options, model, eos_list), rows)
+    try:
+        return _loop(model, state, parts, out, debug, start)
+    finally:
+        out.end_stream()  # also after an error, so a consumer waiting for the end is released
 
+
+def _loop(
+    model: LanguageModel, state: DecodeState, parts: Components, out: Outputs, debug: bool, start: float
+) -> GenerationOutput:
+    """The rounds of one call (see the module docstring), from prefill to the last row's end."""
+    generator, sampling, verifier = state.generator, state.sampling, parts.verifier
+    timer, counters = PhaseTimer(model.device, exact="timings" in parts.needs), RoundCounters(model.device)
     timer.start()
     cache = model.new_cache(state.batch_size, state.tokens.shape[1])
     width = max(state.host_lengths)
     logits = model.extend(cache, state.tokens[:, :width], state.lengths, host_counts=state.host_lengths).logits
     begin_round(generator, state.host_lengths)
-    first = next_token(logits, sampling, generator)
+    first = next_token(process_next(state, logits), sampling, generator)
     out.commit(state, first[:, None], torch.ones_like(first))
     out.sync(state, cache)
     parts.begin(state, model, cache)
@@ -132,7 +185,8 @@ def generate(
         scored = model.score(
             cache, state.pending, draft, hidden_layers=parts.hidden_layers, return_hidden="hidden" in parts.needs
         )
-        verdict = verifier.verify(draft, scored.logits, sampling, generator)
+        logits = process_scored(state, scored.logits, draft)
+        verdict = verifier.verify(draft, logits, sampling, generator)
         parts.check_verdict(verdict, draft, values=debug)
         cache.keep(verdict.num_accepted + 1, _kept_slots(draft, verdict))
         timer.mark("verify")
@@ -144,6 +198,7 @@ def generate(
         out.sync(state, cache, check=debug)
         parts.check_progress(before, state.host_lengths, verdict)
         if parts.observers:
+            scored = dataclasses.replace(scored, logits=logits)  # the processed logits the verifier saw
             extras = round_extras(parts.needs, parts.hidden_layers, draft, scored, verdict, sampling)
             if times and "timings" in parts.needs:
                 extras.update(draft_time_s=times["draft"], verify_time_s=times["verify"])
@@ -193,78 +248,6 @@ def _round_tokens(draft: Draft, verdict: Verdict) -> tuple[torch.Tensor, torch.T
         return nxt, num + 1
     path = draft.tokens.gather(1, verdict.accepted.clamp(min=0))
     return torch.cat([path, nxt], 1).scatter(1, num[:, None], nxt), num + 1
-
-
-class _Outputs:
-    """Commits tokens (EOS and length cuts), streams them, and keeps finished rows' sequences on the device until
-    the call ends; :meth:`sync` is the loop's one host read per round."""
-
-    def __init__(self, state: DecodeState, eos: torch.Tensor, streamer: Streamer | None) -> None:
-        self.tokens = torch.zeros_like(state.tokens)  # [B0, C]: each caller row's tokens once it finished
-        self.ends = state.lengths.clone()
-        self.starts = list(state.host_lengths)
-        self.eos, self.streamer = eos, streamer
-        self.finished = torch.zeros_like(state.lengths, dtype=torch.bool)
-        self.host_finished: list[int] = []  # this round's finished flags, as read by sync()
-
-    def commit(self, state: DecodeState, new: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Append ``new [B, M]`` (first ``counts[b]`` per row) to the state, cut at EOS and at each row's limit.
-
-        Returns the tokens committed per row ``[B]`` (device); sets :attr:`finished`.
-        """
-        hit_eos = None
-        if self.eos.numel():
-            is_eos = torch.isin(new, self.eos)
-            if new.shape[1] > 1:
-                is_eos &= torch.arange(new.shape[1], device=new.device) < counts[:, None]
-            hit_eos = is_eos.any(-1)
-            counts = torch.where(hit_eos, is_eos.int().argmax(-1) + 1, counts)
-        counts = torch.minimum(counts, state.remaining)
-        state.append(new, counts)
-        self.finished = state.lengths >= state.max_lengths
-        if hit_eos is not None:
-            self.finished |= hit_eos
-        if self.streamer is not None:
-            for row, tokens, n in zip(state.rows.tolist(), new.tolist(), counts.tolist()):
-                if n:
-                    self.streamer(row, tokens[:n])
-        return counts
-
-    def sync(self, state: DecodeState, cache: KVCache, check: bool = False) -> None:
-        """The round's host read: finished flags and lengths; hands the lengths to the state and the cache."""
-        batch = state.batch_size
-        host = torch.cat([self.finished.long(), state.lengths]).tolist()
-        self.host_finished = host[:batch]
-        state.host_lengths = host[batch:]
-        cache.set_host_lengths([n - 1 for n in state.host_lengths])
-        if check:
-            cache.check_host_mirror()
-
-    def drop_finished(self, state: DecodeState, cache: KVCache, parts: Components) -> bool:
-        """Store the finished rows' tokens, remove those rows everywhere; False once no row is left."""
-        host_keep = [b for b, finished in enumerate(self.host_finished) if not finished]
-        if len(host_keep) == state.batch_size:
-            return state.batch_size > 0
-        order = torch.argsort(self.finished.int(), stable=True)  # live rows first, in order; no host sync
-        keep, done = order[: len(host_keep)], order[len(host_keep) :]
-        self.tokens[state.rows[done]] = state.tokens[done]
-        self.ends[state.rows[done]] = state.lengths[done]
-        state.select_rows(keep, host_keep)
-        cache.select_rows(keep, host_rows=host_keep)
-        parts.select_rows(keep)
-        self.host_finished = [0] * len(host_keep)  # the rows left are live
-        return state.batch_size > 0
-
-    def result(self, make_stats: Callable[[int], SpecStats]) -> GenerationOutput:
-        end = getattr(self.streamer, "end", None)
-        if callable(end):
-            end()
-        tokens, ends, eos = self.tokens.tolist(), self.ends.tolist(), set(self.eos.tolist())
-        sequences = [row[s:e] for row, s, e in zip(tokens, self.starts, ends)]
-        reasons = ["eos" if seq and seq[-1] in eos else "length" for seq in sequences]
-        stats = make_stats(sum(len(seq) for seq in sequences))
-        stats.num_rows = len(sequences)
-        return GenerationOutput(sequences=sequences, finish_reasons=reasons, stats=stats)
 
 
 def _prompt_ids(prompts: Any, model: LanguageModel) -> list[list[int]]:

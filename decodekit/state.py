@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from decodekit.sampling import RowGenerators
 from decodekit.types import SamplingParams
+
+if TYPE_CHECKING:
+    from decodekit.processors import LogitsProcessing
 
 
 @dataclass
@@ -34,6 +38,9 @@ class DecodeState:
         host_max_lengths: ``max_lengths`` as a host list.
         needs: what the call's components asked the round record for (drafters that report optional data, such
             as ``Draft.draft_probs`` for "kl", can skip it when nobody asked).
+        processing: the call's logits processors (``repetition_penalty``, ``logits_processor=...``), or None. A
+            drafter that samples from a model's distribution passes its logits through
+            :func:`decodekit.processors.process_next` so that it drafts from what the target will verify against.
     """
 
     tokens: torch.Tensor
@@ -47,6 +54,7 @@ class DecodeState:
     host_lengths: list[int] = field(default_factory=list)
     host_max_lengths: list[int] = field(default_factory=list)
     needs: frozenset[str] = frozenset()
+    processing: LogitsProcessing | None = None
 
     @classmethod
     def from_prompts(

@@ -13,7 +13,7 @@ import torch
 from decodekit.budget import DraftBudget, DraftStep
 from decodekit.checks import check_float, check_int, describe
 from decodekit.draft import Draft, DraftKind
-from decodekit.errors import ComponentOutputError
+from decodekit.errors import ComponentOutputError, ConfigError
 
 if TYPE_CHECKING:
     from decodekit.metrics import SpecStats
@@ -105,11 +105,36 @@ class GenerationOutput:
     """Result of :func:`decodekit.generate`.
 
     Attributes:
-        sequences: generated tokens per row (prompt excluded), stopped at EOS (included) or max_new_tokens.
-        finish_reasons: per row, ``"eos"`` or ``"length"``.
+        sequences: generated tokens per row (prompt excluded), stopped at EOS (included), at the token that
+            completes a stop string (included) or at max_new_tokens. Ragged: decodekit's native form.
+        finish_reasons: per row, ``"eos"``, ``"stop_string"`` or ``"length"``.
         stats: counters and timings of the run.
+        prompts: each row's prompt ids, as decoded (padding stripped).
+        pad_token_id: the call's pad id (:meth:`padded`'s default): its ``pad_token_id``, else the
+            tokenizer's, else the first EOS id, as transformers falls back; None if there was none.
     """
 
     sequences: list[list[int]]
     finish_reasons: list[str]
     stats: SpecStats = field(repr=False)
+    prompts: list[list[int]] = field(default_factory=list, repr=False)
+    pad_token_id: int | None = field(default=None, repr=False)
+
+    def padded(self, pad_token_id: int | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
+        """``[B, T + G]`` long, as ``model.generate`` returns it: each prompt left-padded to the longest ``T``,
+        then its generated tokens right-padded to the longest ``G``, with ``pad_token_id`` (default: the
+        call's :attr:`pad_token_id`)."""
+        pad = self.pad_token_id if pad_token_id is None else check_int("pad_token_id", pad_token_id, low=0)
+        if pad is None:
+            raise ConfigError(
+                "padded() needs a pad id: the call had none (no pad_token_id, tokenizer or EOS id); "
+                "pass padded(pad_token_id=...)"
+            )
+        if len(self.prompts) != len(self.sequences):
+            raise ConfigError("padded() needs the prompts, which this GenerationOutput was built without")
+        width = max(map(len, self.prompts), default=0)
+        generated = max(map(len, self.sequences), default=0)
+        out = torch.full((len(self.sequences), width + generated), pad, dtype=torch.long)
+        for b, (prompt, tokens) in enumerate(zip(self.prompts, self.sequences)):
+            out[b, width - len(prompt) : width + len(tokens)] = torch.tensor(prompt + tokens, dtype=torch.long)
+        return out.to(device)

@@ -10,6 +10,7 @@ from decodekit.budget import DraftBudget, DraftStep
 from decodekit.checks import check_float, check_model_spec
 from decodekit.draft import Draft, DraftKind
 from decodekit.models import LanguageModel, load_model
+from decodekit.processors import process_next
 from decodekit.registry import register
 from decodekit.round import Round
 from decodekit.sampling import probs_from_logits, sample
@@ -23,9 +24,10 @@ class ModelDrafter:
 
     The drafter keeps its own :class:`~decodekit.cache.KVCache`. Each round it first feeds the tokens it has not
     seen (the pending token, plus the last accepted draft token when a whole chain was accepted), then samples
-    one token per step. ``q`` of a sampled draft is exactly the distribution it was drawn from, so lossless
-    verification needs no assumption; at temperature 0 it drafts the argmax (a deterministic draft) and, when a
-    component needs ``"kl"``, reports its softmax in ``Draft.draft_probs``.
+    one token per step, from its logits after the call's logits processors (the target's processing,
+    :func:`~decodekit.processors.process_next`). ``q`` of a sampled draft is exactly the distribution it was
+    drawn from, so lossless verification needs no assumption; at temperature 0 it drafts the argmax (a
+    deterministic draft) and, when a component needs ``"kl"``, reports its softmax in ``Draft.draft_probs``.
 
     Host syncs: none of its own per round, except one per draft step when the budget has a stop rule (to stop
     early once every row stopped).
@@ -75,6 +77,7 @@ class ModelDrafter:
         alive = budget.lengths > 0
         tokens, valid, qs = [], [], []
         for j in range(k):
+            logits = process_next(state, logits, torch.stack(tokens, 1) if tokens else None)
             if sampling.greedy:
                 x, probs = logits.argmax(-1), (logits.float().softmax(-1) if report else None)
             else:

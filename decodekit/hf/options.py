@@ -133,8 +133,10 @@ def sampling_options(
     if names:
         raise ConfigError(
             "the decodekit bridge applies only temperature, top_k and top_p; this call also asks for "
-            f"{'; '.join(names)}. Drop those options (from the call or the model's generation_config), or use "
-            "model.generate without custom_generate"
+            f"{'; '.join(names)}. Drop those options (from the call or the model's generation_config), call "
+            "decodekit.generate(model, prompts, drafter, ...) with them (it applies repetition_penalty, "
+            "no_repeat_ngram_size, bad_words_ids, suppress_tokens, min_new_tokens and logits_processor to target "
+            "and drafter alike), or use model.generate without custom_generate"
         )
     if not config.do_sample:
         return 0.0, None, None  # warpers cannot change the argmax: greedy ignores them, as transformers does

@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-import torch
 import transformers
 from transformers.generation.utils import GenerationMixin
 
 from decodekit.checks import describe
 from decodekit.errors import ConfigError, ConfigTypeError
+from decodekit.outputs import StreamerAdapter
 
 __all__ = [
     "VERIFIED_TRANSFORMERS",
@@ -31,22 +31,6 @@ _PACKAGE = "decodekit.hf"  # frames of the bridge's own modules are not the call
 VERIFIED_TRANSFORMERS = ((5, 20), (6, 0))
 """``[lowest, first unverified)`` transformers ``(major, minor)`` releases whose ``generate`` was checked to keep the
 ``streamer`` and ``assistant_model`` it drops in its own frame (see :func:`dropped_generate_arguments`)."""
-
-
-class StreamerAdapter:
-    """decodekit's ``streamer(row, tokens)`` callback on top of a transformers streamer (``put`` / ``end``)."""
-
-    def __init__(self, streamer: Any) -> None:
-        self.streamer = streamer
-        self.ended = False
-
-    def __call__(self, row: int, tokens: list[int]) -> None:
-        self.streamer.put(torch.tensor(tokens, dtype=torch.long))
-
-    def end(self) -> None:
-        if not self.ended:
-            self.ended = True
-            self.streamer.end()
 
 
 def check_streamer(streamer: Any) -> None:

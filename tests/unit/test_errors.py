@@ -116,7 +116,7 @@ def test_sampled_draft_needs_q():
     [
         (dict(temperature=-1.0), "temperature"),
         (dict(temperature=1.0, top_p=0.0), "top_p"),
-        (dict(temperature=1.0, top_k=0), "top_k"),
+        (dict(temperature=1.0, top_k=-3), "top_k"),
         (dict(max_new_tokens=0), "max_new_tokens"),
     ],
 )
