@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +159,7 @@ def _is_list(value: Any) -> bool:
     return isinstance(value, Sequence) and not isinstance(value, str)
 
 
-_COMPONENTS = ("drafter", "verifier", "policy")
+COMPONENTS = ("drafter", "verifier", "policy")
 _SETTING_KEYS = {"name", "temperature", "top_k", "top_p"}
 _METHOD_KEYS = {"drafter", "verifier", "policy", "max_batch"}
 _BASELINE_KINDS = ("greedy", "prompt_lookup", "assisted")
@@ -167,56 +167,13 @@ _BASELINE_KINDS = ("greedy", "prompt_lookup", "assisted")
 
 def run_bench(cfg: Any, out_dir: Path) -> str:
     """Build everything a bench config names, run it, write the reports to ``out_dir``; return the table."""
-    from decodekit.bench.machine import machine_info
-    from decodekit.bench.methods import Method, Setting, TransformersBaseline
-    from decodekit.bench.report import save
-    from decodekit.bench.runner import run_benchmark
-    from decodekit.bench.tasks import load_task
+    from decodekit.bench.distributed import init_process
+    from decodekit.bench.sweep import build_baselines, build_methods, measure
 
     check_bench_config(cfg)
-    methods: list[Method | TransformersBaseline] = []
-    for name, spec in cfg.methods.items():  # the components first: their errors come before the model loads
-        if spec is None:
-            continue
-        spec = spec or {}
-        parts = {key: build_component(spec.get(key), f"methods.{name}.{key}") for key in _COMPONENTS}
-        label = method_label(parts) if name == GENERIC_METHOD else str(name)
-        methods.append(Method(label, **parts, max_batch=spec.get("max_batch")))
-    by_name = {m.name: m for m in methods}
-    for name, spec in (cfg.baselines or {}).items():
-        spec = dict(spec)
-        source = spec.pop("assistant_from", None)
-        if source is not None:
-            draft_model = getattr(by_name[source].drafter, "model", None)
-            if draft_model is None:
-                raise ConfigError(f"baselines.{name}.assistant_from={source!r} names a method without a draft model")
-            spec["assistant"] = draft_model
-        methods.append(TransformersBaseline(str(name), **spec))
-    model = build_component(cfg.model, "model")
-    if model is None:
-        raise ConfigError("model must be a model config (model=smollm2, or a mapping with _target_)")
-    task = cfg.task
-    data = load_task(
-        task.name,
-        model.tokenizer,
-        num_prompts=task.num_prompts,
-        max_prompt_tokens=task.max_prompt_tokens,
-        seed=task.seed,
-    )
-    results = run_benchmark(
-        model,
-        data["input_ids"],
-        methods,
-        settings=[Setting(**s) for s in cfg.settings],
-        batch_sizes=list(cfg.batch_sizes),
-        max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed,
-        passes=cfg.get("passes", 3),
-        progress=cfg.progress,
-        prompt_ids=list(data["id"]),
-    )
-    info = machine_info(model) | {"task": task.name, "prompts": len(data)}
-    return save(results, out_dir, info, ran_config(cfg))
+    init_process()  # one of several processes (accelerate launch): join them, on this one's device; alone: nothing
+    methods = build_methods(cfg)  # the components first: their errors come before the model loads
+    return measure(cfg, [*methods.values(), *build_baselines(cfg, methods)], out_dir, ran_config(cfg))
 
 
 def ran_config(cfg: Any) -> dict[str, Any]:
@@ -230,9 +187,9 @@ def ran_config(cfg: Any) -> dict[str, Any]:
         return config | {"methods": {name: spec for name, spec in methods.items() if spec is not None}}
 
     raw = enabled(OmegaConf.to_container(cfg, resolve=False))
-    referenced = {root for key, value in raw.items() if key not in _COMPONENTS for root in _interpolated(value)}
+    referenced = {root for key, value in raw.items() if key not in COMPONENTS for root in _interpolated(value)}
     resolved = enabled(OmegaConf.to_container(cfg, resolve=True))
-    return {key: value for key, value in resolved.items() if key not in _COMPONENTS or key in referenced}
+    return {key: value for key, value in resolved.items() if key not in COMPONENTS or key in referenced}
 
 
 _INTERPOLATION = re.compile(r"\$\{\s*\.*([A-Za-z_]\w*)")
@@ -252,7 +209,7 @@ commands:
   bench    benchmark decoding methods on real prompts (Hydra: group=option and key=value overrides, -m to sweep)
            e.g. python -m decodekit bench experiment=smollm2_main
                 python -m decodekit bench drafter=model policy.k=3
-                python -m decodekit bench -m policy.k=1,2,4,8
+                python -m decodekit bench -m policy.k=1,2,4,8   (one benchmark, one table: a row per k)
 
 python -m decodekit <command> --help lists a command's config groups and options."""
 
@@ -269,16 +226,20 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from decodekit.bench.sweep import Sweep
+
+    sweep = Sweep()
 
     @hydra.main(version_base="1.3", config_path=str(RECIPES), config_name=COMMANDS[argv[0]])
     def _bench(cfg: Any) -> None:
-        out_dir = Path(HydraConfig.get().runtime.output_dir)
-        try:
-            table = run_bench(cfg, out_dir)
-        except ConfigError as error:  # a bad config value or override: its message says which and what to change
-            print(f"error: {error}", file=sys.stderr)
-            sys.exit(2)
-        print(table)
+        hydra_cfg = HydraConfig.get()
+        if hydra_cfg.mode == RunMode.MULTIRUN:  # each job only checks and builds; the sweep runs once, below
+            _or_exit(lambda: sweep.add(cfg, hydra_cfg))
+            return
+        out_dir = Path(hydra_cfg.runtime.output_dir)
+        print(_or_exit(lambda: run_bench(cfg, out_dir)))
         print(f"results: {out_dir}/results.json, results.md, speedup.png")
 
     overrides = argv[1:]
@@ -287,3 +248,15 @@ def main(argv: list[str] | None = None) -> None:
         overrides = [*overrides, f"hydra.job.name={APP_NAME}"]
     sys.argv = [f"{sys.argv[0]} {argv[0]}", *overrides]
     _bench()
+    if sweep.jobs:  # a multirun: all its jobs as one interleaved benchmark
+        print(_or_exit(sweep.run))
+        print(f"results: {sweep.out_dir}/results.json, results.md, speedup.png")
+
+
+def _or_exit(call: Callable[[], Any]) -> Any:
+    """``call()``; a bad config value or override exits with its message (which says which and what to change)."""
+    try:
+        return call()
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -10,12 +10,17 @@ from typing import Any
 import torch
 
 import decodekit as dk
+from decodekit.bench.distributed import current_world
 from decodekit.models import LanguageModel
 
 
 def machine_info(model: LanguageModel) -> dict[str, Any]:
     """Where and with what a benchmark ran: CPU (model, count, the cores this process may use), torch threads,
-    device and GPU, package versions, and the project's git commit (None outside a git checkout)."""
+    device and GPU, package versions, and the project's git commit (None outside a git checkout); the number of
+    processes and each one's device (``rank_devices``, one entry alone; several with ``accelerate launch``), and
+    the devices the target's weights sit on (``model_devices``: several with ``device_map="auto"``).
+
+    With several processes every one must call it (it gathers their devices); the CPU facts are rank 0's."""
     import transformers
 
     cpu = platform.processor() or platform.machine()
@@ -24,6 +29,7 @@ def machine_info(model: LanguageModel) -> dict[str, Any]:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    world = current_world()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     info = {
         "device": str(model.device),
@@ -32,6 +38,9 @@ def machine_info(model: LanguageModel) -> dict[str, Any]:
         "cpus_usable": usable,
         "torch_threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None,
+        "processes": world.size,
+        "rank_devices": world.gather(str(model.device)),
+        "model_devices": _model_devices(model),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -39,6 +48,14 @@ def machine_info(model: LanguageModel) -> dict[str, Any]:
         "git_commit": _git_commit(),
     }
     return info
+
+
+def _model_devices(model: LanguageModel) -> list[str]:
+    """The devices holding the target's weights (transformers' ``hf_device_map`` when it has one)."""
+    device_map = getattr(getattr(model, "hf", None), "hf_device_map", None)
+    if not device_map:
+        return [str(model.device)]
+    return list(dict.fromkeys(str(torch.device(d) if isinstance(d, int) else d) for d in device_map.values()))
 
 
 def _git_commit() -> str | None:

@@ -5,10 +5,35 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from decodekit.bench.distributed import current_world
 from decodekit.bench.runner import Result
+
+
+def result_dict(result: Result) -> dict[str, Any]:
+    """One :class:`Result` as ``results.json`` records it: every field but the outputs, every timed call, the greedy
+    differences explained, the derived rates and, for decodekit methods, the median pass's stats."""
+    skip = ("sequences", "stats", "greedy_diffs", "calls")
+    out = {k: v for k, v in asdict(result).items() if k not in skip}
+    out.update(calls=[asdict(c) for c in result.calls])
+    out.update(greedy_diffs=[d.to_dict() for d in result.greedy_diffs])
+    out.update(decode_s=result.decode_s, tokens_per_s=result.tokens_per_s)
+    out.update(decode_tokens_per_s=result.decode_tokens_per_s)
+    if result.stats is not None:
+        s = result.stats
+        out.update(
+            mean_acceptance_length=s.mean_acceptance_length,
+            tokens_per_step=s.tokens_per_step,
+            acceptance_rate_per_pos=s.acceptance_rate_per_pos,
+            draft_s=s.draft_time_s,
+            verify_s=s.verify_time_s,
+            other_s=s.other_time_s,
+            rounds=s.rounds,
+        )
+    return out
 
 
 def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
@@ -133,15 +158,20 @@ def plot(results: Sequence[Result], path: Path) -> None:
 
 
 def save(results: Sequence[Result], out_dir: Path, info: dict[str, Any], config: dict[str, Any] | None = None) -> str:
-    """Write ``results.json``, ``results.md`` and ``speedup.png`` to ``out_dir``; return the markdown."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write ``results.json``, ``results.md`` and ``speedup.png`` to ``out_dir``; return the markdown.
+
+    Of several processes (``accelerate launch``, :mod:`decodekit.bench.distributed`) only rank 0 writes; every
+    process returns the table (each holds the merged results)."""
     table = markdown(results, "decodekit benchmark", info)
+    if not current_world().main:
+        return table
+    out_dir.mkdir(parents=True, exist_ok=True)
     warnings = list(dict.fromkeys(f"{r.setting} b={r.batch_size} {r.method}: {w}" for r in results for w in r.warnings))
     payload = {
         "machine": info,
         "config": config or {},
         "warnings": warnings,
-        "results": [r.to_dict() for r in results],
+        "results": [result_dict(r) for r in results],
     }
     (out_dir / "results.json").write_text(json.dumps(payload, indent=2))
     (out_dir / "results.md").write_text(table)

@@ -26,12 +26,12 @@ pass to pass, so a burst of load from elsewhere lands on all methods alike. Spee
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
 import decodekit as dk
+from decodekit.bench.distributed import World, current_world, merge, place
 from decodekit.bench.greedy_diff import GreedyDiff, greedy_diffs
 from decodekit.bench.methods import Method, Run, Setting, TransformersBaseline
 from decodekit.checks import check_int
@@ -58,6 +58,7 @@ class Call:
     tokens: int
     wall_s: float
     prefill_s: float
+    rank: int = 0  # the process that ran it (several with accelerate launch, docs/distributed.md)
 
 
 @dataclass
@@ -97,25 +98,6 @@ class Result:
     def decode_tokens_per_s(self) -> float:
         return (self.tokens - self.prompts) / self.decode_s  # the first token of each row comes from prefill
 
-    def to_dict(self) -> dict[str, Any]:
-        skip = ("sequences", "stats", "greedy_diffs", "calls")
-        out = {k: v for k, v in asdict(self).items() if k not in skip}
-        out.update(calls=[asdict(c) for c in self.calls])
-        out.update(greedy_diffs=[d.to_dict() for d in self.greedy_diffs])
-        out.update(decode_s=self.decode_s, tokens_per_s=self.tokens_per_s, decode_tokens_per_s=self.decode_tokens_per_s)
-        if self.stats is not None:
-            s = self.stats
-            out.update(
-                mean_acceptance_length=s.mean_acceptance_length,
-                tokens_per_step=s.tokens_per_step,
-                acceptance_rate_per_pos=s.acceptance_rate_per_pos,
-                draft_s=s.draft_time_s,
-                verify_s=s.verify_time_s,
-                other_s=s.other_time_s,
-                rounds=s.rounds,
-            )
-        return out
-
 
 def run_benchmark(
     model: LanguageModel,
@@ -135,29 +117,34 @@ def run_benchmark(
 
     Methods that cannot run a batch size (transformers' assisted generation above 1) are skipped there.
     ``prompt_ids`` (e.g. a task's ``id`` column) name the prompts in ``greedy_diffs``; default: their indices.
+    Launched as several processes (``accelerate launch``), each runs its share of the batches on its own device
+    and every process returns the merged results (:mod:`decodekit.bench.distributed`).
     """
     passes = check_int("passes", passes, low=1)
+    world = current_world()
+    place(world, model, methods)
     prompts = [list(p) for p in prompts]
     ids = list(prompt_ids) if prompt_ids is not None else list(range(len(prompts)))
     if len(ids) != len(prompts):
         raise ConfigError(f"got {len(ids)} prompt ids for {len(prompts)} prompts")
     units = sum(
-        (1 + passes * len(_batches(prompts, b))) * sum(_fits(m, b) for m in methods)
+        (1 + passes * len(world.share(len(_batches(prompts, b))))) * sum(_fits(m, b) for m in methods)
         for _ in settings
         for b in batch_sizes
     )
-    bar = tqdm(total=units, desc="benchmark", disable=not progress, unit="call")
+    bar = tqdm(total=units, desc="benchmark", disable=not (progress and world.main), unit="call")
     results = []
     for setting in settings:
         for batch_size in batch_sizes:
             fitting = [m for m in methods if _fits(m, batch_size)]
-            runs, calls = _measure(model, prompts, fitting, setting, batch_size, max_new_tokens, seed, passes, bar)
-            results += _results(fitting, runs, calls, setting, batch_size, len(prompts))
+            measured = _measure(model, prompts, fitting, setting, batch_size, max_new_tokens, seed, passes, bar, world)
+            results += _results(fitting, *merge(world, *measured), setting, batch_size, len(prompts))
     bar.close()
     for result in results:
         if result.greedy_match is not None and result.greedy_match < 1:
             reference = next(r for r in results if (r.setting, r.batch_size) == (result.setting, result.batch_size))
-            result.greedy_diffs = greedy_diffs(model, prompts, ids, reference.sequences, result.sequences)
+            rows = world.mine(prompts, ids, reference.sequences, result.sequences)  # each process its share
+            result.greedy_diffs = world.concat(greedy_diffs(model, *rows))
     return results
 
 
@@ -179,18 +166,25 @@ def _measure(
     seed: int,
     passes: int,
     bar: tqdm,
+    world: World,
 ) -> tuple[list[list[list[Run]]], list[list[Call]]]:
     """Warm every method up, then time them interleaved: per pass, per batch, all methods back to back in a
-    rotated order. Returns each method's runs ``[method][pass][batch]`` and its timed calls ``[method][call]``."""
+    rotated order. Returns each method's runs ``[method][pass][batch]`` and its timed calls ``[method][call]``.
+    Several processes run their shares of the batches, each pass started together; seeds and rotation follow the
+    batch's index in the whole set, so a batch runs as it would in a single process."""
     batches = _batches(prompts, batch_size)
+    mine = world.share(len(batches))
     for method in methods:
         bar.set_postfix_str(f"{setting.name} b={batch_size} warm-up {method.name}")
-        method.generate(model, batches[0], setting, min(max_new_tokens, WARMUP_TOKENS), seed)  # lazy init
+        if mine:  # lazy init, on this process's first batch
+            method.generate(model, batches[mine[0]], setting, min(max_new_tokens, WARMUP_TOKENS), seed)
         bar.update()
     runs: list[list[list[Run]]] = [[[] for _ in range(passes)] for _ in methods]
     calls: list[list[Call]] = [[] for _ in methods]
     for p in range(passes):
-        for i, batch in enumerate(batches):
+        world.barrier()
+        for i in mine:
+            batch = batches[i]
             shift = (p * len(batches) + i) % len(methods)
             for order, m in enumerate([*range(shift, len(methods)), *range(shift)]):
                 method = methods[m]
@@ -198,20 +192,8 @@ def _measure(
                 run = method.generate(model, batch, setting, max_new_tokens, seed + i)
                 runs[m][p].append(run)
                 tokens = sum(len(s) for s in run.sequences)
-                calls[m].append(
-                    Call(
-                        setting.name,
-                        batch_size,
-                        method.name,
-                        p,
-                        i,
-                        order,
-                        len(batch),
-                        tokens,
-                        run.wall_s,
-                        run.prefill_s,
-                    )
-                )
+                where = (setting.name, batch_size, method.name, p, i, order)
+                calls[m].append(Call(*where, len(batch), tokens, run.wall_s, run.prefill_s, world.rank))
                 bar.update()
     return runs, calls
 

@@ -65,6 +65,9 @@ class HFCausalLM(LanguageModel):
     warning, because only those two take arbitrary tree masks. An early-exit forward (``exit_layer=L``)
     runs the decoder with its layer list cut to ``L`` for the duration of that call and restores it.
 
+    A model loaded with ``device_map="auto"`` over several devices (accelerate's hooks move each layer's inputs to
+    its device) runs as is: :attr:`device` is its input embedding's, and logits and hidden states come back there.
+
     Args:
         model: a causal LM (``PreTrainedModel`` with an output embedding).
         tokenizer: its tokenizer, if any (used by benchmarks, chat templates and the HF bridge).
@@ -102,6 +105,8 @@ class HFCausalLM(LanguageModel):
         self.max_context = context if isinstance(context, int) and context > 0 else None  # XLNet: -1 = unbounded
         self.tokenizer = tokenizer
         self._biases: dict[int, Any] = {}  # GPT-Neo's global causal biases, made once
+        device_map = getattr(model, "hf_device_map", None) or {}
+        self._spread = len(set(map(str, device_map.values()))) > 1  # layers on several devices (device_map)
 
     @property
     def device(self) -> torch.device:
@@ -137,7 +142,7 @@ class HFCausalLM(LanguageModel):
         logits = self.lm_head(hidden)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        return logits.to(self.device) if self._spread else logits
 
     def forward(
         self,
@@ -169,7 +174,9 @@ class HFCausalLM(LanguageModel):
         last = out.last_hidden_state
         picked = last
         if logits_at is not None:
-            picked = last.gather(1, logits_at[..., None].expand(-1, -1, last.shape[-1]))
+            picked = last.gather(1, logits_at.to(last.device)[..., None].expand(-1, -1, last.shape[-1]))
+        if self._spread:  # the last layers' device: back to the inputs'
+            last, hidden = last.to(self.device), {i: h.to(self.device) for i, h in hidden.items()}
         return ModelOutput(self.head(picked), hidden, last if return_hidden else None)
 
     def _per_layer(self, masks: list[torch.Tensor] | None) -> contextlib.AbstractContextManager[None]:
