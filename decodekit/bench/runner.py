@@ -3,9 +3,10 @@
 Protocol, for every (sampling setting, batch size): the first method is the reference (autoregressive decoding);
 every method gets one untimed warm-up call (first batch, 16 new tokens). Then ``passes`` timed passes: in each, for
 each batch of prompts, every method runs back to back on that batch, in an order rotated from batch to batch and
-pass to pass, so a burst of load from elsewhere lands on all methods alike. Speedups are ratios within a pass
-(never between passes), reported as the median over passes with their min-max spread. Every timed call is kept
-(:class:`Call`, in ``results.json``). Reported per method:
+pass to pass, so slow drifts of the machine land on all methods alike; a call during which other processes used
+more than 10% of our CPUs is re-run, up to 3 times (:mod:`decodekit.bench.load`), since one burst can slow one call
+several-fold. Speedups are ratios within a pass (never between passes): the median over passes, with their
+min-max spread. Every timed call is kept (:class:`Call`, in ``results.json``). Reported per method:
 
 * tokens/s end to end and for decoding alone (prefill, i.e. time to the first token, reported separately), from the
   median pass;
@@ -19,12 +20,13 @@ pass to pass, so a burst of load from elsewhere lands on all methods alike. Spee
   is never reported for different output; ``greedy_diffs`` explains each prompt that differs (the first differing
   token and the target's top-2 margin there, :func:`decodekit.diagnostics.first_divergence`), so a floating-point
   near-tie is told apart from a bug. The diagnostics run after all timing;
-* ``warnings``: a wide spread across passes (the machine was busy), and decodekit's autoregressive loop slower
-  than transformers' ``generate`` by more than 10% (a slow reference inflates every speedup).
+* ``warnings``: a wide spread across passes, calls still disturbed after their re-runs (the machine was busy),
+  and decodekit's autoregressive loop slower than transformers' ``generate`` by more than 10%.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +35,7 @@ from tqdm.auto import tqdm
 import decodekit as dk
 from decodekit.bench.distributed import World, current_world, merge, place
 from decodekit.bench.greedy_diff import GreedyDiff, greedy_diffs
+from decodekit.bench.load import disturbed_warning, least_disturbed
 from decodekit.bench.methods import Method, Run, Setting, TransformersBaseline
 from decodekit.checks import check_int
 from decodekit.errors import ConfigError
@@ -59,6 +62,8 @@ class Call:
     wall_s: float
     prefill_s: float
     rank: int = 0  # the process that ran it (several with accelerate launch, docs/distributed.md)
+    others_cpu: float | None = None  # other processes' share of our CPUs meanwhile (decodekit.bench.load)
+    attempts: int = 1  # 1 + the re-runs a disturbed call took
 
 
 @dataclass
@@ -189,11 +194,14 @@ def _measure(
             for order, m in enumerate([*range(shift, len(methods)), *range(shift)]):
                 method = methods[m]
                 bar.set_postfix_str(f"{setting.name} b={batch_size} pass {p + 1}/{passes} {method.name}")
-                run = method.generate(model, batch, setting, max_new_tokens, seed + i)
+                call = functools.partial(method.generate, model, batch, setting, max_new_tokens, seed + i)
+                run, others, attempts = least_disturbed(call) if world.size == 1 else (call(), None, 1)
                 runs[m][p].append(run)
                 tokens = sum(len(s) for s in run.sequences)
                 where = (setting.name, batch_size, method.name, p, i, order)
-                calls[m].append(Call(*where, len(batch), tokens, run.wall_s, run.prefill_s, world.rank))
+                calls[m].append(
+                    Call(*where, len(batch), tokens, run.wall_s, run.prefill_s, world.rank, others, attempts)
+                )
                 bar.update()
     return runs, calls
 
@@ -261,6 +269,7 @@ def _results(
             result.warnings.append(
                 f"speedup varies {low:.2f}x-{high:.2f}x across passes: the machine was busy; rerun or raise passes"
             )
+        result.warnings += disturbed_warning([c.others_cpu for c in method_calls])
         if isinstance(method, TransformersBaseline) and method.kind == "greedy" and result.speedup > SLOW_REFERENCE:
             warning = (
                 f"transformers' generate is {result.speedup:.2f}x decodekit's autoregressive loop here: a slow "
