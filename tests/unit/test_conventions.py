@@ -59,10 +59,15 @@ def test_max_length_counts_from_the_longest_prompt(target, ragged_prompts):
         greedy(target, ragged_prompts, max_length=longest)
 
 
+def left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` ``[B, T]`` of ``prompts``, left-padded with 0, as a tokenizer gives."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    return ids, torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+
+
 def test_input_ids_and_attention_mask_keywords(target, ragged_prompts):
-    width = max(map(len, ragged_prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in ragged_prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ragged_prompts])
+    ids, mask = left_padded(ragged_prompts)
     out = greedy(target, None, input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW)
     assert out.sequences == greedy(target, ragged_prompts, max_new_tokens=MAX_NEW).sequences
     assert out.prompts == ragged_prompts
@@ -73,9 +78,7 @@ def test_input_ids_and_attention_mask_keywords(target, ragged_prompts):
 
 
 def test_padded_output_is_what_model_generate_returns(target, ragged_prompts):
-    width = max(map(len, ragged_prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in ragged_prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ragged_prompts])
+    ids, mask = left_padded(ragged_prompts)
     eos = greedy(target, ragged_prompts, max_new_tokens=MAX_NEW).sequences[1][4]  # row 1 stops early
     expected = target.generate(
         input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=eos, pad_token_id=0
