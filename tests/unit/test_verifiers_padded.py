@@ -75,7 +75,7 @@ def verify(verifier, draft: dk.Draft, logits: torch.Tensor, sampling: dk.Samplin
 
 
 def test_the_registry_lists_the_built_in_verifiers():
-    assert {"greedy", "rejection"} <= set(VERIFIERS)
+    assert {"greedy", "rejection", "block"} <= set(VERIFIERS)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
