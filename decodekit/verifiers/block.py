@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from decodekit.errors import IncompatibleDraftError
 from decodekit.registry import register
-from decodekit.sampling import Generator, probs_from_logits, sample, uniform
+from decodekit.sampling import Generator, uniform
 from decodekit.types import Draft, DraftKind, SamplingParams, Verdict
+from decodekit.verifiers.chain import chain_probs, chain_verdict
 
 
 def block_plan(
@@ -68,13 +68,10 @@ class BlockVerifier:
     lossless = True
 
     def verify(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: Generator) -> Verdict:
-        if not draft.is_chain:
-            raise IncompatibleDraftError("BlockVerifier verifies chains only; use a tree verifier for tree drafts")
+        p, empty = chain_probs("BlockVerifier", draft, logits, sampling, generator)  # p: [B, N + 1, V]
+        if empty is not None:
+            return empty
         batch, n = draft.tokens.shape
-        p = probs_from_logits(logits, sampling)  # [B, N + 1, V]
-        if n == 0:
-            nxt = sample(p[:, 0], generator, key="next")
-            return Verdict(accepted=draft.tokens, num_accepted=torch.zeros_like(nxt), next_token=nxt)
         tokens = draft.tokens.where(draft.valid, 0)
         q = draft.node_q()
         q = torch.zeros_like(p[:, :n]).scatter_(-1, tokens[..., None], 1.0) if q is None else q.float()
@@ -88,8 +85,4 @@ class BlockVerifier:
         target = p[rows, num]  # the bonus row (τ = γ) or the target after τ tokens
         at = num.clamp(max=n - 1)
         residual = (a[rows, num][:, None] * target - q[rows, at]).clamp(min=0)
-        usable = (num < lengths) & (residual.sum(-1) > 0)  # rounding can empty a residual: fall back to p
-        target = torch.where(usable[:, None], residual, target)
-        return Verdict(
-            accepted=draft.path(num - 1, num), num_accepted=num, next_token=sample(target, generator, key="next")
-        )
+        return chain_verdict(draft, num, target, residual, num < lengths, generator)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from decodekit.errors import IncompatibleDraftError
 from decodekit.registry import register
-from decodekit.sampling import Generator, probs_from_logits, sample, uniform
+from decodekit.sampling import Generator, uniform
 from decodekit.types import Draft, DraftKind, SamplingParams, Verdict
+from decodekit.verifiers.chain import chain_probs, chain_verdict
 
 
 @register("verifier", "rejection")
@@ -29,13 +29,10 @@ class RejectionVerifier:
     lossless = True
 
     def verify(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: Generator) -> Verdict:
-        if not draft.is_chain:
-            raise IncompatibleDraftError("RejectionVerifier verifies chains only; use a tree verifier for tree drafts")
+        p, empty = chain_probs("RejectionVerifier", draft, logits, sampling, generator)  # p: [B, N + 1, V]
+        if empty is not None:
+            return empty
         batch, n = draft.tokens.shape
-        p = probs_from_logits(logits, sampling)  # [B, N + 1, V]
-        if n == 0:
-            nxt = sample(p[:, 0], generator, key="next")
-            return Verdict(accepted=draft.tokens, num_accepted=torch.zeros_like(nxt), next_token=nxt)
         rows = torch.arange(batch, device=p.device)
         tokens = draft.tokens.where(draft.valid, 0)  # [B, N]: safe to gather with (unused slots may hold -1)
         p_x = p[:, :n].gather(-1, tokens[..., None])[..., 0]
@@ -50,8 +47,4 @@ class RejectionVerifier:
             residual = (target - draft.node_q()[rows, at].float()).clamp_(min=0)
         else:
             residual = target.scatter(1, tokens[rows, at][:, None], 0.0)
-        usable = rejected & (residual.sum(-1) > 0)  # rounding can empty a residual: fall back to p
-        target = torch.where(usable[:, None], residual, target)
-        return Verdict(
-            accepted=draft.path(num - 1, num), num_accepted=num, next_token=sample(target, generator, key="next")
-        )
+        return chain_verdict(draft, num, target, residual, rejected, generator)

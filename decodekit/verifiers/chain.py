@@ -1,0 +1,41 @@
+"""What the sampling verifiers of chain drafts share: the target's distributions and the plain step of an empty
+draft (:func:`chain_probs`), and the next token from a residual with its fallback (:func:`chain_verdict`)."""
+
+from __future__ import annotations
+
+import torch
+
+from decodekit.errors import IncompatibleDraftError
+from decodekit.sampling import Generator, probs_from_logits, sample
+from decodekit.types import Draft, SamplingParams, Verdict
+
+
+def chain_probs(
+    name: str, draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: Generator
+) -> tuple[torch.Tensor, Verdict | None]:
+    """The warped target ``p [B, N + 1, V]``, and the verdict itself when the draft is empty (plain sampling of
+    the next token); refuses a tree draft, naming the verifier ``name``."""
+    if not draft.is_chain:
+        raise IncompatibleDraftError(f"{name} verifies chains only; use a tree verifier for tree drafts")
+    p = probs_from_logits(logits, sampling)
+    if draft.tokens.shape[1]:
+        return p, None
+    nxt = sample(p[:, 0], generator, key="next")
+    return p, Verdict(accepted=draft.tokens, num_accepted=torch.zeros_like(nxt), next_token=nxt)
+
+
+def chain_verdict(
+    draft: Draft,
+    num: torch.Tensor,
+    target: torch.Tensor,
+    residual: torch.Tensor,
+    rejected: torch.Tensor,
+    generator: Generator,
+) -> Verdict:
+    """The verdict of ``num [B]`` accepted tokens: the next token from ``residual [B, V]`` where the row was
+    ``rejected`` before its draft's end, else (and where rounding emptied the residual) from ``target [B, V]``."""
+    usable = rejected & (residual.sum(-1) > 0)
+    target = torch.where(usable[:, None], residual, target)
+    return Verdict(
+        accepted=draft.path(num - 1, num), num_accepted=num, next_token=sample(target, generator, key="next")
+    )
