@@ -123,11 +123,23 @@ def generate(
         :meth:`~GenerationOutput.padded`.
     """
     start = time.perf_counter()
-    given = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
-    given |= dict(eos_token_id=eos_token_id, do_sample=do_sample, max_length=max_length, pad_token_id=pad_token_id)
-    given |= dict(min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty, stop_strings=stop_strings)
-    given |= dict(no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids)
-    given |= dict(suppress_tokens=suppress_tokens, logits_processor=logits_processor)
+    given = dict(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_token_id=eos_token_id,
+        do_sample=do_sample,
+        max_length=max_length,
+        pad_token_id=pad_token_id,
+        min_new_tokens=min_new_tokens,
+        repetition_penalty=repetition_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size,
+        bad_words_ids=bad_words_ids,
+        suppress_tokens=suppress_tokens,
+        logits_processor=logits_processor,
+        stop_strings=stop_strings,
+    )  # the transformers-style keywords, merged over generation_config by call_options
     options = call_options(generation_config, given, unsupported)
     sampling = SamplingParams(options.temperature, options.top_k, options.top_p)
     check_components(drafter, verifier, policy)
