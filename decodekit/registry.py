@@ -83,7 +83,7 @@ _MAX_VALUE_REPR = 80
 
 def readable_repr(obj: Any) -> str:
     """``Type(param=value, ...)``: the constructor's named parameters with the values of the same-named attributes
-    (parameters without such an attribute are left out). A value without a readable repr of its own (the default
+    (parameters without such an attribute, and optional ones left at their default None, are left out). A value without a readable repr of its own (the default
     ``<... object at 0x...>``, a multi-line or very long one such as a torch module's) prints as ``Type(...)``."""
     cls = type(obj)
     try:
@@ -92,7 +92,9 @@ def readable_repr(obj: Any) -> str:
         parameters = []
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     fields = [
-        f"{p.name}={_value_repr(getattr(obj, p.name))}" for p in parameters if p.kind in named and hasattr(obj, p.name)
+        f"{p.name}={_value_repr(getattr(obj, p.name))}"
+        for p in parameters
+        if p.kind in named and hasattr(obj, p.name) and not (p.default is None and getattr(obj, p.name) is None)
     ]
     return f"{cls.__name__}({', '.join(fields)})"
 
