@@ -86,6 +86,14 @@ class Components:
         self.row_selectors = [c for c in self.all if isinstance(c, SelectsRows)]
         self.vocab_size = model.vocab_size
         self.unchecked = drafter is not None  # until the first non-empty draft has been validated
+        self.tree_verifier: Verifier | None = None  # generate()'s default for tree drafts at temperature > 0
+
+    def verifier_for(self, draft: Draft) -> Verifier:
+        """The verifier of this round's draft: ``tree_verifier`` for a tree when the call chose its verifier by
+        default (rejection sampling verifies chains only), else the call's verifier."""
+        if self.tree_verifier is not None and draft.num_nodes and not draft.is_chain:
+            return self.tree_verifier
+        return self.verifier
 
     def _check_drafter(self, model: LanguageModel, sampling: SamplingParams) -> DraftKind | None:
         drafter = self.drafter

@@ -42,7 +42,7 @@ from decodekit.sampling import begin_round, make_generator, next_token
 from decodekit.state import DecodeState
 from decodekit.timing import PhaseTimer
 from decodekit.types import GenerationOutput, SamplingParams, Verdict
-from decodekit.verifiers import GreedyVerifier, RejectionVerifier
+from decodekit.verifiers import GreedyVerifier, RejectionVerifier, TraversalVerifier
 
 
 @torch.no_grad()
@@ -86,7 +86,8 @@ def generate(
             output (``BatchEncoding`` or a dict with ``input_ids``) works as is, its ``attention_mask`` (left or
             right padding) stripping each row's padding. Floats are refused, never truncated.
         drafter: proposes tokens each round; None = autoregressive decoding.
-        verifier: decides what the target accepts; default greedy at temperature 0, else rejection sampling.
+        verifier: decides what the target accepts; default greedy at temperature 0, else rejection sampling for
+            chain drafts and traversal verification for tree drafts.
         policy: draft budget per round; default ``FixedLength(4)``.
         max_new_tokens: per row, including the EOS token; default 64.
         temperature, top_k, top_p: sampling of the target (and, by default, of the drafter); temperature 0 (the
@@ -155,9 +156,11 @@ def generate(
     stop = StopStrings(options.stop_strings, tokenizer_for(tokenizer, model)) if options.stop_strings else None
     check_streamer(streamer)
     max_lengths = _max_lengths(rows, max_new_tokens, model)
+    tree_verifier = TraversalVerifier() if verifier is None and not sampling.greedy else None
     if verifier is None:
         verifier = GreedyVerifier() if sampling.greedy else RejectionVerifier()
     parts = Components(model, drafter, verifier, FixedLength(4) if policy is None else policy, sampling)
+    parts.tree_verifier = tree_verifier
     parts.check_context(max(max_lengths))
     generator = make_generator(seed, model.device)  # a list of ints: one keyed generator per row
     state = DecodeState.from_prompts(rows, max_lengths, sampling, generator, model.device)
@@ -175,7 +178,7 @@ def _loop(
     model: LanguageModel, state: DecodeState, parts: Components, out: Outputs, debug: bool, start: float
 ) -> GenerationOutput:
     """The rounds of one call (see the module docstring), from prefill to the last row's end."""
-    generator, sampling, verifier = state.generator, state.sampling, parts.verifier
+    generator, sampling = state.generator, state.sampling
     timer, counters = PhaseTimer(model.device, exact="timings" in parts.needs), RoundCounters(model.device)
     timer.start()
     cache = model.new_cache(state.batch_size, state.tokens.shape[1])
@@ -198,7 +201,7 @@ def _loop(
             cache, state.pending, draft, hidden_layers=parts.hidden_layers, return_hidden="hidden" in parts.needs
         )
         logits = process_scored(state, scored.logits, draft)
-        verdict = verifier.verify(draft, logits, sampling, generator)
+        verdict = parts.verifier_for(draft).verify(draft, logits, sampling, generator)
         parts.check_verdict(verdict, draft, values=debug)
         cache.keep(verdict.num_accepted + 1, _kept_slots(draft, verdict))
         timer.mark("verify")

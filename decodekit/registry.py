@@ -83,8 +83,9 @@ _MAX_VALUE_REPR = 80
 
 def readable_repr(obj: Any) -> str:
     """``Type(param=value, ...)``: the constructor's named parameters with the values of the same-named attributes
-    (parameters without such an attribute, and optional ones left at their default None, are left out). A value without a readable repr of its own (the default
-    ``<... object at 0x...>``, a multi-line or very long one such as a torch module's) prints as ``Type(...)``."""
+    (parameters without such an attribute, and optional ones left at their default None, are left out). A value
+    without a readable repr of its own (the default ``<... object at 0x...>``, a multi-line or very long one such as
+    a torch module's) prints as ``Type(...)``."""
     cls = type(obj)
     try:
         parameters = list(inspect.signature(cls).parameters.values())
