@@ -22,29 +22,29 @@ def rrs_plan(draft: Draft, p: torch.Tensor, laws: torch.Tensor) -> WalkPlan:
         p: ``[B, N + 1, V]`` the target's distributions (row 0 = after the pending token).
         laws: ``[B, N, V]`` the law each node was drawn from given its earlier siblings.
 
-    Host syncs: one (the widest sibling rank, to bound the loop over ranks).
+    Work: each node's ``[V]`` row once, the nodes of one sibling rank at a time (all first children, then all
+    second children, ...). Host syncs: one (how many nodes hold each rank).
     """
     batch, n = draft.tokens.shape
-    valid = draft.valid
-    tokens = draft.tokens.where(valid, 0)
-    rank = earlier_siblings(draft).sum(-1)
-    rows = parent_rows(draft)
-    q_x = laws.gather(-1, tokens[..., None])[..., 0]
-    residual = torch.cat([p, torch.zeros_like(p[:, :1])], 1)  # a scratch row n + 1 takes writes of other ranks
-    accept = torch.zeros_like(q_x)
     vocab = p.shape[-1]
-    for r in range(int(rank.where(valid, 0).max()) + 1):
-        chosen = valid & (rank == r)  # at most one node per parent
-        current = residual.gather(1, rows[..., None].expand(-1, -1, vocab))  # [B, N, V] each parent's p'
-        p_x = current.gather(-1, tokens[..., None])[..., 0]
-        ratio = torch.where(q_x > 0, p_x / q_x.clamp(min=TINY), torch.zeros_like(p_x)).clamp(max=1)
-        accept = torch.where(chosen, ratio, accept)
-        rest = (current - laws).clamp(min=0)
+    valid = draft.valid.reshape(-1)
+    tokens = draft.tokens.where(draft.valid, 0).reshape(-1)
+    rank = earlier_siblings(draft).sum(-1).reshape(-1)
+    rows = (parent_rows(draft) + torch.arange(batch, device=p.device)[:, None] * (n + 1)).reshape(-1)  # flat rows
+    laws = laws.reshape(-1, vocab)
+    residual = p.reshape(-1, vocab).clone()  # [B (N + 1), V]: each node's current p'
+    accept = torch.zeros(batch * n, dtype=p.dtype, device=p.device)
+    counts = torch.bincount(rank[valid], minlength=1).tolist()  # the one host sync
+    for r, count in enumerate(counts):
+        nodes = torch.nonzero_static(valid & (rank == r), size=count)[:, 0]  # at most one per parent
+        parent = rows[nodes]
+        current, law, x = residual[parent], laws[nodes], tokens[nodes]  # [M, V], [M, V], [M]
+        q_x, p_x = law.gather(1, x[:, None])[:, 0], current.gather(1, x[:, None])[:, 0]
+        accept[nodes] = torch.where(q_x > 0, p_x / q_x.clamp(min=TINY), torch.zeros_like(p_x)).clamp(max=1)
+        rest = (current - law).clamp_(min=0)
         mass = rest.sum(-1, keepdim=True)
-        after = torch.where(mass > 0, rest / mass.clamp(min=TINY), current)  # mass 0: accepted surely, unused
-        target = torch.where(chosen, rows, n + 1)
-        residual.scatter_(1, target[..., None].expand(-1, -1, vocab), after)
-    return WalkPlan(accept=accept, residual=residual[:, : n + 1])
+        residual[parent] = torch.where(mass > 0, rest / mass.clamp(min=TINY), current)  # mass 0: accepted surely
+    return WalkPlan(accept=accept.reshape(batch, n), residual=residual.reshape(batch, n + 1, vocab))
 
 
 @register("verifier", "specinfer")

@@ -12,7 +12,7 @@ from decodekit.types import Draft, DraftKind, SamplingParams, Verdict
 from decodekit.verifiers.specinfer import rrs_plan
 from decodekit.verifiers.tree import TINY, WalkPlan, draw_laws, parent_rows, token_probs, tree_probs, walk
 
-BISECTION_STEPS = 50
+BISECTION_STEPS = 32  # ρ* to within (k - 1) / 2^32, rounded up
 
 
 def kseq_rho(p: torch.Tensor, q: torch.Tensor, k: torch.Tensor, steps: int = BISECTION_STEPS) -> torch.Tensor:
@@ -85,7 +85,7 @@ class SpecTrVerifier:
     i.i.d. means every sibling list holds independent draws from the parent's ``q`` (kind ``SAMPLED``); K
     i.i.d. rollouts qualify. Deterministic trees are verified as point masses by the recursive-rejection rule
     (:class:`~decodekit.verifiers.SpecInferVerifier`), the lossless choice for them; siblings drawn without
-    replacement are refused (use ``specinfer`` or ``traversal``). Cost: a ``[B, N + 1, V]`` pass, a 50-step
+    replacement are refused (use ``specinfer`` or ``traversal``). Cost: a ``[B, N + 1, V]`` pass, a 32-step
     bisection over the parents with two or more children, and one host sync per round.
     """
 
