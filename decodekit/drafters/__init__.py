@@ -1,6 +1,8 @@
 """Drafters: one file per algorithm, each registered under ``build("drafter", name)``."""
 
+from decodekit.drafters.delayed import DelayedTreeDrafter
 from decodekit.drafters.model import ModelDrafter
+from decodekit.drafters.model_tree import ModelTreeDrafter
 from decodekit.drafters.ngram import NGramDrafter
 
-__all__ = ["ModelDrafter", "NGramDrafter"]
+__all__ = ["DelayedTreeDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter"]

@@ -66,11 +66,7 @@ class ModelDrafter:
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
         sampling = self.sampling(state.sampling)
         k = budget.max_len
-        seen = self.cache.host_lengths()
-        unseen = [n - s for n, s in zip(state.host_lengths, seen)]  # >= 1: the pending token at least
-        idx = self.cache.lengths[:, None] + torch.arange(max(unseen), device=state.device)
-        tokens_in = state.tokens.gather(1, idx.clamp(max=state.tokens.shape[1] - 1))
-        logits = self.model.extend(self.cache, tokens_in, state.lengths - self.cache.lengths, host_counts=unseen).logits
+        logits = self.feed_unseen(state)
         if k == 0:
             return Draft.empty(state.batch_size, state.device)
         report = sampling.greedy and "kl" in state.needs
@@ -99,6 +95,15 @@ class ModelDrafter:
         if sampling.greedy:
             return Draft.chain(tokens_t, valid=valid_t, draft_probs=probs)
         return Draft.chain(tokens_t, valid=valid_t, q=probs)
+
+    def feed_unseen(self, state: DecodeState) -> torch.Tensor:
+        """Commit to the draft cache the tokens it has not seen (the pending token, plus any accepted draft tokens
+        it does not hold); returns the draft model's logits ``[B, V]`` after each row's pending token."""
+        seen = self.cache.host_lengths()
+        unseen = [n - s for n, s in zip(state.host_lengths, seen)]  # >= 1: the pending token at least
+        idx = self.cache.lengths[:, None] + torch.arange(max(unseen), device=state.device)
+        tokens_in = state.tokens.gather(1, idx.clamp(max=state.tokens.shape[1] - 1))
+        return self.model.extend(self.cache, tokens_in, state.lengths - self.cache.lengths, host_counts=unseen).logits
 
     def observe(self, state: DecodeState, round: Round) -> None:
         """Drop drafted tokens the target rejected: keep what agrees with the committed history."""
