@@ -208,7 +208,9 @@ class Draft:
         probs = None if self.draft_probs is None else self.draft_probs[:, :width]
         cut = self.tokens[:, :width], self.parents[:, :width], self.valid[:, :width]
         out = Draft(*cut, kind=self.kind, q=q, q_index=q_index, draft_probs=probs)
-        if "is_chain" in self.__dict__:
+        if width == 0:  # no nodes left: an empty draft, which every verifier takes as one plain step
+            out.__dict__["is_chain"] = True
+        elif "is_chain" in self.__dict__:
             out.__dict__["is_chain"] = self.__dict__["is_chain"]
         return out
 

@@ -8,6 +8,8 @@ union of what was asked for, so plain decoding pays nothing. The vocabulary (:da
   distribution (``Draft.draft_probs``, or ``q`` of a sampled draft).
 * ``"hidden"``: :attr:`Round.hidden`, the target's final hidden states of the tokens the round committed to its
   cache; a component may also list layer indices in ``hidden_layers`` to get :attr:`Round.layer_hidden`.
+* ``"logits"``: :attr:`Round.logits`, the verification logits of every scored position (a reference to the
+  tensor the verifier read: no copy, no compute), for drafters that learn from the target (Token Recycling).
 * ``"timings"``: :attr:`Round.draft_time_s` / :attr:`Round.verify_time_s` of this round. On CUDA this costs one
   synchronisation per round; without it the loop's own timings are read a round late from CUDA events.
 
@@ -28,7 +30,7 @@ from decodekit.models.base import ModelOutput
 from decodekit.sampling import probs_from_logits
 from decodekit.types import SamplingParams, Verdict
 
-NEEDS = frozenset({"target_probs", "kl", "hidden", "timings"})
+NEEDS = frozenset({"target_probs", "kl", "hidden", "logits", "timings"})
 """Everything a component may ask for in ``needs``."""
 
 _FLOOR = 1e-30  # drafter probabilities are floored here, so a KL stays finite where the drafter gave 0
@@ -49,6 +51,10 @@ class Round:
             (``needs`` "target_probs" or "kl"); 0 for invalid nodes.
         kl: ``[B, N]`` float32 KL(target || drafter) at each node's parent (``needs`` "kl"); NaN where the
             drafter reported no distribution, and for invalid nodes.
+        logits: ``[B, N + 1, V]`` the verification logits (``needs`` "logits"): row 0 follows the previous pending
+            token, row ``i + 1`` follows draft node ``i`` (invalid nodes' rows are meaningless). They are the
+            target's raw logits after the call's logits processors (``repetition_penalty``, ...; none by default),
+            before temperature / top-k / top-p: exactly what the verifier was given. Do not modify them in place.
         hidden: ``[B, 1 + D, H]`` the target's final hidden states (the output head's input) of the tokens this
             round added to its cache: the previous pending token, then the accepted path; row ``b`` uses the first
             ``verdict.num_accepted[b] + 1`` (``needs`` "hidden").
@@ -63,6 +69,7 @@ class Round:
     counts: torch.Tensor
     target_probs: torch.Tensor | None = None
     kl: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
     layer_hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     draft_time_s: float | None = None
@@ -104,6 +111,8 @@ def round_extras(
         extras["target_probs"] = p.gather(-1, draft.tokens.where(draft.valid, 0)[..., None])[..., 0] * draft.valid
         if "kl" in needs:
             extras["kl"] = _kl(p, draft)
+    if "logits" in needs:
+        extras["logits"] = out.logits
     if "hidden" in needs or hidden_layers:
         kept = kept_inputs(verdict)
         if out.last_hidden is not None:

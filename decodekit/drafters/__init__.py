@@ -4,5 +4,14 @@ from decodekit.drafters.delayed import DelayedTreeDrafter
 from decodekit.drafters.model import ModelDrafter
 from decodekit.drafters.model_tree import ModelTreeDrafter
 from decodekit.drafters.ngram import NGramDrafter
+from decodekit.drafters.recycling import RecyclingDrafter
+from decodekit.drafters.suffix import SuffixDrafter
 
-__all__ = ["DelayedTreeDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter"]
+__all__ = [
+    "DelayedTreeDrafter",
+    "ModelDrafter",
+    "ModelTreeDrafter",
+    "NGramDrafter",
+    "RecyclingDrafter",
+    "SuffixDrafter",
+]

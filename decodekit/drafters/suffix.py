@@ -1,0 +1,316 @@
+"""SuffixDecoding: frequency-scored token trees from suffix matches in the prompt, the output and earlier outputs."""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import torch
+
+from decodekit.checks import check_float, check_int
+from decodekit.registry import register
+from decodekit.state import DecodeState
+from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
+
+if TYPE_CHECKING:
+    from decodekit.round import Round
+
+
+class _Node:
+    """A suffix-trie node: how often its string occurred, its continuations, and the newest stamp that passed."""
+
+    __slots__ = ("children", "count", "last")
+
+    def __init__(self) -> None:
+        self.children: dict[int, _Node] = {}
+        self.count = 0
+        self.last = 0
+
+
+def _extend(active: list[_Node], token: int, stamp: int, depth: int) -> list[_Node]:
+    """Append ``token`` to a sequence whose suffix nodes (last 0, 1, ... tokens) are ``active``; returns the new
+    ones. Each suffix of length < ``depth`` gets one more occurrence followed by ``token``."""
+    new = [active[0]]
+    for node in active[:depth]:
+        child = node.children.get(token)
+        if child is None:
+            child = node.children[token] = _Node()
+        child.count += 1
+        child.last = stamp
+        new.append(child)
+    return new[:depth]
+
+
+def _retract(root: _Node, tokens: list[int], depth: int) -> None:
+    """Undo inserting ``tokens`` (every suffix, up to ``depth`` tokens): counts down, empty nodes dropped."""
+    active = [root]
+    for token in tokens:
+        new = [root]
+        for node in active[:depth]:
+            child = node.children[token]
+            child.count -= 1
+            if child.count == 0:
+                del node.children[token]
+            new.append(child)
+        active = new[:depth]
+
+
+class _GlobalCache:
+    """Earlier calls' outputs in one suffix trie, at most ``capacity`` tokens, least recently used out first."""
+
+    def __init__(self, capacity: int, depth: int) -> None:
+        self.capacity, self.depth = capacity, depth
+        self.clear()
+
+    def clear(self) -> None:
+        self.root, self.sequences, self.tokens, self.next_id = _Node(), OrderedDict[int, list[int]](), 0, 1
+
+    def add(self, tokens: list[int]) -> None:
+        tokens = tokens[-self.capacity :] if self.capacity else []
+        if not tokens:
+            return
+        active, stamp = [self.root], self.next_id
+        for token in tokens:
+            active = _extend(active, token, stamp, self.depth)
+        self.sequences[stamp], self.next_id, self.tokens = tokens, stamp + 1, self.tokens + len(tokens)
+        while self.tokens > self.capacity:
+            _, old = self.sequences.popitem(last=False)
+            _retract(self.root, old, self.depth)
+            self.tokens -= len(old)
+
+    def touch(self, stamp: int) -> None:
+        """Mark the output ``stamp`` used (it supplied a draft)."""
+        if stamp in self.sequences:
+            self.sequences.move_to_end(stamp)
+
+    def suffixes(self, history: list[int], longest: int) -> Iterator[tuple[_Node, int, int]]:
+        """``(node, length, continuations)`` of the suffixes of ``history`` that occur in the cache followed by
+        something, longest first (at most ``longest`` tokens; a binary search finds the longest, since a suffix
+        occurs wherever a longer one does)."""
+        lo, hi, found = 1, min(longest, len(history)), 0
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            node = self._walk(history[len(history) - mid :])
+            if node is not None and node.children:
+                found, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        for length in range(found, 0, -1):
+            node = self._walk(history[len(history) - length :])
+            assert node is not None
+            yield node, length, sum(c.count for c in node.children.values())
+
+    def _walk(self, tokens: list[int]) -> _Node | None:
+        node: _Node | None = self.root
+        for token in tokens:
+            node = node.children.get(token)
+            if node is None:
+                return None
+        return node
+
+
+def _distinct(candidates: Iterable[tuple[_Node, int, int]]) -> Iterator[tuple[_Node, int, int]]:
+    """Of ``(node, length, continuations)`` longest first, the longest match per number of continuations (a shorter
+    match with as many continuations has the same ones)."""
+    seen = 0
+    for node, length, total in candidates:
+        if total > seen:
+            seen = total
+            yield node, length, total
+
+
+class _Row:
+    """One live row: its tokens so far and their suffix trie (``active[j]``: the node of the last ``j`` tokens)."""
+
+    def __init__(self, tokens: list[int], prompt_length: int, depth: int) -> None:
+        self.tokens, self.prompt_length, self.root = [], prompt_length, _Node()
+        self.active = [self.root]
+        self.add(tokens, depth)
+
+    def add(self, tokens: list[int], depth: int) -> None:
+        for token in tokens:
+            self.active = _extend(self.active, token, len(self.tokens), depth)
+            self.tokens.append(token)
+
+
+@register("drafter", "suffix")
+class SuffixDrafter:
+    """SuffixDecoding (Oliaro et al. 2024, "SuffixDecoding: Extreme Speculative Decoding for Emerging AI
+    Applications"): model-free token trees from the continuations of the current suffix.
+
+    Each row keeps a suffix trie (every substring of up to ``trie_depth`` tokens, with its count) of its prompt and
+    output so far, updated as tokens are committed; a global trie holds the outputs of earlier rows and calls.
+    Each round, per row and per trie, the suffixes of the row (pending token included) that occurred before with a
+    continuation are matched (at most ``trie_depth - depth`` tokens, so the continuations fit the trie), and from
+    the longest one per distinct number of occurrences a draft grows best-first: a child's score is its parent's
+    times ``count(child) / count(parent)`` (an estimate of its acceptance probability); nodes below ``min_prob`` are
+    not drafted, ties go to the most recent continuation. A draft has at most ``floor(factor * match length)``
+    nodes, within the budget's nodes, depth and width. The draft with the largest score (sum of node scores: the
+    expected accepted length) is proposed. Rows without a match draft nothing. Drafts are deterministic (given the
+    history and the cache), so any lossless verifier treats them as point masses.
+
+    **The global cache** holds generated tokens only (no prompts): a row's output is added when it finishes (in
+    ``select_rows``, which the loop calls for finished rows, the last ones included), so later rows of the same
+    call and later calls draft from it. It holds at most ``cache_tokens`` tokens (0 = off); when full, whole outputs
+    are evicted least recently used first (used = added, or the source of a proposed draft). ``clear()`` empties it.
+    In a benchmark that repeats the same prompts, the cache holds the earlier pass's output of the very prompt
+    being timed: use ``cache_tokens=0`` there (the recipe does), or ``clear()`` between calls.
+
+    Faithfulness: the two trees, the frequency scores (``count(child)/count(parent)`` products, ``min_token_prob``),
+    the best-first tree, the choice of the best-scoring draft across match lengths and trees, and the draft size
+    ``alpha * match length`` follow the reference (ArcticInference's description of ``speculate``); ours: a
+    depth-limited suffix *trie* in Python instead of a path-compressed suffix tree, one expansion per distinct
+    number of occurrences instead of per match length, the global cache filled when a row finishes (the reference
+    extends it token by token) with LRU eviction of whole outputs (the reference: FIFO by request).
+
+    Measured (SmolLM2-135M-Instruct, float32 oneDNN, 2-core shared CPU, batch 1, greedy): propose 0.11 ms a round
+    (0.15 with a warm global cache) against 57 ms for a one-token forward and 67-80 ms for a verification of
+    2-17 tokens; ``begin`` builds a 434-token prompt's trie in 3.2 ms. The tensorised ``NGramDrafter``, doing less,
+    takes 0.33 ms a round on the same prompts: a match here is a few dictionary lookups, cheaper than the torch
+    ops a tensor version would launch, so the tries stay in Python. With ``FixedLength(16, depth=16)`` and no
+    global cache: 1.98x over autoregressive decoding (6 mixed prompts, 64 tokens, 2 interleaved passes) against
+    1.79x for ``ngram`` k=4 and 1.67x for transformers' prompt lookup (1.19x over it; HumanEval 1.20x, MT-Bench
+    1.08x, stdlib code 1.11x), every output equal to plain greedy decoding's. ``factor`` 4 / 8 / 16 gave 1.95x /
+    1.98x / 1.94x in a cost model on 9 prompts; the default budget ``k=4`` caps it below ``ngram``.
+
+    Args:
+        factor: draft nodes per matched token (SuffixDecoding's alpha).
+        min_prob: smallest score a drafted node may have.
+        trie_depth: the longest substring the tries hold (match length + draft depth).
+        cache_tokens: capacity of the global cache in tokens (0 = no global cache). Memory: up to ``trie_depth``
+            trie nodes per cached token, ~5.5 KiB a token at depth 24 (45 MiB for 8192 tokens of varied text);
+            adding a 128-token output takes ~10 ms (once, when its row finishes).
+    """
+
+    def __init__(
+        self,
+        factor: float = 8.0,
+        min_prob: float = 0.1,
+        trie_depth: int = 24,
+        cache_tokens: int = 8192,
+    ) -> None:
+        self.factor = check_float("factor", factor, low=0.0, low_open=True, hint=" (draft nodes per matched token)")
+        self.min_prob = check_float("min_prob", min_prob, low=0.0, high=1.0)
+        self.trie_depth = check_int("trie_depth", trie_depth, low=2, hint=" (longest match + draft depth)")
+        self.cache_tokens = check_int("cache_tokens", cache_tokens, low=0, hint=" (0 = no global cache)")
+        self._cache = _GlobalCache(self.cache_tokens, self.trie_depth)
+        self._rows: list[_Row] = []
+
+    def draft_kind(self, sampling: SamplingParams) -> DraftKind:
+        return DraftKind.DETERMINISTIC
+
+    def clear(self) -> None:
+        """Empty the global cache of earlier outputs."""
+        self._cache.clear()
+
+    @property
+    def cached_outputs(self) -> list[list[int]]:
+        """The outputs in the global cache, least recently used first."""
+        return [list(tokens) for tokens in self._cache.sequences.values()]
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def begin(self, state: DecodeState) -> None:
+        history = state.tokens[:, : max(state.host_lengths)].tolist()
+        prompts = state.prompt_lengths.tolist()
+        self._rows = [_Row(row[:n], p, self.trie_depth) for row, n, p in zip(history, state.host_lengths, prompts)]
+
+    def observe(self, state: DecodeState, round: Round) -> None:
+        self._sync(state)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        keep = rows.tolist()
+        for b in sorted(set(range(len(self._rows))) - set(keep)):  # finished: their outputs go to the cache
+            row = self._rows[b]
+            self._cache.add(row.tokens[row.prompt_length :])
+        self._rows = [self._rows[b] for b in keep]
+
+    def _sync(self, state: DecodeState) -> None:
+        """Add the tokens committed since the last call to each row's trie (one host read)."""
+        if len(self._rows) != state.batch_size:
+            self.begin(state)
+            return
+        lengths = state.host_lengths
+        seen = min(len(r.tokens) for r in self._rows) if self._rows else 0
+        if all(len(r.tokens) == n for r, n in zip(self._rows, lengths)):
+            return
+        fresh = state.tokens[:, seen : max(lengths)].tolist()
+        for row, tokens, n in zip(self._rows, fresh, lengths):
+            row.add(tokens[len(row.tokens) - seen : n - seen], self.trie_depth)
+
+    # ---------------------------------------------------------------------------------------------- drafting
+    def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
+        self._sync(state)
+        nodes, depths = torch.stack([budget.nodes, budget.depth_or_nodes]).tolist()
+        drafts = [self._row_draft(r, n, d, budget.width) for r, n, d in zip(self._rows, nodes, depths)]
+        width = max((len(t) for t, _ in drafts), default=0)
+        if width == 0:
+            return Draft.empty(state.batch_size, state.device)
+        tokens = [t + [0] * (width - len(t)) for t, _ in drafts]
+        parents = [p + [-1] * (width - len(p)) for _, p in drafts]
+        valid = [[True] * len(t) + [False] * (width - len(t)) for t, _ in drafts]
+        device = state.device
+        tokens_t, valid_t = torch.tensor(tokens, device=device), torch.tensor(valid, device=device)
+        if all(p == list(range(-1, len(p) - 1)) for _, p in drafts):
+            return Draft.chain(tokens_t, valid=valid_t)
+        return Draft.tree(tokens_t, torch.tensor(parents, device=device), valid_t)
+
+    def _row_draft(self, row: _Row, nodes: int, depth: int, width: int | None) -> tuple[list[int], list[int]]:
+        """``(tokens, parents)`` of one row's draft (empty lists: no draft): the best-scoring expansion over the
+        match lengths of the local and the global trie (one per distinct number of continuations)."""
+        longest = min(self.trie_depth - depth, len(row.tokens))
+        if nodes <= 0 or depth <= 0 or longest <= 0:
+            return [], []
+        best: tuple[float, list[int], list[int]] = (0.0, [], [])
+        # local: active[j] is the suffix of j tokens; all its occurrences but the live one have a continuation
+        for node, length, total in _distinct(
+            (row.active[j], j, row.active[j].count - 1) for j in range(longest, 0, -1)
+        ):
+            found = self._expand(node, total, length, nodes, depth, width)
+            if found[0] > best[0]:
+                best = found
+        if not self._cache.sequences:
+            return best[1], best[2]
+        source = None
+        for node, length, total in _distinct(self._cache.suffixes(row.tokens, longest)):
+            found = self._expand(node, total, length, nodes, depth, width)
+            if found[0] > best[0]:
+                best, source = found, node
+        if source is not None:
+            self._cache.touch(source.last)
+        return best[1], best[2]
+
+    def _expand(
+        self, match: _Node, total: int, length: int, nodes: int, depth: int, width: int | None
+    ) -> tuple[float, list[int], list[int]]:
+        """Best-first tree from ``match`` (a suffix of ``length`` tokens, ``total`` occurrences with a continuation):
+        ``(score, tokens, parents)``."""
+        limit = min(nodes, int(self.factor * length))
+        heap: list[tuple[float, int, int, int, int, _Node, int]] = []  # -score, -stamp, tie, parent, depth, node, token
+        tie = 0
+
+        def push(node: _Node, score: float, parent: int, d: int) -> None:
+            nonlocal tie
+            for token, child in node.children.items():
+                p = score * child.count / (total if parent < 0 else node.count)
+                if p >= self.min_prob:
+                    heapq.heappush(heap, (-p, -child.last, tie, parent, d, child, token))
+                    tie += 1
+
+        push(match, 1.0, -1, 1)
+        tokens: list[int] = []
+        parents: list[int] = []
+        children: dict[int, int] = {}
+        score = 0.0
+        while heap and len(tokens) < limit:
+            neg, _, _, parent, d, node, token = heapq.heappop(heap)
+            if width is not None and children.get(parent, 0) >= width:
+                continue
+            children[parent] = children.get(parent, 0) + 1
+            tokens.append(token)
+            parents.append(parent)
+            score -= neg
+            if d < depth:
+                push(node, -neg, len(tokens) - 1, d + 1)
+        return score, tokens, parents

@@ -1,0 +1,160 @@
+"""Static token-tree templates, as data, for any tree drafter (Medusa, EAGLE-1, Token Recycling style).
+
+A template is a choice list: each node is a tuple of child ranks from the root, e.g. ``(0, 1)`` is the
+2nd-ranked child of the 1st-ranked child of the pending token. What "rank" means is the drafter's business (the
+k-th most likely successor, the k-th head's top-k...). Shapes: ``N`` template nodes.
+
+>>> t = TreeTemplate([(0,), (1,), (0, 0), (0, 1), (1, 0)])
+>>> t.parents.tolist(), t.ranks.tolist(), t.depth.tolist()
+([-1, -1, 0, 0, 1], [0, 1, 0, 1, 0], [1, 1, 2, 2, 2])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from decodekit.checks import check_int, describe
+from decodekit.errors import ConfigError, ConfigTypeError
+
+Choice = tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class TreeTemplate:
+    """A static tree, built from a choice list and validated (every prefix of a node must be a node).
+
+    Nodes are stored parents-first, sorted by (depth, lexicographic ranks), whatever the order given.
+
+    Attributes:
+        choices: the nodes as rank tuples, in stored order.
+        parents: ``[N]`` long, parent index of each node (``-1``: a child of the pending token); ``parents[i] < i``.
+        ranks: ``[N]`` long, each node's rank among its siblings (its last tuple entry).
+        depth: ``[N]`` long, 1 for children of the pending token.
+    """
+
+    choices: tuple[Choice, ...]
+    parents: torch.Tensor = field(init=False, repr=False)
+    ranks: torch.Tensor = field(init=False, repr=False)
+    depth: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        choices = _validated(self.choices)
+        index = {c: i for i, c in enumerate(choices)}
+        object.__setattr__(self, "choices", choices)
+        object.__setattr__(self, "parents", torch.tensor([index.get(c[:-1], -1) for c in choices], dtype=torch.long))
+        object.__setattr__(self, "ranks", torch.tensor([c[-1] for c in choices], dtype=torch.long))
+        object.__setattr__(self, "depth", torch.tensor([len(c) for c in choices], dtype=torch.long))
+
+    @classmethod
+    def from_branching(cls, branching: Sequence[int]) -> TreeTemplate:
+        """The full tree with ``branching[d]`` children for every node at depth ``d`` (the pending token is at
+        depth 0): ``from_branching((4, 2))`` has 4 + 8 nodes."""
+        if isinstance(branching, (str, bytes)) or not isinstance(branching, Sequence):
+            raise ConfigTypeError(f"branching must be a sequence of integers, got {describe(branching)}")
+        level: list[Choice] = [()]
+        choices: list[Choice] = []
+        for d, b in enumerate(branching):
+            b = check_int(f"branching[{d}]", b, low=1, hint=" (children per node at that depth)")
+            level = [c + (r,) for c in level for r in range(b)]
+            choices += level
+        return cls(tuple(choices))
+
+    # ------------------------------------------------------------------------------------------- shape
+    @property
+    def num_nodes(self) -> int:
+        return len(self.choices)
+
+    @property
+    def max_depth(self) -> int:
+        return max((len(c) for c in self.choices), default=0)
+
+    @property
+    def max_width(self) -> int:
+        """The most children any node (or the pending token) has."""
+        counts: dict[Choice, int] = {}
+        for c in self.choices:
+            counts[c[:-1]] = counts.get(c[:-1], 0) + 1
+        return max(counts.values(), default=0)
+
+    def levels(self) -> list[tuple[int, int]]:
+        """``[(start, end), ...]``: the node index range of each depth 1, 2, ... (nodes are sorted by depth)."""
+        bounds, start = [], 0
+        for d in range(1, self.max_depth + 1):
+            end = start + sum(1 for c in self.choices if len(c) == d)
+            bounds.append((start, end))
+            start = end
+        return bounds
+
+    # ------------------------------------------------------------------------------------------- budget
+    def truncated(self, nodes: int, depth: int | None = None, width: int | None = None) -> TreeTemplate:
+        """The first nodes (in stored order) that fit a budget: at most ``nodes`` nodes, none deeper than ``depth``,
+        no node with more than ``width`` children (each node keeps its lowest-ranked children). Parents stay in."""
+        nodes = check_int("nodes", nodes, low=0)
+        depth = check_int("depth", depth, low=0, optional=True)
+        width = check_int("width", width, low=1, optional=True)
+        slot: dict[Choice, int] = {}  # a node's position among its kept siblings
+        seen: dict[Choice, int] = {}
+        kept: list[Choice] = []
+        for c in self.choices:
+            if len(kept) == nodes or (depth is not None and len(c) > depth):
+                continue
+            if c[:-1] and c[:-1] not in slot:  # its parent was dropped
+                continue
+            position = seen.get(c[:-1], 0)
+            if width is not None and position >= width:
+                continue
+            seen[c[:-1]] = position + 1
+            slot[c] = position
+            kept.append(c)
+        return TreeTemplate(tuple(kept))
+
+    def __repr__(self) -> str:
+        return f"TreeTemplate(num_nodes={self.num_nodes}, max_depth={self.max_depth}, max_width={self.max_width})"
+
+
+def _validated(choices: Iterable[Sequence[int]]) -> tuple[Choice, ...]:
+    """Rank tuples sorted by (depth, lexicographic), refusing malformed entries, duplicates and missing prefixes."""
+    if isinstance(choices, (str, bytes)) or not isinstance(choices, Iterable):
+        raise ConfigTypeError(
+            f"a tree template needs a list of rank tuples such as [(0,), (0, 0)], got {describe(choices)}"
+        )
+    out: list[Choice] = []
+    for c in choices:
+        if isinstance(c, (str, bytes)) or not isinstance(c, Sequence) or len(c) == 0:
+            raise ConfigError(f"every tree template node must be a non-empty tuple of ranks, got {describe(c)}")
+        out.append(tuple(check_int("a tree template rank", r, low=0) for r in c))  # type: ignore[misc]
+    present = set(out)
+    if len(present) != len(out):
+        dup = next(c for c in out if out.count(c) > 1)
+        raise ConfigError(f"tree template node {dup} is listed twice")
+    for c in out:
+        if len(c) > 1 and c[:-1] not in present:
+            raise ConfigError(
+                f"tree template node {c} needs its parent {c[:-1]}: every prefix of a node must be listed"
+            )
+    return tuple(sorted(out, key=lambda c: (len(c), c)))
+
+
+def _levels(*per_depth: str) -> TreeTemplate:
+    """A template written one depth per string, nodes as rank digits: ``_levels("0 1", "00")``."""
+    return TreeTemplate(tuple(tuple(int(r) for r in node) for level in per_depth for node in level.split()))
+
+
+TEMPLATES: dict[str, TreeTemplate] = {
+    # the top-ranked successor, four deep
+    "chain4": TreeTemplate.from_branching((1, 1, 1, 1)),
+    # Nodes chosen greedily by measured acceptance (the way Token Recycling built its template): SmolLM2-135M-Instruct,
+    # RecyclingDrafter over a (6, 3, 2, 2, 1, 1) tree, greedy, 12 mixed prompts (HumanEval, MT-Bench, stdlib code);
+    # each node's rate of lying on the accepted path, the top 8 / 12 / 16 / 24 kept (expected tokens per round on
+    # those prompts: 1.95 / 2.10 / 2.19 / 2.33). A model whose top-1 is more often right wants a deeper spine.
+    "smollm2_8": _levels("0 1 2 3", "00 01", "000", "0000"),
+    "smollm2_12": _levels("0 1 2 3 4 5", "00 01 10", "000", "0000", "00000"),
+    "smollm2_16": _levels("0 1 2 3 4 5", "00 01 02 10 11 20", "000 001", "0000", "00000"),
+    "smollm2_24": _levels(
+        "0 1 2 3 4 5", "00 01 02 10 11 20 30 40 50", "000 001 010 100", "0000 1000", "00000 10000", "000000"
+    ),
+}
+"""Named templates (our own; ``TreeTemplate.truncated`` fits one to a smaller budget, keeping its shallowest nodes)."""
