@@ -12,6 +12,7 @@ from decodekit.drafters.recycling import RecyclingDrafter
 from decodekit.policies import FixedLength
 from decodekit.trees import TreeTemplate
 from decodekit.verifiers import GreedyVerifier
+from tests.conftest import assert_greedy_twice
 
 MAX_NEW = 40
 V = 16
@@ -92,20 +93,7 @@ def reference(target, ragged_prompts):
     [("smollm2_16", FixedLength(16, depth=5)), ("smollm2_24", FixedLength(8, depth=3, width=2)), ("chain4", None)],
 )
 def test_greedy_equals_plain_decoding(target, ragged_prompts, reference, template, policy):
-    drafter = RecyclingDrafter(template)
-    for _ in range(2):  # the second call starts from the first call's matrix
-        out = dk.generate(
-            target,
-            ragged_prompts,
-            drafter,
-            GreedyVerifier(),
-            policy,
-            max_new_tokens=MAX_NEW,
-            eos_token_id=(),
-            debug=True,  # every draft checked against its budget, every round
-        )
-        assert out.sequences == reference
-        assert 0 < out.stats.accepted < out.stats.drafted
+    assert_greedy_twice(target, ragged_prompts, RecyclingDrafter(template), policy, reference, MAX_NEW)
 
 
 def test_rows_finishing_early(target, ragged_prompts, reference):
@@ -189,21 +177,3 @@ def test_round_logits_only_when_asked(target, ragged_prompts):
     policy = Recorder(())
     dk.generate(target, ragged_prompts, NGramDrafter(), policy=policy, max_new_tokens=8, eos_token_id=())
     assert policy.rounds and all(r.logits is None for r in policy.rounds)
-
-
-def test_sampling_with_the_default_verifiers(target, ragged_prompts):
-    """At temperature > 0 generate() verifies the tree drafts with its tree verifier (also rounds with no node)."""
-    runs = [
-        dk.generate(
-            target,
-            ragged_prompts,
-            RecyclingDrafter(),
-            policy=FixedLength(12, depth=4),
-            max_new_tokens=20,
-            temperature=0.8,
-            seed=3,
-            eos_token_id=(),
-        )
-        for _ in range(2)
-    ]
-    assert runs[0].sequences == runs[1].sequences and runs[0].stats.drafted > 0

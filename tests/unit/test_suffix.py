@@ -10,6 +10,7 @@ import decodekit as dk
 from decodekit.drafters.suffix import SuffixDrafter
 from decodekit.policies import FixedLength
 from decodekit.verifiers import GreedyVerifier
+from tests.conftest import assert_greedy_twice
 
 MAX_NEW = 40
 VOCAB = 128
@@ -101,20 +102,8 @@ def reference(target, ragged_prompts):
     "policy", [FixedLength(12, depth=4), FixedLength(4), FixedLength(6, depth=3, width=2)], ids=repr
 )
 def test_greedy_equals_plain_decoding(target, ragged_prompts, reference, policy):
-    drafter = SuffixDrafter()
-    for _ in range(2):  # the second call also drafts from the first call's outputs (now in the cache)
-        out = dk.generate(
-            target,
-            ragged_prompts,
-            drafter,
-            GreedyVerifier(),
-            policy,
-            max_new_tokens=MAX_NEW,
-            eos_token_id=(),
-            debug=True,  # every draft checked against its budget, every round
-        )
-        assert out.sequences == reference
-        assert 0 < out.stats.accepted < out.stats.drafted  # not vacuous: partial acceptance
+    drafter = SuffixDrafter()  # the second call also drafts from the first call's outputs (now in the cache)
+    assert_greedy_twice(target, ragged_prompts, drafter, policy, reference, MAX_NEW)
     assert sorted(drafter.cached_outputs) == sorted(reference * 2)  # order: least recently used first
 
 
@@ -190,21 +179,3 @@ def test_bad_arguments(kwargs, message):
 
 def test_registered():
     assert isinstance(dk.build("drafter", "suffix"), SuffixDrafter)
-
-
-def test_sampling_with_the_default_verifiers(target, ragged_prompts):
-    """At temperature > 0 generate() verifies tree rounds with its tree verifier, chain rounds with rejection."""
-    runs = [
-        dk.generate(
-            target,
-            ragged_prompts,
-            SuffixDrafter(),
-            policy=FixedLength(12, depth=4),
-            max_new_tokens=20,
-            temperature=0.8,
-            seed=3,
-            eos_token_id=(),
-        )
-        for _ in range(2)
-    ]
-    assert runs[0].sequences == runs[1].sequences and runs[0].stats.drafted > 0

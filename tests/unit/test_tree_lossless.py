@@ -92,3 +92,25 @@ def test_tree_drafts_default_to_traversal_when_sampling(models, ragged_prompts):
     assert default == explicit and accepted > 0
     with pytest.raises(dk.IncompatibleDraftError, match="chains only"):
         run(dk.verifiers.RejectionVerifier())
+
+
+@pytest.mark.parametrize("name", ["suffix", "recycling"])
+def test_model_free_tree_drafters_sample_with_the_default_verifiers(target, ragged_prompts, name):
+    """At temperature > 0 generate() verifies tree rounds with its tree verifier, chain and empty rounds with
+    rejection sampling; seeded runs repeat."""
+
+    def run():
+        drafter = dk.build("drafter", name)
+        return dk.generate(
+            target,
+            ragged_prompts,
+            drafter,
+            policy=FixedLength(12, depth=4),
+            max_new_tokens=20,
+            temperature=0.8,
+            seed=3,
+            eos_token_id=(),
+        )
+
+    first, second = run(), run()
+    assert first.sequences == second.sequences and first.stats.drafted > 0
