@@ -67,6 +67,7 @@ class Components:
         verifier: Verifier,
         policy: LengthPolicy,
         sampling: SamplingParams,
+        tree_verifier: Verifier | None = None,
     ) -> None:
         check_components(drafter, verifier, policy)
         check_instance("verifier", verifier, Verifier, what=_WHAT["verifier"][1], optional=False)
@@ -86,7 +87,7 @@ class Components:
         self.row_selectors = [c for c in self.all if isinstance(c, SelectsRows)]
         self.vocab_size = model.vocab_size
         self.unchecked = drafter is not None  # until the first non-empty draft has been validated
-        self.tree_verifier: Verifier | None = None  # generate()'s default for tree drafts at temperature > 0
+        self.tree_verifier = tree_verifier  # generate()'s default for tree drafts at temperature > 0
 
     def verifier_for(self, draft: Draft) -> Verifier:
         """The verifier of this round's draft: ``tree_verifier`` for a tree when the call chose its verifier by

@@ -159,8 +159,7 @@ def generate(
     tree_verifier = TraversalVerifier() if verifier is None and not sampling.greedy else None
     if verifier is None:
         verifier = GreedyVerifier() if sampling.greedy else RejectionVerifier()
-    parts = Components(model, drafter, verifier, FixedLength(4) if policy is None else policy, sampling)
-    parts.tree_verifier = tree_verifier
+    parts = Components(model, drafter, verifier, FixedLength(4) if policy is None else policy, sampling, tree_verifier)
     parts.check_context(max(max_lengths))
     generator = make_generator(seed, model.device)  # a list of ints: one keyed generator per row
     state = DecodeState.from_prompts(rows, max_lengths, sampling, generator, model.device)

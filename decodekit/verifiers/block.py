@@ -8,6 +8,7 @@ from decodekit.registry import register
 from decodekit.sampling import Generator, uniform
 from decodekit.types import Draft, DraftKind, SamplingParams, Verdict
 from decodekit.verifiers.chain import chain_probs, chain_verdict
+from decodekit.verifiers.tree import likelihood_ratio
 
 
 def block_plan(
@@ -30,7 +31,7 @@ def block_plan(
     batch, n = tokens.shape
     p_x = p[:, :n].gather(-1, tokens[..., None])[..., 0]
     q_x = q.gather(-1, tokens[..., None])[..., 0]
-    ratio = torch.where(q_x > 0, p_x / q_x.clamp(min=1e-30), torch.zeros_like(p_x))
+    ratio = likelihood_ratio(p_x, q_x)
     a = [torch.ones(batch, dtype=p.dtype, device=p.device)]
     for i in range(n):
         a.append(torch.minimum(a[-1] * ratio[:, i], torch.ones_like(ratio[:, i])))

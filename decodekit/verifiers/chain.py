@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from decodekit.errors import IncompatibleDraftError
-from decodekit.sampling import Generator, probs_from_logits, sample
+from decodekit.sampling import Generator, sample
 from decodekit.types import Draft, SamplingParams, Verdict
+from decodekit.verifiers.tree import tree_probs
 
 
 def chain_probs(
@@ -17,11 +18,7 @@ def chain_probs(
     the next token); refuses a tree draft, naming the verifier ``name``."""
     if not draft.is_chain:
         raise IncompatibleDraftError(f"{name} verifies chains only; use a tree verifier for tree drafts")
-    p = probs_from_logits(logits, sampling)
-    if draft.tokens.shape[1]:
-        return p, None
-    nxt = sample(p[:, 0], generator, key="next")
-    return p, Verdict(accepted=draft.tokens, num_accepted=torch.zeros_like(nxt), next_token=nxt)
+    return tree_probs(draft, logits, sampling, generator)
 
 
 def chain_verdict(

@@ -7,7 +7,16 @@ import torch
 from decodekit.registry import register
 from decodekit.sampling import Generator
 from decodekit.types import Draft, DraftKind, SamplingParams, Verdict
-from decodekit.verifiers.tree import TINY, WalkPlan, draw_laws, earlier_siblings, parent_rows, tree_probs, walk
+from decodekit.verifiers.tree import (
+    TINY,
+    WalkPlan,
+    draw_laws,
+    earlier_siblings,
+    likelihood_ratio,
+    parent_rows,
+    tree_probs,
+    walk,
+)
 
 
 def rrs_plan(draft: Draft, p: torch.Tensor, laws: torch.Tensor) -> WalkPlan:
@@ -40,7 +49,7 @@ def rrs_plan(draft: Draft, p: torch.Tensor, laws: torch.Tensor) -> WalkPlan:
         parent = rows[nodes]
         current, law, x = residual[parent], laws[nodes], tokens[nodes]  # [M, V], [M, V], [M]
         q_x, p_x = law.gather(1, x[:, None])[:, 0], current.gather(1, x[:, None])[:, 0]
-        accept[nodes] = torch.where(q_x > 0, p_x / q_x.clamp(min=TINY), torch.zeros_like(p_x)).clamp(max=1)
+        accept[nodes] = likelihood_ratio(p_x, q_x).clamp(max=1)
         rest = (current - law).clamp_(min=0)
         mass = rest.sum(-1, keepdim=True)
         residual[parent] = torch.where(mass > 0, rest / mass.clamp(min=TINY), current)  # mass 0: accepted surely

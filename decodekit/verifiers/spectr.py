@@ -10,7 +10,16 @@ from decodekit.registry import register
 from decodekit.sampling import Generator
 from decodekit.types import Draft, DraftKind, SamplingParams, Verdict
 from decodekit.verifiers.specinfer import rrs_plan
-from decodekit.verifiers.tree import TINY, WalkPlan, draw_laws, parent_rows, token_probs, tree_probs, walk
+from decodekit.verifiers.tree import (
+    TINY,
+    WalkPlan,
+    draw_laws,
+    likelihood_ratio,
+    parent_rows,
+    token_probs,
+    tree_probs,
+    walk,
+)
 
 BISECTION_STEPS = 32  # ρ* to within (k - 1) / 2^32, rounded up
 
@@ -66,8 +75,14 @@ def kseq_plan(draft: Draft, p: torch.Tensor, laws: torch.Tensor) -> WalkPlan:
     p_x = token_probs(p, rows, tokens)
     q_x = laws.gather(-1, tokens[..., None])[..., 0]
     rho_x = rho_t.gather(1, rows)
-    accept = torch.where(q_x > 0, p_x / (rho_x * q_x).clamp(min=TINY), torch.zeros_like(p_x)).clamp(max=1)
+    accept = likelihood_ratio(p_x, rho_x * q_x).clamp(max=1)  # rho >= 1: zero exactly where q_x is
     return WalkPlan(accept=accept.where(draft.valid, 0), residual=residual)
+
+
+def spectr_plan(draft: Draft, p: torch.Tensor, laws: torch.Tensor) -> WalkPlan:
+    """What :class:`SpecTrVerifier` runs: K-SEQ for i.i.d. siblings, the point-mass rule of recursive rejection
+    (:func:`~decodekit.verifiers.specinfer.rrs_plan`) for deterministic trees."""
+    return (kseq_plan if draft.kind is DraftKind.SAMPLED else rrs_plan)(draft, p, laws)
 
 
 @register("verifier", "spectr")
@@ -101,5 +116,4 @@ class SpecTrVerifier:
         p, empty = tree_probs(draft, logits, sampling, generator)
         if empty is not None:
             return empty
-        plan = kseq_plan if draft.kind is DraftKind.SAMPLED else rrs_plan
-        return walk(draft, plan(draft, p, draw_laws(draft, p)), generator)
+        return walk(draft, spectr_plan(draft, p, draw_laws(draft, p)), generator)

@@ -13,6 +13,7 @@ from decodekit.verifiers.tree import (
     SequencePlan,
     draw_laws,
     earlier_siblings,
+    likelihood_ratio,
     parent_rows,
     token_probs,
     tree_probs,
@@ -62,7 +63,7 @@ def traversal_plan(draft: Draft, p: torch.Tensor, laws: torch.Tensor) -> Sequenc
     max_depth = int(depth.max())
     q_x = laws.gather(-1, tokens[..., None])[..., 0]
     target = p.clone()  # P, row 0 = the root
-    ratio = torch.where(q_x > 0, token_probs(p, rows, tokens) / q_x.clamp(min=TINY), torch.zeros_like(q_x))
+    ratio = likelihood_ratio(token_probs(p, rows, tokens), q_x)
     alpha = torch.ones(batch, n + 1, dtype=p.dtype, device=p.device)
     fixed = torch.zeros(batch, n + 1, dtype=torch.bool, device=p.device)
     fixed[:, 0] = True  # the root's α is never derived from a parent
@@ -93,7 +94,7 @@ def traversal_plan(draft: Draft, p: torch.Tensor, laws: torch.Tensor) -> Sequenc
         fixed[b, u] |= live
         children = (rows == u[:, None]) & valid & live[:, None]
         child_p = new_p.gather(1, tokens)
-        ratio = torch.where(children, torch.where(q_x > 0, child_p / q_x.clamp(min=TINY), 0.0), ratio)
+        ratio = torch.where(children, likelihood_ratio(child_p, q_x), ratio)
         refresh()
     out_alpha[:, n] = 1
     emission[:, n] = target[:, 0]

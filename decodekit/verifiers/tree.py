@@ -33,11 +33,9 @@ TINY = 1e-30
 def tree_probs(
     draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: Generator
 ) -> tuple[torch.Tensor, Verdict | None]:
-    """The warped target ``p [B, N + 1, V]`` (float32 at least), and the verdict itself when the draft is empty
-    (plain sampling of the next token)."""
+    """The warped target ``p [B, N + 1, V]`` (float32), and the verdict itself when the draft is empty (plain
+    sampling of the next token)."""
     p = probs_from_logits(logits, sampling)
-    if p.dtype in (torch.float16, torch.bfloat16):
-        p = p.float()
     if draft.num_nodes:
         return p, None
     nxt = sample(p[:, 0], generator, key="next")
@@ -82,6 +80,11 @@ def draw_laws(draft: Draft, like: torch.Tensor) -> torch.Tensor:
     removed.scatter_add_(2, tokens[:, None, :].expand(b, n, n), earlier)
     q = q.masked_fill(removed > 0, 0)
     return q / q.sum(-1, keepdim=True).clamp(min=TINY)
+
+
+def likelihood_ratio(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """``p(x) / q(x)`` elementwise, ``0`` where ``q(x) = 0`` (a token its own law could not have drawn is rejected)."""
+    return torch.where(q_x > 0, p_x / q_x.clamp(min=TINY), torch.zeros_like(p_x))
 
 
 def token_probs(probs: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -35,13 +35,14 @@ class TypicalAcceptanceVerifier:
 
     def verify(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: Generator) -> Verdict:
         greedy = sampling.greedy
-        p = (logits.float().softmax(-1) if greedy else probs_from_logits(logits, sampling)).float()  # [B, N + 1, V]
+        p = logits.float().softmax(-1) if greedy else probs_from_logits(logits, sampling)  # [B, N + 1, V] float32
         batch = draft.batch_size
         if draft.num_nodes == 0:
             nxt = logits[:, 0].argmax(-1) if greedy else sample(p[:, 0], generator, key="next")
             return Verdict(accepted=draft.tokens, num_accepted=torch.zeros_like(nxt), next_token=nxt)
         tokens = draft.tokens.where(draft.valid, 0)
         rows = parent_rows(draft)
+        p_x = token_probs(p, rows, tokens)  # [B, N]
         if greedy:
             ok = tokens == logits.argmax(-1).gather(1, rows)
         else:
@@ -49,10 +50,10 @@ class TypicalAcceptanceVerifier:
             bar = torch.minimum(
                 torch.full_like(entropy, self.posterior_threshold), self.posterior_alpha * (-entropy).exp()
             )
-            ok = token_probs(p, rows, tokens) > bar.gather(1, rows)
+            ok = p_x > bar.gather(1, rows)
         ok = ok & draft.valid
         reached = ok & ~(draft.ancestors & ~ok[:, None, :]).any(-1)
-        logp = token_probs(p, rows, tokens).clamp(min=1e-30).log()
+        logp = p_x.clamp(min=1e-30).log()
         score = (draft.ancestors.float() @ logp.where(reached, 0)[..., None])[..., 0]  # Σ log p along the path
         depth = torch.where(reached, draft.depth, 0)
         # deepest first, then the likeliest path (scores are <= 0, so they only break ties between depths)

@@ -168,15 +168,10 @@ def test_one_tree_step_is_exactly_the_target(verifier, shape, kind, setting):
     p, q = SETTINGS[setting]()
     if sum(mass for _, mass in drafts(SHAPES[shape], kind, q)) < 1 - 1e-9:
         pytest.skip("some nucleus holds fewer tokens than the siblings drawn from it without replacement")
-    plan = spectr_plan if verifier == "spectr" else PLANS[verifier]
+    plan = spectr.spectr_plan if verifier == "spectr" else PLANS[verifier]
     law, _ = output_law(SHAPES[shape], kind, p, q, plan)
     length = len(next(iter(law)))
     assert tv(law, target_law(p, length)) < 1e-9
-
-
-def spectr_plan(draft, target, laws):
-    """What SpecTrVerifier runs: K-SEQ for i.i.d. siblings, the point-mass rule for deterministic trees."""
-    return (spectr.kseq_plan if draft.kind is SAMPLED else specinfer.rrs_plan)(draft, target, laws)
 
 
 # ------------------------------------------------------------------------------------------ negative controls
