@@ -13,11 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 
 from decodekit.checks import check_int, describe
 from decodekit.errors import ConfigError, ConfigTypeError
+
+if TYPE_CHECKING:
+    from decodekit.budget import DraftBudget
 
 Choice = tuple[int, ...]
 
@@ -158,3 +163,51 @@ TEMPLATES: dict[str, TreeTemplate] = {
     ),
 }
 """Named templates (our own; ``TreeTemplate.truncated`` fits one to a smaller budget, keeping its shallowest nodes)."""
+
+
+def resolve_template(template: TreeTemplate | str) -> TreeTemplate:
+    """``template`` itself, or the named one in :data:`TEMPLATES`; anything else is refused with the names."""
+    if isinstance(template, str):
+        if template not in TEMPLATES:
+            raise ConfigError(f"unknown tree template {template!r}; named ones: {', '.join(sorted(TEMPLATES))}")
+        return TEMPLATES[template]
+    if not isinstance(template, TreeTemplate):
+        raise ConfigError(f"template must be a TreeTemplate or a name in TEMPLATES, got {describe(template)}")
+    return template
+
+
+@dataclass(frozen=True, eq=False)
+class FittedTemplate:
+    """A template truncated to a budget's host bounds, with its index tensors on the drafting device.
+
+    Attributes:
+        tree: the truncated template (``N`` nodes).
+        levels: the node index range of each depth (:meth:`TreeTemplate.levels`).
+        parents, ranks, depth: ``[N]`` long on the device (as in :class:`TreeTemplate`).
+    """
+
+    tree: TreeTemplate
+    levels: list[tuple[int, int]]
+    parents: torch.Tensor
+    ranks: torch.Tensor
+    depth: torch.Tensor
+
+    def fits(self, budget: DraftBudget) -> torch.Tensor:
+        """``[B, N]`` bool: the nodes within each row's budget (the shallowest ``nodes[b]`` of depth at most
+        ``depth[b]``; the template's order is parents first, so the kept set is ancestor-closed). No host sync."""
+        fits = self.depth[None, :] <= budget.depth_or_nodes[:, None]
+        return fits & (fits.long().cumsum(1) <= budget.nodes[:, None])
+
+
+def fit_template(template: TreeTemplate, budget: DraftBudget, device: torch.device) -> FittedTemplate:
+    """``template`` fitted to ``budget``'s host bounds (``max_nodes``, ``max_depth``, ``width``); cached per
+    template, bounds and device, so a drafter pays for it once per budget shape."""
+    nodes, depth = min(budget.max_nodes, template.num_nodes), min(budget.max_depth, template.max_depth)
+    return _fit(template, nodes, depth, budget.width, device)
+
+
+@lru_cache(maxsize=256)
+def _fit(template: TreeTemplate, nodes: int, depth: int, width: int | None, device: torch.device) -> FittedTemplate:
+    tree = template.truncated(nodes, depth, width)
+    parents, ranks, depths = (t.to(device) for t in (tree.parents, tree.ranks, tree.depth))
+    return FittedTemplate(tree, tree.levels(), parents, ranks, depths)

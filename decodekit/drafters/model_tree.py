@@ -15,51 +15,17 @@ from decodekit.budget import DraftBudget
 from decodekit.checks import check_int
 from decodekit.draft import Draft, DraftKind
 from decodekit.drafters.model import ModelDrafter
+from decodekit.drafters.model_template import template_tree
+from decodekit.drafters.staged import StagedTree, process_paths
 from decodekit.errors import ConfigError
-from decodekit.masks import tree_mask
-from decodekit.processors import process_next
 from decodekit.registry import register
 from decodekit.round import Round
 from decodekit.sampling import probs_from_logits, sample
 from decodekit.state import DecodeState
+from decodekit.trees import TreeTemplate, resolve_template
 from decodekit.types import SamplingParams
 
-SHAPES = ("iid", "without_replacement", "dynamic")
-
-
-class _StagedTree:
-    """One round's tree in the draft cache: node ``t`` of the staged block sits at slot ``L_b + t`` (``L_b`` = the
-    committed length, pending token included) and attends to the committed prefix, its ancestors and itself."""
-
-    def __init__(self, drafter: ModelDrafter, batch: int, device: torch.device) -> None:
-        self.drafter = drafter
-        self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=device)  # [B, T, T] over staged slots
-
-    def forward(self, tokens: torch.Tensor, parent_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stage ``tokens [B, M]`` (one tree level) under the nodes at ``parent_slots [B, M]`` (-1 = the pending
-        token) and run them in one forward. Returns their logits ``[B, M, V]`` and slots ``[B, M]``."""
-        off, (batch, m) = self.ancestors.shape[1], tokens.shape
-        anc = torch.zeros(batch, off + m, off + m, dtype=torch.bool, device=tokens.device)
-        anc[:, :off, :off] = self.ancestors
-        if off:
-            rows = self.ancestors.gather(1, parent_slots.clamp(min=0)[..., None].expand(-1, -1, off))
-            anc[:, off:, :off] = rows & (parent_slots >= 0)[..., None]
-        anc[:, off:, off:] = torch.eye(m, dtype=torch.bool, device=tokens.device)
-        cache = self.drafter.cache
-        kv_len = cache.stage(m, offset=off)
-        mask, positions = tree_mask(cache.lengths, anc, kv_len)
-        logits = self.drafter.model.forward(tokens, positions[:, off:], mask[:, :, off:], cache).logits
-        self.ancestors = anc
-        slots = torch.arange(off, off + m, device=tokens.device).expand(batch, m)
-        return logits, slots
-
-
-def _process(state: DecodeState, logits: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
-    """The call's logits processors on ``logits [B, F, V]`` after each parent's path ``paths [B, F, d]``."""
-    if state.processing is None:
-        return logits
-    drafted = [paths[:, f] if paths.shape[2] else None for f in range(logits.shape[1])]
-    return torch.stack([process_next(state, logits[:, f], drafted[f]) for f in range(logits.shape[1])], 1)
+SHAPES = ("iid", "without_replacement", "dynamic", "template")
 
 
 @register("drafter", "model_tree")
@@ -80,6 +46,10 @@ class ModelTreeDrafter(ModelDrafter):
       all candidates (an ancestor-closed set: a child never outscores its parent) form the draft. Kind
       ``DETERMINISTIC`` (verified as point masses); the drafter's distributions go to ``Draft.draft_probs`` when a
       component needs ``"kl"``. Scores use the drafter's warped distribution (the plain softmax at temperature 0).
+    * ``"template"`` (Medusa / EAGLE-1 static trees): a :class:`~decodekit.trees.TreeTemplate` (or the name of one
+      in ``decodekit.trees.TEMPLATES``), node ``(r1, ..., rd)`` being the ``rd``-th most likely token after its
+      parent's path under the same distribution; fitted to each round's budget as for every template drafter
+      (:func:`~decodekit.drafters.model_template.template_tree`). Kind ``DETERMINISTIC``.
 
     At temperature 0 the i.i.d. rollouts would all be the same argmax chain, so the rollout shapes draft the ``K``
     most likely *distinct* children of the branch node instead, each continued by its argmax chain (a deterministic
@@ -104,6 +74,8 @@ class ModelTreeDrafter(ModelDrafter):
         branches: ``K``, the rollouts of the rollout shapes.
         temperature: the drafter's temperature; None = the call's sampling parameters. 0 = deterministic trees.
         top_k: ``"dynamic"`` only: children per expanded node and nodes expanded per level (None = 4).
+        template: ``"template"`` only: a :class:`~decodekit.trees.TreeTemplate` or a name in ``TEMPLATES``
+            (None = ``"smollm2_16"``).
     """
 
     trunk: int = 0  # rollout shapes: single-child levels before the branch (DelayedTreeDrafter)
@@ -116,6 +88,7 @@ class ModelTreeDrafter(ModelDrafter):
         branches: int = 2,
         temperature: float | None = None,
         top_k: int | None = None,
+        template: TreeTemplate | str | None = None,
     ) -> None:
         if shape not in SHAPES:
             raise ConfigError(f"shape must be one of {', '.join(map(repr, SHAPES))}, got {shape!r}")
@@ -124,6 +97,10 @@ class ModelTreeDrafter(ModelDrafter):
         self.top_k = check_int("top_k", top_k, low=1, optional=True, hint=" (children per expanded node)")
         if top_k is not None and shape != "dynamic":
             raise ConfigError(f"top_k is for shape='dynamic'; shape={shape!r} uses branches (got top_k={top_k})")
+        if template is not None and shape != "template":
+            raise ConfigError(f"template is for shape='template'; got shape={shape!r} (pass shape='template')")
+        self.template = template
+        self._template = resolve_template("smollm2_16" if template is None else template)
         super().__init__(model, temperature)
         attention = getattr(self.model, "attention", None)
         if self.model.tree_refusal or (attention is not None and not attention.plain):
@@ -132,7 +109,7 @@ class ModelTreeDrafter(ModelDrafter):
         self._staged: tuple[torch.Tensor, int] | None = None  # this round's node slots [B, N], levels kept
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
-        if self.shape == "dynamic" or self.sampling(sampling).greedy:
+        if self.shape in ("dynamic", "template") or self.sampling(sampling).greedy:
             return DraftKind.DETERMINISTIC
         return DraftKind.SAMPLED_WITHOUT_REPLACEMENT if self.shape == "without_replacement" else DraftKind.SAMPLED
 
@@ -147,9 +124,12 @@ class ModelTreeDrafter(ModelDrafter):
         logits = self.feed_unseen(state)[:, None]  # [B, 1, V]
         if budget.max_len == 0 or budget.width == 0:
             return Draft.empty(state.batch_size, state.device)
-        tree = _StagedTree(self, state.batch_size, state.device)
+        tree = StagedTree(self, state.batch_size, state.device)
         if self.shape == "dynamic":
             return self._dynamic(state, budget, tree, logits)
+        if self.shape == "template":
+            draft, self._staged = template_tree(self, state, budget, tree, logits, self._template)
+            return draft
         return self._rollouts(state, budget, tree, logits)
 
     def observe(self, state: DecodeState, round: Round) -> None:
@@ -166,7 +146,7 @@ class ModelTreeDrafter(ModelDrafter):
         super().observe(state, round)
 
     # ---------------------------------------------------------------------------------------------- rollouts
-    def _rollouts(self, state: DecodeState, budget: DraftBudget, tree: _StagedTree, logits: torch.Tensor) -> Draft:
+    def _rollouts(self, state: DecodeState, budget: DraftBudget, tree: StagedTree, logits: torch.Tensor) -> Draft:
         """``trunk`` single-child levels, then ``K`` rollouts branching from the trunk's end (or the root)."""
         sampling, vocab = self.sampling(state.sampling), logits.shape[-1]
         greedy, report = sampling.greedy, sampling.greedy and "kl" in state.needs
@@ -189,7 +169,7 @@ class ModelTreeDrafter(ModelDrafter):
         n = rows = 0
         for d in range(1, levels + 1):
             fan = k if d == trunk + 1 else 1
-            logits = _process(state, logits, paths)
+            logits = process_paths(state, logits, paths)
             cols = torch.arange(logits.shape[1], device=device).repeat_interleave(fan)  # each child's parent column
             x, ok, probs = self._draw(logits, sampling, fan, state, key=("tree", d), report=report)
             if d <= trunk:
@@ -248,7 +228,7 @@ class ModelTreeDrafter(ModelDrafter):
         return torch.stack(xs, 1), torch.stack(oks, 1), probs
 
     # ----------------------------------------------------------------------------------------------- dynamic
-    def _dynamic(self, state: DecodeState, budget: DraftBudget, tree: _StagedTree, logits: torch.Tensor) -> Draft:
+    def _dynamic(self, state: DecodeState, budget: DraftBudget, tree: StagedTree, logits: torch.Tensor) -> Draft:
         """EAGLE-2's expand-then-rerank tree; candidates are numbered level by level, so parents come first."""
         sampling, vocab = self.sampling(state.sampling), logits.shape[-1]
         report = "kl" in state.needs
@@ -262,7 +242,7 @@ class ModelTreeDrafter(ModelDrafter):
         tokens, parents, scores, slots, prow, rows = [], [], [], [], [], []
         n = 0
         for d in range(1, levels + 1):
-            logits = _process(state, logits, paths)
+            logits = process_paths(state, logits, paths)
             conf = logits.float().softmax(-1) if sampling.greedy else probs_from_logits(logits, sampling)
             top = conf.topk(c, -1)  # [B, F, c]
             f = logits.shape[1]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from decodekit.checks import check_int, describe
+from decodekit.checks import check_int
 from decodekit.errors import ConfigError
 from decodekit.registry import register
 from decodekit.round import Round
 from decodekit.state import DecodeState
-from decodekit.trees import TEMPLATES, TreeTemplate
+from decodekit.trees import TreeTemplate, fit_template, resolve_template
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
 
 
@@ -49,17 +49,11 @@ class RecyclingDrafter:
 
     def __init__(self, template: TreeTemplate | str = "smollm2_16", k: int = 8) -> None:
         self.k = check_int("k", k, low=1, hint=" (successors kept per token)")
-        if isinstance(template, str):
-            if template not in TEMPLATES:
-                raise ConfigError(f"unknown tree template {template!r}; named ones: {', '.join(sorted(TEMPLATES))}")
-        elif not isinstance(template, TreeTemplate):
-            raise ConfigError(f"template must be a TreeTemplate or a name in TEMPLATES, got {describe(template)}")
         self.template = template
-        tree = TEMPLATES[template] if isinstance(template, str) else template
+        tree = resolve_template(template)
         if tree.num_nodes and int(tree.ranks.max()) >= self.k:
             raise ConfigError(f"the template uses rank {int(tree.ranks.max())} but only k={self.k} successors are kept")
         self._tree = tree
-        self._fitted: dict[tuple, tuple] = {}  # budget bounds and device -> truncated template, levels, tensors
         self.matrix: torch.Tensor | None = None  # [V + 1, k] long, -1 = unknown; row V absorbs discarded writes
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
@@ -75,15 +69,14 @@ class RecyclingDrafter:
             return Draft.empty(state.batch_size, state.device)
         if self.matrix.device != state.device:
             self.matrix = self.matrix.to(state.device)
-        tree, levels, (parents, ranks, depth) = self._fit(budget.max_nodes, budget.max_depth, budget.width, state)
-        n = tree.num_nodes
+        fitted = fit_template(self._tree, budget, state.device)
+        n, parents, ranks = fitted.tree.num_nodes, fitted.parents, fitted.ranks
         if n == 0:
             return Draft.empty(state.batch_size, state.device)
-        fits = depth[None, :] <= budget.depth_or_nodes[:, None]  # [B, N] per-row budget (the loop caps depths)
-        fits &= fits.long().cumsum(1) <= budget.nodes[:, None]
+        fits = fitted.fits(budget)  # [B, N] per-row budget
         tokens = torch.empty(state.batch_size, n, dtype=torch.long, device=state.device)
         valid = torch.empty(state.batch_size, n, dtype=torch.bool, device=state.device)
-        for d, (start, end) in enumerate(levels):
+        for d, (start, end) in enumerate(fitted.levels):
             if d == 0:
                 above, above_valid = state.pending[:, None], torch.ones_like(fits[:, :1])
             else:
@@ -92,15 +85,6 @@ class RecyclingDrafter:
             tokens[:, start:end] = found.clamp(min=0)
             valid[:, start:end] = above_valid & (found >= 0) & fits[:, start:end]
         return Draft.tree(tokens, parents.expand(state.batch_size, n), valid)
-
-    def _fit(self, nodes: int, depth: int, width: int | None, state: DecodeState) -> tuple:
-        """The template truncated to the budget's host bounds, its depth levels and its tensors on the device."""
-        key = (min(nodes, self._tree.num_nodes), min(depth, self._tree.max_depth), width, state.device)
-        if key not in self._fitted:
-            tree = self._tree.truncated(nodes, depth, width)
-            tensors = tuple(t.to(state.device) for t in (tree.parents, tree.ranks, tree.depth))
-            self._fitted[key] = (tree, tree.levels(), tensors)
-        return self._fitted[key]
 
     # ---------------------------------------------------------------------------------------------- update
     def observe(self, state: DecodeState, round: Round) -> None:

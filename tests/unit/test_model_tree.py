@@ -1,4 +1,4 @@
-"""Tree drafts from a separate draft model (ModelTreeDrafter's shapes and DelayedTreeDrafter).
+"""Tree drafts from a separate draft model (ModelTreeDrafter's shapes, a static template, DelayedTreeDrafter).
 
 * Structure: on a ragged batch with ragged per-row budgets, every round's draft is within its budget, has the
   declared kind and layout (rollouts, distinct siblings, a trunk with one child per node), and ``q`` (or the reported
@@ -22,6 +22,7 @@ from decodekit.drafters import DelayedTreeDrafter, ModelTreeDrafter
 from decodekit.errors import ConfigError
 from decodekit.policies import FixedLength
 from decodekit.sampling import probs_from_logits
+from decodekit.trees import TreeTemplate
 from decodekit.verifiers import GreedyVerifier, SpecInferVerifier, TraversalVerifier
 from tests.conftest import perturbed, tiny_llama
 from tests.unit.stats import chi_square_pvalue, total_variation, tv_noise
@@ -30,11 +31,13 @@ from tests.unit.test_lossless import PROMPTS, SETTINGS, VOCAB, exact_joint
 
 MAX_NEW = 16
 ROWS = 15_000  # per prompt, for the distribution tests
+TEMPLATE = TreeTemplate([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
 SHAPES = {
     "iid": lambda m, **kw: ModelTreeDrafter(m, shape="iid", branches=3, **kw),
     "without_replacement": lambda m, **kw: ModelTreeDrafter(m, shape="without_replacement", branches=3, **kw),
     "dynamic": lambda m, **kw: ModelTreeDrafter(m, shape="dynamic", top_k=4, **kw),
     "delayed": lambda m, **kw: DelayedTreeDrafter(m, branches=2, trunk=2, branch_length=2, **kw),
+    "template": lambda m, **kw: ModelTreeDrafter(m, shape="template", template=TEMPLATE, **kw),
 }
 
 
@@ -108,7 +111,7 @@ def test_structure_and_q(target, ragged_prompts, shape, sampled):
                     prefix = context + draft.tokens[b, path[:-1]].tolist()
                     expected = reference(draft_model, prefix, sampling, 1.5 if sampled else None)
                     torch.testing.assert_close(probs[b, i], expected, atol=2e-5, rtol=1e-4)
-                    if not sampled and shape != "dynamic":  # argmax chains, top-K at the branch node
+                    if shape == "template" or (not sampled and shape != "dynamic"):  # top-ranked children
                         rank = (draft.parents[b, :i] == draft.parents[b, i]).logical_and(draft.valid[b, :i]).sum()
                         assert draft.tokens[b, i] == expected.topk(int(rank) + 1).indices[-1]
 
@@ -132,8 +135,16 @@ def check_row(draft: dk.Draft, b: int, budget: dk.DraftBudget, shape: str, sampl
     parents = draft.parents[b][valid].tolist()
     children = {p: [i for i, q in enumerate(draft.parents[b].tolist()) if q == p and valid[i]] for p in [-1, *parents]}
     tokens = draft.tokens[b].tolist()
-    if shape in ("dynamic", "without_replacement") or not sampled:  # distinct siblings
+    if shape in ("dynamic", "without_replacement", "template") or not sampled:  # distinct siblings
         assert all(len({tokens[i] for i in c}) == len(c) for c in children.values())
+    if shape == "template":  # the template's shallowest nodes within the row's budget, in its order
+        within = [i for i, c in enumerate(TEMPLATE.choices) if len(c) <= depth][:nodes]
+        assert draft.parents[b].tolist() == TEMPLATE.parents[: draft.num_nodes].tolist()  # fitted: a prefix
+        if sampled:  # top-p may leave a rank out, and everything under it
+            assert set(valid.nonzero().flatten().tolist()) <= set(within) and valid[0]
+        else:
+            assert valid.nonzero().flatten().tolist() == within
+        return
     if shape == "dynamic":  # 3 children (top_k=4 capped by the width) of each of the 4 best frontier nodes
         candidates = 0 if depth == 0 else 3 if depth == 1 else 12 * (depth - 1)
         assert int(valid.sum()) == min(nodes, candidates) if not sampled else 0 < int(valid.sum()) <= nodes
@@ -176,7 +187,8 @@ def test_the_target_as_draft_model_is_accepted(target, ragged_prompts, greedy_re
     hist = out.stats.acceptance_histogram
     assert hist[0] == 0
     if shape != "dynamic":
-        depth = 4 if shape == "delayed" else 2  # delayed: trunk 2 + branches of 2; iid: 3 rollouts of 8 // 3
+        # delayed: trunk 2 + branches of 2; iid: 3 rollouts of 8 // 3; template: its rank-0 spine
+        depth = {"delayed": 4, "template": TEMPLATE.max_depth}.get(shape, 2)
         assert hist[depth] >= sum(hist) - 2 * len(ragged_prompts)  # all but the budget-capped last rounds
 
 
@@ -204,6 +216,7 @@ LAW_CASES = {
     ),
     "dynamic": (lambda m: ModelTreeDrafter(m, shape="dynamic", top_k=2), TraversalVerifier, "T1-k3"),
     "delayed": (lambda m: DelayedTreeDrafter(m, branches=2, trunk=1), TraversalVerifier, "T1"),
+    "template": (lambda m: ModelTreeDrafter(m, shape="template", template=TEMPLATE), SpecInferVerifier, "T0.7-p0.9"),
 }
 
 
@@ -252,6 +265,10 @@ def test_bad_arguments_are_refused(target):
         ModelTreeDrafter(target, shape="iid", top_k=3)
     with pytest.raises(ConfigError, match="branches"):
         ModelTreeDrafter(target, branches=0)
+    with pytest.raises(ConfigError, match="template is for shape='template'"):
+        ModelTreeDrafter(target, template="chain4")
+    with pytest.raises(ConfigError, match="unknown tree template 'medusa'; named ones: chain4"):
+        ModelTreeDrafter(target, shape="template", template="medusa")
     with pytest.raises(ConfigError, match="trunk"):
         DelayedTreeDrafter(target, trunk=-1)
 
@@ -291,7 +308,8 @@ class SyncCounter(Recorder):
 
 
 @pytest.mark.parametrize(
-    ("shape", "temperature"), [("iid", 1.0), ("without_replacement", 1.0), ("dynamic", 0.0), ("delayed", 0.0)]
+    ("shape", "temperature"),
+    [("iid", 1.0), ("without_replacement", 1.0), ("dynamic", 0.0), ("delayed", 0.0), ("template", 1.0)],
 )
 def test_no_host_syncs_of_its_own(target, ragged_prompts, shape, temperature):
     drafter = SyncCounter(SHAPES[shape](perturbed(target, 0.2, seed=1)))
