@@ -30,6 +30,7 @@ class SpecStats:
     accepted_per_pos: list[int] = field(default_factory=list)
     drafted_per_pos: list[int] = field(default_factory=list)
     acceptance_histogram: list[int] = field(default_factory=list)
+    round_max_accepted: list[int] = field(default_factory=list)
     prefill_time_s: float = 0.0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
@@ -47,6 +48,12 @@ class SpecStats:
     @property
     def acceptance_rate_per_pos(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_pos, self.drafted_per_pos)]
+
+    @property
+    def rejected_per_token(self) -> float:
+        """Drafted-but-rejected tokens per token committed after prefill (wasted draft and verify work)."""
+        tokens = self.generated - self.num_rows
+        return (self.drafted - self.accepted) / tokens if tokens > 0 else 0.0
 
     @property
     def tokens_per_step(self) -> float:
@@ -81,6 +88,7 @@ class SpecStats:
             "draft_acceptance_rate",
             "acceptance_rate_per_pos",
             "tokens_per_step",
+            "rejected_per_token",
             "decode_time_s",
             "other_time_s",
         ):
@@ -102,6 +110,7 @@ class RoundCounters:
         self.sums = torch.zeros(3, dtype=torch.long, device=device)  # num_drafts, drafted, accepted
         self.per_pos = torch.zeros(2, 0, dtype=torch.long, device=device)  # drafted_per_pos, accepted_per_pos
         self.histogram = torch.zeros(1, dtype=torch.long, device=device)
+        self.round_max = torch.zeros(1, dtype=torch.long, device=device)  # rounds that drafted, by most accepted
 
     def add_round(self, drafted: torch.Tensor, accepted: torch.Tensor, width: int) -> None:
         """One round: per live row, valid draft nodes ``drafted [B]`` and ``accepted [B]``; ``width`` (host) bounds
@@ -116,16 +125,20 @@ class RoundCounters:
             grow = width - self.per_pos.shape[1]
             self.per_pos = torch.cat([self.per_pos, self.per_pos.new_zeros(2, grow)], 1)
             self.histogram = torch.cat([self.histogram, self.histogram.new_zeros(grow)])
+            self.round_max = torch.cat([self.round_max, self.round_max.new_zeros(grow)])
         ar = torch.arange(width, device=drafted.device)
         self.per_pos[:, :width] += torch.stack([(drafted[:, None] > ar).sum(0), (accepted[:, None] > ar).sum(0)])
         self.histogram.scatter_add_(0, accepted.clamp(0, width), drew.long())
+        self.round_max.scatter_add_(0, (accepted * drew).max().clamp(0, width)[None], drew.any().long()[None])
 
     def flush(self, stats: SpecStats, generated: int) -> None:
         """Write the counters and the number of ``generated`` tokens into ``stats`` (host reads at the end)."""
         sums, per_pos, histogram = self.sums.tolist(), self.per_pos.tolist(), self.histogram.tolist()
+        round_max = self.round_max.tolist()
         used = max((j + 1 for j, d in enumerate(per_pos[0]) if d), default=0)
         stats.rounds, stats.row_steps = self.rounds, self.row_steps
         stats.generated = generated
         stats.num_drafts, stats.drafted, stats.accepted = sums
         stats.drafted_per_pos, stats.accepted_per_pos = per_pos[0][:used], per_pos[1][:used]
         stats.acceptance_histogram = histogram[: used + 1] if used else []
+        stats.round_max_accepted = round_max[: used + 1] if used else []

@@ -50,6 +50,7 @@ class Method:
     verifier: Any = None
     policy: Any = None
     max_batch: int | None = None
+    costs: Any = None  # {batch size: CostModel} of this drafter (decodekit.policies.profile_costs): oracle column
 
     def generate(
         self, model: LanguageModel, prompts: list[list[int]], setting: Setting, max_new_tokens: int, seed: int

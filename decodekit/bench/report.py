@@ -73,14 +73,16 @@ def markdown(results: Sequence[Result], title: str = "", info: dict[str, Any] | 
         groups.setdefault((r.setting, r.batch_size), []).append(r)
     for (setting, batch), rows in groups.items():
         passes = len(rows[0].pass_decode_s)
+        oracle = any(r.oracle is not None for r in rows)
         lines += [
             "",
             f"**{setting}, batch {batch}** ({rows[0].prompts} prompts, {passes} interleaved passes; speedup: median "
             "(min-max) of the per-pass ratios)",
             "",
             "| method | tok/s | decode tok/s | speedup | zero-overhead speedup | ceiling | mean acc. len | "
-            "acceptance per position | draft / verify / other s | prefill s | greedy match |",
-            "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
+            "acceptance per position | draft / verify / other s | prefill s | greedy match |"
+            + (" oracle | rejected / token |" if oracle else ""),
+            "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|" + ("---:|---:|" if oracle else ""),
         ]
         for r in rows:
             s = r.stats
@@ -94,6 +96,7 @@ def markdown(results: Sequence[Result], title: str = "", info: dict[str, Any] | 
                 f"{_fmt(r.zero_overhead, suffix='x')} | {_fmt(r.ceiling, suffix='x')} | {acc} | "
                 f"{per_pos} | {split} | "
                 f"{r.prefill_s:.1f} | {greedy_match(r)} |"
+                + (f" {_fmt(r.oracle, suffix='x')} | {_fmt(s.rejected_per_token if s else None)} |" if oracle else "")
             )
         warnings = list(dict.fromkeys(f"- WARNING {r.method}: {w}" for r in rows for w in r.warnings))
         if warnings:

@@ -85,6 +85,7 @@ class Result:
     greedy_match: float | None = None
     zero_overhead: float | None = None
     ceiling: float | None = None
+    oracle: float | None = None
     greedy_diffs: list[GreedyDiff] = field(default_factory=list, repr=False)
     speedup_range: tuple[float, float] | None = None
     pass_decode_s: list[float] = field(default_factory=list)
@@ -257,6 +258,7 @@ def _results(
             e2e_speedup=e2e[m],
             zero_overhead=zero[m],
             ceiling=ceiling[m],
+            oracle=_oracle(method, passes[m], batch_size),
             speedup_range=(min(speedups), max(speedups)),
             pass_decode_s=decode_s,
             calls=method_calls,
@@ -286,6 +288,19 @@ def _rates(runs: list[Run], prompts: int) -> tuple[float, float]:
     tokens = sum(len(s) for run in runs for s in run.sequences)
     wall = sum(r.wall_s for r in runs)
     return (tokens - prompts) / (wall - sum(r.prefill_s for r in runs)), tokens / wall
+
+
+def _oracle(method: Method | TransformersBaseline, runs: list[Run], batch_size: int) -> float | None:
+    """The oracle-length bound of the pass (``policies.analytic.oracle_speedup``) with the method's measured
+    costs, when it has them (``Method.costs``)."""
+    stats, costs = _merged(runs), getattr(method, "costs", None)
+    if stats is None or not costs or not stats.rounds:
+        return None
+    from decodekit.policies.analytic import cost_at, oracle_speedup
+
+    rounds = [k for k, n in enumerate(stats.round_max_accepted) for _ in range(n)]
+    steps = sum(max(len(s) for s in run.sequences) - 1 for run in runs)
+    return oracle_speedup(rounds, stats.rounds - len(rounds), steps, cost_at(costs, batch_size))
 
 
 def _zero_overhead(runs: list[Run], ref_runs: list[Run], prompts: int) -> tuple[float | None, float | None]:

@@ -1,7 +1,23 @@
-"""Length policies: one file per algorithm, each registered under ``build("policy", name)``."""
+"""Length policies: one file per algorithm, each registered under ``build("policy", name)``; the analytic speed
+model they share (:mod:`decodekit.policies.analytic`) and its measured costs (:func:`profile_costs`)."""
 
+from decodekit.policies.analytic import AcceptanceTracker, CostModel
+from decodekit.policies.batch_aware import BatchAwareLength
 from decodekit.policies.confidence import ConfidenceStop
 from decodekit.policies.fixed import FixedLength
+from decodekit.policies.goodput import GoodputLength
 from decodekit.policies.heuristic import HeuristicLength
+from decodekit.policies.profile import profile_costs
+from decodekit.policies.stack import Stack
 
-__all__ = ["ConfidenceStop", "FixedLength", "HeuristicLength"]
+__all__ = [
+    "AcceptanceTracker",
+    "BatchAwareLength",
+    "ConfidenceStop",
+    "CostModel",
+    "FixedLength",
+    "GoodputLength",
+    "HeuristicLength",
+    "Stack",
+    "profile_costs",
+]

@@ -1,0 +1,95 @@
+"""The batch-size table of "The Synergy of Speculative Decoding and Batching": one draft length per batch size."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import torch
+
+from decodekit.checks import check_float, check_int
+from decodekit.policies.analytic import AcceptanceTracker, CostModel, best_length, cost_at, expected_tokens
+from decodekit.policies.lengths import check_tree_args, length_budget
+from decodekit.registry import register
+from decodekit.state import DecodeState
+from decodekit.types import DraftBudget
+
+if TYPE_CHECKING:
+    from decodekit.round import Round
+
+
+@register("policy", "batch_aware")
+class BatchAwareLength:
+    """The draft length as a function of the live batch size (Su, Giannoula, Pekhimenko 2023, "The Synergy of
+    Speculative Decoding and Batching"): ``k*(B) = argmax_k E(k) T(B, 0) / T(B, k)`` over ``k = 0..max_len`` from
+    the cost model at batch size ``B`` and one acceptance rate ``alpha`` for the workload; ``k*(B) = 0`` (no
+    speculation) wherever no length beats plain decoding in the model. Every row of the batch gets ``k*(B)``.
+
+    ``alpha`` is fixed (the paper's offline table: :meth:`table`) or, with ``alpha=None``, estimated online over all
+    rows pooled (one :class:`~decodekit.policies.analytic.AcceptanceTracker` row for the whole batch), so the table
+    follows the workload; at ``k* = 0`` it drafts one token every ``probe_every`` rounds to keep measuring.
+
+    Faithfulness: the per-batch-size optimum from profiled draft and verify times with a position-independent
+    acceptance rate, and switching speculation off where it cannot win, follow the paper; the online pooled
+    estimate and the probe are ours. It is :class:`~decodekit.policies.goodput.GoodputLength` with one acceptance
+    rate for all rows.
+
+    Args:
+        costs: a :class:`CostModel` or ``{batch size: CostModel}`` (measured: ``profile_costs``); None = the
+            relative model from ``draft_step`` / ``verify_fixed`` / ``verify_step`` (units of one decoding step).
+        alpha: the workload's acceptance rate; None = estimated online.
+        max_len: the longest draft.
+        probe_every, nodes_per_depth, width: as :class:`~decodekit.policies.goodput.GoodputLength`.
+    """
+
+    def __init__(
+        self,
+        costs: CostModel | Mapping[int, CostModel] | None = None,
+        alpha: float | None = None,
+        max_len: int = 8,
+        draft_step: float = 0.0,
+        verify_fixed: float = 0.0,
+        verify_step: float = 0.0,
+        probe_every: int = 8,
+        nodes_per_depth: int = 1,
+        width: int | None = None,
+    ) -> None:
+        self.max_len = check_int("max_len", max_len, low=1, hint=" (the longest draft)")
+        self.alpha = check_float("alpha", alpha, low=0.0, high=1.0, optional=True, hint=" (None = measured online)")
+        self.draft_step = check_float("draft_step", draft_step, low=0.0)
+        self.verify_fixed = check_float("verify_fixed", verify_fixed, low=0.0)
+        self.verify_step = check_float("verify_step", verify_step, low=0.0)
+        self.costs = costs
+        self._costs = costs if costs is not None else CostModel.relative(draft_step, max_len, verify_step, verify_fixed)
+        self.probe_every = check_int("probe_every", probe_every, low=0, hint=" (0 = never probe)")
+        self.nodes_per_depth, self.width = check_tree_args(nodes_per_depth, width)
+        self.tracker = AcceptanceTracker()
+        self.idle = 0
+
+    def table(self, alpha: float, batch_sizes: list[int]) -> dict[int, int]:
+        """``{B: k*(B)}`` for acceptance rate ``alpha`` (the paper's offline table)."""
+        rate = torch.tensor(alpha, dtype=torch.float64)
+        return {
+            b: int(best_length(expected_tokens(rate, self.max_len), cost_at(self._costs, b))[0]) for b in batch_sizes
+        }
+
+    def begin(self, state: DecodeState) -> None:
+        self.idle = 0
+        if self.tracker.passed is None:  # the pooled estimate carries over across calls
+            self.tracker.begin(1, state.device)
+
+    def plan(self, state: DecodeState) -> DraftBudget:
+        if self.tracker.passed is None:
+            self.begin(state)
+        rate = torch.tensor(self.alpha, dtype=torch.float64) if self.alpha is not None else self.tracker.alpha[0]
+        k, _ = best_length(expected_tokens(rate, self.max_len), cost_at(self._costs, state.batch_size))
+        lengths = torch.full_like(state.lengths, 0) + k.to(state.device)
+        if self.alpha is None and self.probe_every:  # k is 0 only if a round drafted nothing: the host knows it
+            lengths = torch.where((lengths == 0) & (self.idle >= self.probe_every), 1, lengths)
+        return length_budget(lengths, self.max_len, self.nodes_per_depth, self.width)
+
+    def observe(self, state: DecodeState, round: Round) -> None:
+        drafted = round.draft.num_valid
+        self.idle = 0 if round.draft.num_nodes else self.idle + 1
+        if self.alpha is None:
+            self.tracker.update(drafted, round.verdict.num_accepted, pooled=True)

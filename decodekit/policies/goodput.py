@@ -1,0 +1,105 @@
+"""SmartSpec's goodput rule: the draft length that maximises committed tokens per second, k = 0 allowed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import torch
+
+from decodekit.checks import check_float, check_int
+from decodekit.policies.analytic import AcceptanceTracker, CostModel, cost_at, expected_tokens, speedups
+from decodekit.policies.lengths import check_tree_args, length_budget
+from decodekit.registry import register
+from decodekit.state import DecodeState
+from decodekit.types import DraftBudget
+
+if TYPE_CHECKING:
+    from decodekit.round import Round
+
+
+@register("policy", "goodput")
+class GoodputLength:
+    """Goodput-maximising draft length (SmartSpec, Liu et al. 2024, "Optimizing Speculative Decoding for Serving
+    Large Language Models Using Goodput"; vLLM's dynamic speculative decoding).
+
+    Each round: per row, the acceptance rate ``alpha_i`` (:class:`~decodekit.policies.analytic.AcceptanceTracker`,
+    exponentially decayed), its expected tokens ``E_i(k) = 1 + alpha_i + ... + alpha_i^k``, and the round time
+    ``T(B, k)`` at the live batch size from the cost model. The batch length is
+    ``k* = argmax_k sum_i E_i(k) / T(B, k)`` over ``k = 0..max_len`` (``k* = 0``: plain decoding this round, which
+    is never slower than plain decoding in the model). A batched round costs as its longest row (the verification
+    forward is padded to it), so no row gains by drafting less than ``k*`` in the model; each row then takes its own
+    best ``k_i = argmax_{k <= k*} E_i(k) / T(B, k)``, so rows the model says cannot gain draft nothing (fewer
+    rejected tokens, same round time). A row held at 0 drafts one token every ``probe_every`` rounds, so its
+    estimate can recover.
+
+    Faithfulness: the goodput objective with ``k = 0`` allowed, a per-request moving acceptance estimate and a
+    latency model in batch size and length follow the paper and vLLM's implementation; ours: the estimate is the
+    unbiased per-round MLE of ``policies.md`` section 0 (vLLM uses per-position rates), the latency model is a
+    measured table per batch size (:func:`~decodekit.policies.profile.profile_costs`) or the relative model
+    ``CostModel.relative``, and the per-row trimming below ``k*`` is ours.
+
+    Args:
+        costs: a :class:`CostModel` or ``{batch size: CostModel}`` (measured: ``profile_costs``); None = the
+            relative model from ``draft_step`` / ``verify_fixed`` / ``verify_step`` (units of one decoding step).
+        max_len: the longest draft (``K``).
+        prior, decay: the acceptance estimate's prior and per-round decay (``AcceptanceTracker``).
+        probe_every: rounds a row stays at 0 before it drafts one token to re-measure (0 = never).
+        nodes_per_depth, width: tree budgets (:func:`~decodekit.policies.lengths.length_budget`).
+    """
+
+    needs = frozenset()
+
+    def __init__(
+        self,
+        costs: CostModel | Mapping[int, CostModel] | None = None,
+        max_len: int = 8,
+        draft_step: float = 0.0,
+        verify_fixed: float = 0.0,
+        verify_step: float = 0.0,
+        prior: float = 0.5,
+        decay: float = 0.9,
+        probe_every: int = 8,
+        nodes_per_depth: int = 1,
+        width: int | None = None,
+    ) -> None:
+        self.max_len = check_int("max_len", max_len, low=1, hint=" (the longest draft)")
+        self.draft_step = check_float("draft_step", draft_step, low=0.0)
+        self.verify_fixed = check_float("verify_fixed", verify_fixed, low=0.0)
+        self.verify_step = check_float("verify_step", verify_step, low=0.0)
+        self.costs = costs
+        self._costs = costs if costs is not None else CostModel.relative(draft_step, max_len, verify_step, verify_fixed)
+        self.prior, self.decay = prior, decay
+        self.probe_every = check_int("probe_every", probe_every, low=0, hint=" (0 = never probe)")
+        self.nodes_per_depth, self.width = check_tree_args(nodes_per_depth, width)
+        self.tracker = AcceptanceTracker(prior, decay=decay)
+        self.idle: torch.Tensor | None = None  # [B] rounds since each row last drafted
+
+    def begin(self, state: DecodeState) -> None:
+        self.tracker.begin(state.batch_size, state.device)
+        self.idle = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
+
+    def lengths(self, alpha: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """``[B]`` long: each row's length for acceptance rates ``alpha [B]`` at ``batch_size`` (no probing)."""
+        s = speedups(expected_tokens(alpha, self.max_len), cost_at(self._costs, batch_size))  # [B, K + 1]
+        k_star = s.sum(0).argmax()  # E(k) T(0) / T(k) summed over rows: goodput up to the constant T(0)
+        allowed = torch.arange(self.max_len + 1, device=alpha.device) <= k_star
+        return s.masked_fill(~allowed, -1.0).argmax(-1)
+
+    def plan(self, state: DecodeState) -> DraftBudget:
+        if self.idle is None or self.idle.shape[0] != state.batch_size:
+            self.begin(state)
+        k = self.lengths(self.tracker.alpha, state.batch_size)
+        if self.probe_every:
+            k = torch.where((k == 0) & (self.idle >= self.probe_every), 1, k)
+        return length_budget(k, self.max_len, self.nodes_per_depth, self.width)
+
+    def observe(self, state: DecodeState, round: Round) -> None:
+        drafted = round.draft.num_valid
+        self.tracker.update(drafted, round.verdict.num_accepted)
+        self.idle = torch.where(drafted > 0, 0, self.idle + 1)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.tracker.select_rows(rows)
+        if self.idle is not None:
+            self.idle = self.idle[rows]

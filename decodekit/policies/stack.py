@@ -1,0 +1,123 @@
+"""Stack length policies: the elementwise minimum of their budgets, their stop rules combined, an optional batch cap."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from decodekit.budget import DraftBudget, DraftStep
+from decodekit.checks import check_float
+from decodekit.errors import ConfigError
+from decodekit.interfaces import LengthPolicy
+from decodekit.registry import register
+from decodekit.round import check_needs
+from decodekit.state import DecodeState
+
+if TYPE_CHECKING:
+    from decodekit.round import Round
+
+
+_CAPS = ("mean", "max")
+
+
+@register("policy", "stack")
+class Stack:
+    """Several length policies at once: each row drafts the least any of them allows, and stops at the first stop
+    rule that fires; ``batch_cap`` then caps every row at an aggregate of the rows' lengths (DSDE's straggler cap: a
+    chain round costs as many draft steps as its longest row).
+
+    ``Stack(GoodputLength(...), EntropyStop(...))`` is ``policies.md``'s suggested default (a length from the cost
+    model, cut short when the drafter grows unsure). Every hook (``begin``, ``observe``, ``select_rows``) reaches
+    every part; ``needs`` is their union.
+
+    Budgets combine entry by entry: ``nodes`` and ``depth`` by minimum (a part without a depth limit counts as its
+    node budget), ``width`` by minimum, the host bounds by minimum.
+
+    Args:
+        *policies: the parts (at least one).
+        batch_cap: None, ``"mean"`` (ceil of the mean over the live rows), ``"max"`` (no cap), or a quantile in
+            ``[0, 1]`` of the rows' lengths.
+    """
+
+    def __init__(self, *policies: Any, batch_cap: str | float | None = None) -> None:
+        if not policies:
+            raise ConfigError("Stack needs at least one policy, e.g. Stack(GoodputLength(), EntropyStop())")
+        for p in policies:
+            if not isinstance(p, LengthPolicy):
+                raise ConfigError(f"Stack parts must be length policies (with a plan(state) method), got {p!r}")
+        if isinstance(batch_cap, str) and batch_cap not in _CAPS:
+            raise ConfigError(f"batch_cap must be None, {' or '.join(map(repr, _CAPS))}, or a quantile in [0, 1]")
+        if batch_cap is not None and not isinstance(batch_cap, str):
+            batch_cap = check_float("batch_cap", batch_cap, low=0.0, high=1.0, hint=" (a quantile of the lengths)")
+        self.policies, self.batch_cap = tuple(policies), batch_cap
+        self.needs = frozenset().union(*(check_needs(getattr(p, "needs", ()), p) for p in policies))
+        self.hidden_layers = tuple(sorted({i for p in policies for i in getattr(p, "hidden_layers", ())}))
+
+    def __repr__(self) -> str:
+        cap = "" if self.batch_cap is None else f", batch_cap={self.batch_cap!r}"
+        return f"Stack({', '.join(map(repr, self.policies))}{cap})"
+
+    def begin(self, state: DecodeState) -> None:
+        self._each("begin", state)
+
+    def observe(self, state: DecodeState, round: Round) -> None:
+        self._each("observe", state, round)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self._each("select_rows", rows)
+
+    def _each(self, hook: str, *args: Any) -> None:
+        for p in self.policies:
+            if hasattr(p, hook):
+                getattr(p, hook)(*args)
+
+    def plan(self, state: DecodeState) -> DraftBudget:
+        budgets = [p.plan(state) for p in self.policies]
+        for p, b in zip(self.policies, budgets):
+            b.check(state.batch_size, state.device, source=repr(p))
+        nodes = torch.stack([b.nodes for b in budgets]).amin(0)
+        trees = any(b.depth is not None for b in budgets)
+        depth = torch.stack([b.depth_or_nodes for b in budgets]).amin(0) if trees else None
+        if self.batch_cap is not None and self.batch_cap != "max" and state.batch_size > 1:
+            lengths = nodes if depth is None else depth
+            cap = self._cap(lengths.double()).ceil().long()
+            if depth is None:
+                nodes = nodes.clamp(max=cap)
+            else:
+                nodes = torch.where(depth > cap, nodes * cap // depth.clamp(min=1), nodes)
+                depth = depth.clamp(max=cap)
+        return DraftBudget(
+            nodes,
+            depth,
+            _least(b.width for b in budgets),
+            _any_stop([b.stop for b in budgets if b.stop is not None]),
+            _least(b.node_bound for b in budgets),
+            _least(b.depth_bound for b in budgets) if trees else None,
+        )
+
+    def _cap(self, lengths: torch.Tensor) -> torch.Tensor:
+        if self.batch_cap == "mean":
+            return lengths.mean()
+        return torch.quantile(lengths, float(self.batch_cap))
+
+
+def _least(values: Any) -> int | None:
+    """The smallest of the values that are not None (None if all are)."""
+    given = [v for v in values if v is not None]
+    return min(given) if given else None
+
+
+def _any_stop(
+    rules: list[Callable[[DraftStep], torch.Tensor]],
+) -> Callable[[DraftStep], torch.Tensor] | None:
+    """One stop rule that fires when any of ``rules`` does (every rule sees every step, to keep its state)."""
+    if len(rules) <= 1:
+        return rules[0] if rules else None
+
+    def stop(step: DraftStep) -> torch.Tensor:
+        fired = [rule(step) for rule in rules]
+        return torch.stack(fired).any(0)
+
+    return stop

@@ -1,0 +1,211 @@
+"""The analytic speed model (policies.md section 0), the goodput and batch-size policies built on it, and Stack."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.drafters import ModelDrafter
+from decodekit.errors import ConfigError
+from decodekit.policies import (
+    AcceptanceTracker,
+    BatchAwareLength,
+    ConfidenceStop,
+    CostModel,
+    FixedLength,
+    GoodputLength,
+    HeuristicLength,
+    Stack,
+    profile_costs,
+)
+from decodekit.policies.analytic import (
+    best_length,
+    cost_at,
+    expected_tokens,
+    expected_tokens_positional,
+    oracle_speedup,
+)
+from decodekit.verifiers import GreedyVerifier
+from tests.conftest import perturbed
+
+
+@pytest.mark.parametrize(("alpha", "c", "k", "s"), [(0.8, 0.05, 8, 3.09), (0.8, 0.2, 4, 1.87), (0.6, 0.05, 4, 1.92)])
+def test_the_spec_anchors(alpha, c, k, s):
+    """policies.md section 0 (v = 1, o = 0): the optimal length and its speedup."""
+    best, speed = best_length(expected_tokens(alpha, 32), CostModel.relative(c, 32))
+    assert int(best) == k and round(float(speed), 2) == s
+
+
+def test_expected_tokens():
+    e = expected_tokens(torch.tensor([0.0, 0.5, 1.0]), 3)
+    assert e.tolist() == [[1, 1, 1, 1], [1, 1.5, 1.75, 1.875], [1, 2, 3, 4]]
+    assert expected_tokens_positional([0.5, 0.25]).tolist() == [1, 1.5, 1.75]
+
+
+def test_no_length_beats_plain_decoding_when_drafts_always_fail():
+    """k = 0 is a choice: with alpha = 0 and costly drafts the best is not to speculate (speedup 1)."""
+    best, speed = best_length(expected_tokens(0.0, 8), CostModel.relative(0.1, 8))
+    assert int(best) == 0 and float(speed) == 1.0
+
+
+def test_cost_tables_extrapolate_and_interpolate():
+    cost = CostModel((0.0, 1.0, 2.0), (10.0, 12.0, 13.0), overhead=1.0)
+    assert cost.times(4).tolist() == [11.0, 14.0, 16.0, 18.0, 20.0]  # past the table: +1 draft, +1 verify per token
+    big = CostModel((0.0, 3.0, 6.0), (20.0, 22.0, 23.0), overhead=3.0)
+    mid = cost_at({1: cost, 9: big}, 5)
+    assert mid.verify == (15.0, 17.0, 18.0) and mid.draft == (0.0, 2.0, 4.0) and mid.overhead == 2.0
+    assert cost_at({1: cost, 9: big}, 32) is big and cost_at(cost, 7) is cost
+    with pytest.raises(ConfigError, match="the same number"):
+        CostModel((0.0,), (1.0, 2.0))
+    with pytest.raises(ConfigError, match="empty"):
+        cost_at({}, 1)
+
+
+def test_oracle_speedup():
+    """Rounds that accepted 2 and 0 tokens, at T(k) = 10 + k: the oracle pays 12 + 10 for 4 tokens (plain: 40)."""
+    cost = CostModel((0.0,) * 4, (10.0, 11.0, 12.0, 13.0))
+    assert oracle_speedup([2, 0], plain_rounds=1, plain_steps=4, cost=cost) == pytest.approx(40 / 32)
+
+
+def test_acceptance_tracker_is_the_unbiased_estimate():
+    """A round of k=4 accepting 1 tested 2 tokens (1 pass); accepting all 4 tested 4: alpha = 5 / 6 without prior."""
+    t = AcceptanceTracker(prior=0.5, weight=1e-9, decay=1.0)
+    t.begin(2, torch.device("cpu"))
+    t.update(torch.tensor([4, 0]), torch.tensor([1, 0]))
+    t.update(torch.tensor([4, 0]), torch.tensor([4, 0]))
+    assert t.alpha[0].item() == pytest.approx(5 / 6) and t.alpha[1].item() == pytest.approx(0.5)  # row 1: the prior
+    t.select_rows(torch.tensor([1]))
+    assert t.alpha.tolist() == pytest.approx([0.5])
+    pooled = AcceptanceTracker(weight=1e-9, decay=1.0)
+    pooled.update(torch.tensor([4, 2]), torch.tensor([1, 2]), pooled=True)
+    assert pooled.alpha.tolist() == pytest.approx([3 / 4])
+
+
+def _round(drafted, accepted, width=8):
+    drafted, accepted = torch.tensor(drafted), torch.tensor(accepted)
+    draft = dk.Draft.chain(
+        torch.zeros(len(drafted), width, dtype=torch.long), valid=torch.arange(width) < drafted[:, None]
+    )
+    verdict = dk.Verdict(torch.zeros(len(drafted), width, dtype=torch.long), accepted, torch.zeros_like(accepted))
+    return dk.Round(0, draft, verdict, verdict.accepted, accepted + 1)
+
+
+def _state(rows):
+    return dk.DecodeState.from_prompts([[1]] * rows, [100] * rows, dk.SamplingParams(), None, torch.device("cpu"))
+
+
+def test_goodput_follows_each_rows_acceptance():
+    """A row whose drafts always pass gets the longest length, one whose drafts always fail gets 0 once the model
+    says nothing can be gained, and probes again after ``probe_every`` idle rounds."""
+    cost = CostModel.relative(0.1, 8, verify_fixed=0.2)
+    policy, state = GoodputLength(cost, max_len=8, probe_every=3), _state(2)
+    policy.begin(state)
+    assert policy.plan(state).lengths.tolist() == [2, 2]  # prior 0.5: S(1..3) = 1.15, 1.25, 1.25 (ties: shorter)
+    for _ in range(6):
+        k = policy.plan(state).lengths
+        policy.observe(state, _round(k.tolist(), [int(k[0]), 0]))
+    assert policy.plan(state).lengths.tolist()[0] == 8
+    trace = []
+    for _ in range(5):
+        k = policy.plan(state).lengths
+        trace.append(int(k[1]))
+        policy.observe(state, _round(k.tolist(), [int(k[0]), 0]))
+    assert 0 in trace and 1 in trace  # held at 0, then a probe
+    policy.select_rows(torch.tensor([0]))
+    assert policy.plan(_state(1)).lengths.tolist() == [8]
+
+
+def test_goodput_at_batch_size_uses_the_batch_costs():
+    """The same acceptance, two batch sizes: verification cheap at 1 and costly at 8 (compute-bound)."""
+    costs = {1: CostModel.relative(0.0, 8), 8: CostModel.relative(0.0, 8, verify_step=1.0)}
+    alpha = torch.full((8,), 0.6, dtype=torch.float64)
+    policy = GoodputLength(costs, max_len=8)
+    assert policy.lengths(alpha[:1], 1).tolist() == [8] and policy.lengths(alpha, 8).tolist() == [0] * 8
+    table = BatchAwareLength(costs, alpha=0.6).table(0.6, [1, 8])
+    assert table == {1: 8, 8: 0}
+
+
+def test_batch_aware_switches_off_at_large_batch():
+    costs = {1: CostModel.relative(0.1, 8, verify_fixed=0.1), 8: CostModel.relative(0.1, 8, verify_fixed=0.9)}
+    policy = BatchAwareLength(costs, alpha=0.5)
+    assert policy.plan(_state(1)).lengths.tolist() == [2]  # S(1..3) = 1.25, 1.35, 1.34
+    assert policy.plan(_state(8)).lengths.tolist() == [0] * 8
+
+
+def test_stack_takes_the_least_and_caps_the_batch():
+    heuristic = HeuristicLength(initial=6, max_len=8)
+    stack = Stack(FixedLength(4), heuristic, ConfidenceStop(0.5, max_len=8))
+    state = _state(3)
+    stack.begin(state)
+    budget = stack.plan(state)
+    assert budget.lengths.tolist() == [4, 4, 4] and budget.stop is not None and budget.node_bound == 4
+    heuristic.lengths = torch.tensor([1, 2, 8])
+    assert Stack(heuristic, batch_cap="mean").plan(state).lengths.tolist() == [1, 2, 4]
+    assert Stack(heuristic, batch_cap=0.0).plan(state).lengths.tolist() == [1, 1, 1]
+    tree = Stack(FixedLength(12, depth=4), GoodputLength(CostModel.relative(0.2, 8), nodes_per_depth=3))
+    b = tree.plan(state)
+    assert b.nodes.tolist() == [3, 3, 3] and b.depth.tolist() == [
+        1,
+        1,
+        1,
+    ]  # goodput at the prior: depth 1 (S = 1.25 at 1 and 2)
+    stack.select_rows(torch.tensor([2]))
+    assert heuristic.lengths.tolist() == [8]
+    with pytest.raises(ConfigError, match="at least one policy"):
+        Stack()
+    with pytest.raises(ConfigError, match="batch_cap"):
+        Stack(FixedLength(2), batch_cap="median")
+    with pytest.raises(ConfigError, match="length policies"):
+        Stack(FixedLength(2), "fixed")
+
+
+def test_bad_arguments():
+    with pytest.raises(ConfigError, match="max_len"):
+        GoodputLength(max_len=0)
+    with pytest.raises(ConfigError, match="alpha"):
+        BatchAwareLength(alpha=1.5)
+    with pytest.raises(ConfigError, match="nodes_per_depth"):
+        GoodputLength(nodes_per_depth=0)
+
+
+@pytest.mark.parametrize("name", ["goodput", "batch_aware", "stack"])
+def test_greedy_equals_plain_decoding(target, ragged_prompts, name):
+    cost = CostModel.relative(0.05, 6)
+    policy = {
+        "goodput": GoodputLength(cost, max_len=6),
+        "batch_aware": BatchAwareLength(cost, max_len=6),
+        "stack": Stack(GoodputLength(cost, max_len=6), ConfidenceStop(0.3), batch_cap="mean"),
+    }[name]
+    reference = dk.generate(target, ragged_prompts, max_new_tokens=16, eos_token_id=()).sequences
+    drafter = ModelDrafter(perturbed(target, 0.3, seed=1))
+    out = dk.generate(target, ragged_prompts, drafter, GreedyVerifier(), policy, max_new_tokens=16, eos_token_id=())
+    assert out.sequences == reference and out.stats.drafted > 0
+
+
+def test_profile_costs_measures_every_length(target, ragged_prompts):
+    costs = profile_costs(target, ModelDrafter(perturbed(target, 0.3, seed=1)), ragged_prompts, 3, (1, 2), 4, False)
+    assert sorted(costs) == [1, 2]
+    for cost in costs.values():
+        assert len(cost.verify) == 4 and all(cost.draft[0] < t for t in cost.draft[1:])
+
+
+def test_the_benchmark_reports_the_oracle_column(target, ragged_prompts):
+    """With free drafting and verification the oracle bound is the tokens per round the method realised (batch 1:
+    each round costs T(0), the oracle pays one per round); the report gets the oracle and rejected-token columns."""
+    from decodekit.bench.methods import Method
+    from decodekit.bench.report import markdown
+    from decodekit.bench.runner import run_benchmark
+
+    free = {1: CostModel((0.0,) * 5, (1.0,) * 5)}
+    drafter = ModelDrafter(perturbed(target, 0.3, seed=1))
+    methods = [Method("ar"), Method("draft", drafter, GreedyVerifier(), FixedLength(4), costs=free)]
+    results = run_benchmark(target, ragged_prompts[:2], methods, max_new_tokens=12, passes=1, progress=False)
+    ar, spec = results
+    steps = sum(len(s) - 1 for s in spec.sequences)
+    assert ar.oracle is None and spec.oracle == pytest.approx(steps / spec.stats.rounds)
+    assert sum(spec.stats.round_max_accepted) == spec.stats.num_drafts  # batch 1: one row per round
+    table = markdown(results)
+    assert "| oracle | rejected / token |" in table
+    rejected = (spec.stats.drafted - spec.stats.accepted) / steps
+    assert f"| {spec.oracle:.2f}x | {rejected:.2f} |" in table
