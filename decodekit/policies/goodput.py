@@ -23,8 +23,9 @@ class GoodputLength:
     """Goodput-maximising draft length (SmartSpec, Liu et al. 2024, "Optimizing Speculative Decoding for Serving
     Large Language Models Using Goodput"; vLLM's dynamic speculative decoding).
 
-    Each round: per row, the acceptance rate ``alpha_i`` (:class:`~decodekit.policies.analytic.AcceptanceTracker`,
-    exponentially decayed), its expected tokens ``E_i(k) = 1 + alpha_i + ... + alpha_i^k``, and the round time
+    Each round: per row, its expected tokens ``E_i(k)`` from its online acceptance estimate
+    (:class:`~decodekit.policies.analytic.AcceptanceTracker`, exponentially decayed; per-position rates by default,
+    ``positional=False``: the i.i.d. ``1 + alpha_i + ... + alpha_i^k``), and the round time
     ``T(B, k)`` at the live batch size from the cost model. The batch length is
     ``k* = argmax_k sum_i E_i(k) / T(B, k)`` over ``k = 0..max_len`` (``k* = 0``: plain decoding this round, which
     is never slower than plain decoding in the model). A batched round costs as its longest row (the verification
@@ -34,8 +35,9 @@ class GoodputLength:
     estimate can recover.
 
     Faithfulness: the goodput objective with ``k = 0`` allowed, a per-request moving acceptance estimate and a
-    latency model in batch size and length follow the paper and vLLM's implementation; ours: the estimate is the
-    unbiased per-round MLE of ``policies.md`` section 0 (vLLM uses per-position rates), the latency model is a
+    latency model in batch size and length follow the paper and vLLM's implementation (which, like the default
+    here, uses per-position rates, but pooled over requests); ours: per-row rates shrunk towards the row's i.i.d.
+    estimate (``policies.md`` section 0's unbiased MLE), the latency model is a
     measured table per batch size (:func:`~decodekit.policies.profile.profile_costs`) or the relative model
     ``CostModel.relative``, and the per-row trimming below ``k*`` is ours.
 
@@ -45,6 +47,8 @@ class GoodputLength:
         max_len: the longest draft (``K``).
         prior, decay: the acceptance estimate's prior and per-round decay (``AcceptanceTracker``).
         probe_every: rounds a row stays at 0 before it drafts one token to re-measure (0 = never).
+        positional: expected tokens from per-position rates (``AcceptanceTracker.expected``) rather than the
+            i.i.d. rate.
         nodes_per_depth, width: tree budgets (:func:`~decodekit.policies.lengths.length_budget`).
     """
 
@@ -60,10 +64,12 @@ class GoodputLength:
         prior: float = 0.5,
         decay: float = 0.9,
         probe_every: int = 8,
+        positional: bool = True,
         nodes_per_depth: int = 1,
         width: int | None = None,
     ) -> None:
         self.max_len = check_int("max_len", max_len, low=1, hint=" (the longest draft)")
+        self.positional = bool(positional)
         self.draft_step = check_float("draft_step", draft_step, low=0.0)
         self.verify_fixed = check_float("verify_fixed", verify_fixed, low=0.0)
         self.verify_step = check_float("verify_step", verify_step, low=0.0)
@@ -72,24 +78,28 @@ class GoodputLength:
         self.prior, self.decay = prior, decay
         self.probe_every = check_int("probe_every", probe_every, low=0, hint=" (0 = never probe)")
         self.nodes_per_depth, self.width = check_tree_args(nodes_per_depth, width)
-        self.tracker = AcceptanceTracker(prior, decay=decay)
+        self.tracker = AcceptanceTracker(prior, decay=decay, positions=self.max_len)
         self.idle: torch.Tensor | None = None  # [B] rounds since each row last drafted
 
     def begin(self, state: DecodeState) -> None:
         self.tracker.begin(state.batch_size, state.device)
         self.idle = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
 
-    def lengths(self, alpha: torch.Tensor, batch_size: int) -> torch.Tensor:
-        """``[B]`` long: each row's length for acceptance rates ``alpha [B]`` at ``batch_size`` (no probing)."""
-        s = speedups(expected_tokens(alpha, self.max_len), cost_at(self._costs, batch_size))  # [B, K + 1]
+    def lengths(self, expected: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """``[B]`` long: each row's length for expected tokens ``expected [B, K + 1]`` (``E(0..K)``) at
+        ``batch_size`` (no probing)."""
+        s = speedups(expected, cost_at(self._costs, batch_size))  # [B, K + 1]
         k_star = s.sum(0).argmax()  # E(k) T(0) / T(k) summed over rows: goodput up to the constant T(0)
-        allowed = torch.arange(self.max_len + 1, device=alpha.device) <= k_star
+        allowed = torch.arange(self.max_len + 1, device=expected.device) <= k_star
         return s.masked_fill(~allowed, -1.0).argmax(-1)
 
     def plan(self, state: DecodeState) -> DraftBudget:
         if self.idle is None or self.idle.shape[0] != state.batch_size:
             self.begin(state)
-        k = self.lengths(self.tracker.alpha, state.batch_size)
+        t = self.tracker
+        k = self.lengths(
+            t.expected(self.max_len) if self.positional else expected_tokens(t.alpha, self.max_len), state.batch_size
+        )
         if self.probe_every:
             k = torch.where((k == 0) & (self.idle >= self.probe_every), 1, k)
         return length_budget(k, self.max_len, self.nodes_per_depth, self.width)

@@ -77,6 +77,11 @@ def test_acceptance_tracker_is_the_unbiased_estimate():
     assert t.alpha[0].item() == pytest.approx(5 / 6) and t.alpha[1].item() == pytest.approx(0.5)  # row 1: the prior
     t.select_rows(torch.tensor([1]))
     assert t.alpha.tolist() == pytest.approx([0.5])
+    bursty = AcceptanceTracker(weight=1e-9, decay=1.0, positions=4)
+    bursty.update(torch.tensor([4]), torch.tensor([4]))
+    bursty.update(torch.tensor([4]), torch.tensor([0]))  # position 1: 1 of 2 passed; positions 2-4: 1 of 1
+    assert bursty.expected(5).tolist()[0] == pytest.approx([1, 1.5, 2, 2.5, 3, 3 + 0.5 * 0.8])  # past P: alpha = 4/5
+    assert expected_tokens(bursty.alpha, 3).tolist()[0][1] == pytest.approx(1.8)
     pooled = AcceptanceTracker(weight=1e-9, decay=1.0)
     pooled.update(torch.tensor([4, 2]), torch.tensor([1, 2]), pooled=True)
     assert pooled.alpha.tolist() == pytest.approx([3 / 4])
@@ -121,7 +126,8 @@ def test_goodput_at_batch_size_uses_the_batch_costs():
     costs = {1: CostModel.relative(0.0, 8), 8: CostModel.relative(0.0, 8, verify_step=1.0)}
     alpha = torch.full((8,), 0.6, dtype=torch.float64)
     policy = GoodputLength(costs, max_len=8)
-    assert policy.lengths(alpha[:1], 1).tolist() == [8] and policy.lengths(alpha, 8).tolist() == [0] * 8
+    e = expected_tokens(alpha, 8)
+    assert policy.lengths(e[:1], 1).tolist() == [8] and policy.lengths(e, 8).tolist() == [0] * 8
     table = BatchAwareLength(costs, alpha=0.6).table(0.6, [1, 8])
     assert table == {1: 8, 8: 0}
 
