@@ -21,12 +21,17 @@ class DraftStep:
         tokens: ``[B]`` the tokens just drafted.
         token_probs: ``[B]`` probability the drafter gave them.
         probs: ``[B, V]`` the drafter's full distribution, or None if it has none.
+        hidden: ``[B, H]`` the draft model's final (normed) hidden state at the input that produced this step's
+            logits: at the previous drafted token ``x_{index-1}``, or at the pending token for ``index == 0``.
+            Only given to a stop rule that asks for it with ``needs_hidden = True`` (SpecDec++'s acceptance head);
+            None otherwise, and from drafters without hidden states.
     """
 
     index: int
     tokens: torch.Tensor
     token_probs: torch.Tensor
     probs: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,4 +1,5 @@
-"""Command line: ``python -m decodekit bench [hydra overrides]`` (see ``decodekit/recipes/bench.yaml``);
+"""Command line: ``python -m decodekit bench [hydra overrides]`` (see ``decodekit/recipes/bench.yaml``),
+``python -m decodekit train recipe=<name> [hydra overrides]`` (``decodekit/recipes/train/<name>.yaml``);
 ``python -m decodekit --help`` lists the commands."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from decodekit.checks import check_bool, check_int
 from decodekit.errors import ConfigError, ConfigTypeError, DecodeKitError, MissingDependencyError
 
 RECIPES = Path(__file__).parent / "recipes"
-COMMANDS = {"bench": "bench"}
+COMMANDS = {"bench": "bench", "train": "train"}
+TRAIN_RECIPES = RECIPES / "train"
 
 
 GENERIC_METHOD = "speculative"  # bench.yaml's method built from the drafter / verifier / policy groups
@@ -211,6 +213,11 @@ commands:
                 python -m decodekit bench drafter=model policy.k=3
                 python -m decodekit bench -m policy.k=1,2,4,8   (one benchmark, one table: a row per k)
 
+  train    train a component's weights from a recipe in decodekit/recipes/train/ (Hydra key=value overrides)
+           e.g. python -m decodekit train recipe=threshold_head
+                python -m decodekit train recipe=threshold_head labels=sampled hydra.run.dir=results/my_head
+                python -m decodekit train recipe=threshold_head resume=true   (continue the last run)
+
 python -m decodekit <command> --help lists a command's config groups and options."""
 
 APP_NAME = "decodekit"
@@ -224,6 +231,9 @@ def main(argv: list[str] | None = None) -> None:
     if argv[0] not in COMMANDS:
         print(f"error: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
+    if argv[0] == "train":
+        train_main(argv[1:])
+        return
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -251,6 +261,51 @@ def main(argv: list[str] | None = None) -> None:
     if sweep.jobs:  # a multirun: all its jobs as one interleaved benchmark
         print(_or_exit(sweep.run))
         print(f"results: {sweep.out_dir}/results.json, results.md, speedup.png")
+
+
+def train_recipe(args: list[str]) -> tuple[str, list[str]]:
+    """The ``recipe=<name>`` argument of ``train`` (a file in ``decodekit/recipes/train/``) and the other args."""
+    names = sorted(p.stem for p in TRAIN_RECIPES.glob("*.yaml"))
+    given = [a for a in args if a.startswith("recipe=")]
+    if len(given) != 1 or given[0].split("=", 1)[1] not in names:
+        what = "no recipe=<name>" if not given else ", ".join(given)
+        raise ConfigError(f"train needs one recipe=<name>, one of {', '.join(names)}; got {what}")
+    return given[0].split("=", 1)[1], [a for a in args if a not in given]
+
+
+def run_train(cfg: Any, out_dir: Path) -> Any:
+    """Call the recipe's ``_target_`` training function with its keys and ``out_dir``; returns what it returns."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import call
+
+    try:
+        return call(cfg, out_dir=str(out_dir), _convert_="all")
+    except InstantiationException as error:
+        raise _keyed_error("train", cfg, error) from error
+
+
+def train_main(args: list[str]) -> None:
+    """``python -m decodekit train recipe=<name> [overrides]``: one training run in the recipe's ``hydra.run.dir``."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    if any(a in ("-h", "--help") for a in args) and not any(a.startswith("recipe=") for a in args):
+        print(USAGE)
+        return
+    name, overrides = _or_exit(lambda: train_recipe(args))
+
+    @hydra.main(version_base="1.3", config_path=str(TRAIN_RECIPES), config_name=name)
+    def _train(cfg: Any) -> None:
+        out_dir = Path(HydraConfig.get().runtime.output_dir)
+        result = _or_exit(lambda: run_train(cfg, out_dir))
+        if isinstance(result, Mapping):
+            print("\n".join(f"{key}: {value}" for key, value in result.items()))
+        print(f"results: {out_dir}")
+
+    if not any(arg.startswith("hydra.job.name=") for arg in overrides):
+        overrides = [*overrides, f"hydra.job.name={APP_NAME}"]
+    sys.argv = [f"{sys.argv[0]} train recipe={name}", *overrides]
+    _train()
 
 
 def _or_exit(call: Callable[[], Any]) -> Any:

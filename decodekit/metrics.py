@@ -133,8 +133,8 @@ class RoundCounters:
 
     def flush(self, stats: SpecStats, generated: int) -> None:
         """Write the counters and the number of ``generated`` tokens into ``stats`` (host reads at the end)."""
-        sums, per_pos, histogram = self.sums.tolist(), self.per_pos.tolist(), self.histogram.tolist()
-        round_max = self.round_max.tolist()
+        sums, per_pos = self.sums.tolist(), self.per_pos.tolist()
+        histogram, round_max = torch.stack([self.histogram, self.round_max]).tolist()  # one read for both
         used = max((j + 1 for j, d in enumerate(per_pos[0]) if d), default=0)
         stats.rounds, stats.row_steps = self.rounds, self.row_steps
         stats.generated = generated

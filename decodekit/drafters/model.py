@@ -32,6 +32,10 @@ class ModelDrafter:
     Host syncs: none of its own per round, except one per draft step when the budget has a stop rule (to stop
     early once every row stopped).
 
+    A stop rule with ``needs_hidden = True`` (SpecDec++'s acceptance head, ``ThresholdHeadStop``) gets the draft
+    model's final hidden state in :attr:`DraftStep.hidden`: at each step's input token (the pending token at step
+    0, then the previous draft token). Only then are hidden states asked of the model.
+
     Args:
         model: the draft model (a :class:`LanguageModel`, a transformers causal LM or a path).
         temperature: sampling temperature of the drafter; None = the call's sampling parameters (temperature,
@@ -66,7 +70,8 @@ class ModelDrafter:
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
         sampling = self.sampling(state.sampling)
         k = budget.max_len
-        logits = self.feed_unseen(state)
+        needs_hidden = budget.stop is not None and bool(getattr(budget.stop, "needs_hidden", False))
+        logits, hidden = self.feed_unseen_hidden(state, needs_hidden)
         if k == 0:
             return Draft.empty(state.batch_size, state.device)
         report = sampling.greedy and "kl" in state.needs
@@ -85,11 +90,15 @@ class ModelDrafter:
             alive = alive & (j + 1 < budget.lengths)
             if budget.stop is not None:
                 conf = probs if probs is not None else logits.float().softmax(-1)
-                alive = alive & ~budget.stop(DraftStep(j, x, conf.gather(1, x[:, None])[:, 0], conf))
+                step = DraftStep(j, x, conf.gather(1, x[:, None])[:, 0], conf, hidden)
+                alive = alive & ~budget.stop(step)
                 if not bool(alive.any()):
                     break
             if j + 1 < k:
-                logits = self.model.extend(self.cache, x[:, None], torch.ones_like(x), host_counts=1).logits
+                out = self.model.extend(
+                    self.cache, x[:, None], torch.ones_like(x), host_counts=1, return_hidden=needs_hidden
+                )
+                logits, hidden = out.logits, (out.last_hidden[:, 0] if needs_hidden else None)
         probs = torch.stack(qs, 1) if qs[0] is not None else None
         tokens_t, valid_t = torch.stack(tokens, 1), torch.stack(valid, 1)
         if sampling.greedy:
@@ -99,11 +108,21 @@ class ModelDrafter:
     def feed_unseen(self, state: DecodeState) -> torch.Tensor:
         """Commit to the draft cache the tokens it has not seen (the pending token, plus any accepted draft tokens
         it does not hold); returns the draft model's logits ``[B, V]`` after each row's pending token."""
+        return self.feed_unseen_hidden(state, False)[0]
+
+    def feed_unseen_hidden(self, state: DecodeState, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`feed_unseen`, plus (with ``hidden``) the final hidden state ``[B, H]`` at each row's pending
+        token, else None."""
         seen = self.cache.host_lengths()
         unseen = [n - s for n, s in zip(state.host_lengths, seen)]  # >= 1: the pending token at least
         idx = self.cache.lengths[:, None] + torch.arange(max(unseen), device=state.device)
         tokens_in = state.tokens.gather(1, idx.clamp(max=state.tokens.shape[1] - 1))
-        return self.model.extend(self.cache, tokens_in, state.lengths - self.cache.lengths, host_counts=unseen).logits
+        counts = state.lengths - self.cache.lengths
+        out = self.model.extend(self.cache, tokens_in, counts, host_counts=unseen, return_hidden=hidden)
+        if not hidden:
+            return out.logits, None
+        last = (counts - 1).clamp(min=0)[:, None, None].expand(-1, 1, out.last_hidden.shape[-1])
+        return out.logits, out.last_hidden.gather(1, last)[:, 0]
 
     def observe(self, state: DecodeState, round: Round) -> None:
         """Drop drafted tokens the target rejected: keep what agrees with the committed history."""

@@ -9,6 +9,7 @@ from decodekit.policies.goodput import GoodputLength
 from decodekit.policies.heuristic import HeuristicLength
 from decodekit.policies.profile import profile_costs
 from decodekit.policies.stack import Stack
+from decodekit.policies.threshold_head import ThresholdHeadStop
 
 __all__ = [
     "AcceptanceTracker",
@@ -19,5 +20,6 @@ __all__ = [
     "GoodputLength",
     "HeuristicLength",
     "Stack",
+    "ThresholdHeadStop",
     "profile_costs",
 ]

@@ -112,7 +112,8 @@ def _least(values: Any) -> int | None:
 def _any_stop(
     rules: list[Callable[[DraftStep], torch.Tensor]],
 ) -> Callable[[DraftStep], torch.Tensor] | None:
-    """One stop rule that fires when any of ``rules`` does (every rule sees every step, to keep its state)."""
+    """One stop rule that fires when any of ``rules`` does (every rule sees every step, to keep its state); it asks
+    for the drafter's hidden states (``needs_hidden``, see :class:`~decodekit.budget.DraftStep`) if any rule does."""
     if len(rules) <= 1:
         return rules[0] if rules else None
 
@@ -120,4 +121,5 @@ def _any_stop(
         fired = [rule(step) for rule in rules]
         return torch.stack(fired).any(0)
 
+    stop.needs_hidden = any(getattr(r, "needs_hidden", False) for r in rules)  # type: ignore[attr-defined]
     return stop

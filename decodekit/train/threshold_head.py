@@ -1,0 +1,257 @@
+"""Train SpecDec++'s acceptance head (``python -m decodekit train recipe=threshold_head``, docs/training.md).
+
+Self-distillation (:mod:`decodekit.train.acceptance_data`), then the head alone on the draft's frozen hidden
+states (precomputed once, like the reference's frozen draft LM): the paper's weighted soft binary cross-entropy,
+reject weight ``w``, normalised by the weighted label mass; AdamW, linear warm-up then cosine decay. The loop runs
+under :class:`accelerate.Accelerator` (``accelerate launch`` runs it unchanged on several processes / a GPU).
+
+Writes to ``out_dir``: ``data/`` (the dataset, :mod:`datasets` shards), ``checkpoints/step_*`` (accelerate state,
+the head as ``model.safetensors``; ``resume=true`` continues from the last one), ``history.json``, ``loss.png`` and
+``threshold_head.safetensors`` (the head, with its recipe and numbers in the safetensors metadata).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from decodekit.checks import check_bool, check_float, check_int
+from decodekit.errors import ConfigError
+from decodekit.policies.threshold_head import AcceptanceHead
+from decodekit.train.acceptance_data import DATA_SOURCE, generate_dataset, pydoc_prompts
+
+LABELS = ("greedy", "sampled", "both")
+
+
+def acceptance_loss(logits: torch.Tensor, labels: torch.Tensor, reject_weight: float) -> tuple[torch.Tensor, ...]:
+    """SpecDec++'s weighted soft BCE: ``logits [N]``, soft ``labels [N]`` in [0, 1] (P(accept)); returns the loss
+    ``sum(w (1-y) softplus(z) + y softplus(-z)) / sum(w (1-y) + y)`` and its numerator and denominator."""
+    logits, labels = logits.float(), labels.float()
+    loss = reject_weight * (1 - labels) * torch.nn.functional.softplus(logits) + labels * torch.nn.functional.softplus(
+        -logits
+    )
+    mass = reject_weight * (1 - labels) + labels
+    return loss.sum() / mass.sum().clamp(min=1e-8), loss.sum(), mass.sum()
+
+
+def train(
+    out_dir: str | Path,
+    *,
+    target: Any = "smollm2-135m-instruct",
+    draft: Any = "smollm2-135m-instruct",
+    draft_kernels: str | None = "int8",
+    prompts: list[list[int]] | None = None,
+    num_prompts: int = 320,
+    max_prompt_tokens: int = 320,
+    max_new_tokens: int = 128,
+    gen_batch_size: int = 8,
+    shard_size: int = 32,
+    mixing: float = 0.15,
+    labels: str = "greedy",
+    val_fraction: float = 0.1,
+    blocks: int = 3,
+    reject_weight: float = 6.0,
+    epochs: int = 4,
+    batch_size: int = 256,
+    lr: float = 3e-4,
+    weight_decay: float = 0.1,
+    warmup: float = 0.03,
+    save_every: int = 500,
+    resume: bool = False,
+    data_dir: str | None = None,
+    threads: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Generate the data (reused if ``data_dir`` holds it) and train the head; returns the summary numbers.
+
+    Args:
+        out_dir: where everything is written.
+        target, draft: zoo names, paths or models (:func:`decodekit.load_model`); ``draft_kernels`` for the draft.
+        prompts: token-id prompts; None = ``num_prompts`` Python-documentation questions (``pydoc_data``) in the
+            target tokenizer's chat template, at most ``max_prompt_tokens`` tokens each.
+        max_new_tokens: the target's greedy response length (EOS ends it earlier).
+        gen_batch_size, shard_size: prompts per generation batch / per saved shard.
+        mixing: fraction ``r`` of response positions holding the target token (unlabelled).
+        labels: ``greedy`` (argmax match), ``sampled`` (``min(1, p/q)`` of a temperature-1 draft token) or both.
+        val_fraction: fraction of prompts held out for the validation loss.
+        blocks, reject_weight: the head's residual blocks; the reject class weight ``w``.
+        epochs, batch_size, lr, weight_decay, warmup: AdamW, ``warmup`` = fraction of steps warming up.
+        save_every: steps between checkpoints (and one at the end); resume: continue from the last checkpoint.
+        threads: ``torch.set_num_threads`` (None = torch's default).
+
+    The arguments (models by name) go into the head's metadata as ``recipe``.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, set_seed
+
+    import decodekit as dk
+
+    recipe = {
+        k: v for k, v in locals().items() if isinstance(v, (str, int, float, bool, type(None))) and k != "out_dir"
+    }
+    source = DATA_SOURCE if prompts is None else f"{len(prompts)} prompts passed to train()"
+    if labels not in LABELS:
+        raise ConfigError(f"labels must be one of {', '.join(LABELS)}, got {labels!r}")
+    for name, value in (("epochs", epochs), ("batch_size", batch_size), ("save_every", save_every)):
+        check_int(name, value, low=1)
+    check_int("threads", threads, low=1, optional=True)
+    check_float("val_fraction", val_fraction, low=0, high=1, low_open=True, high_open=True)
+    check_bool("resume", resume)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    set_seed(seed)
+    start = time.perf_counter()
+    target_lm, draft_lm = dk.load_model(target), dk.load_model(draft, kernels=draft_kernels)
+    if prompts is None:
+        prompts = pydoc_prompts(target_lm.tokenizer, num_prompts, max_prompt_tokens, seed)
+    data, tokens, data_seconds = generate_dataset(
+        target_lm,
+        draft_lm,
+        prompts,
+        Path(data_dir) if data_dir else out / "data",
+        max_new_tokens=max_new_tokens,
+        batch_size=gen_batch_size,
+        shard_size=shard_size,
+        mixing=mixing,
+        seed=seed,
+        progress=progress,
+    )
+    gen_time = time.perf_counter() - start
+    columns = data.with_format("numpy")[:]
+    chosen = np.ones(len(data), bool) if labels == "both" else columns["sampled"] == (labels == "sampled")
+    held_out = np.random.default_rng(seed).random(len(prompts)) < val_fraction
+    is_val = held_out[columns["prompt"]]
+    hidden = torch.from_numpy(columns["hidden"]).float()
+    y = torch.from_numpy(columns["label"]).float()
+    train_set = torch.utils.data.TensorDataset(hidden[chosen & ~is_val], y[chosen & ~is_val])
+    val_h, val_y = hidden[chosen & is_val], y[chosen & is_val]
+    if len(train_set) == 0 or len(val_y) == 0:
+        raise ConfigError(
+            f"too little data: {len(train_set)} training and {len(val_y)} validation rows; raise num_prompts"
+        )
+
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+    loader = torch.utils.data.DataLoader(train_set, batch_size=batch_size, shuffle=True)
+    head = AcceptanceHead(hidden.shape[1], blocks)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    total = epochs * len(loader)
+    warm = max(1, round(warmup * total))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))
+    )
+    head, optimizer, loader, schedule = accelerator.prepare(head, optimizer, loader, schedule)
+    ckpt_dir, history = out / "checkpoints", {"train": [], "val": []}
+    step = 0
+    last = sorted(ckpt_dir.glob("step_*")) if resume else []
+    if last:
+        accelerator.load_state(str(last[-1]))
+        history = json.loads((last[-1] / "history.json").read_text())
+        step = int(last[-1].name.split("_")[1])
+
+    def save() -> None:
+        path = ckpt_dir / f"step_{step:07d}"
+        accelerator.save_state(str(path))
+        if accelerator.is_main_process:
+            (path / "history.json").write_text(json.dumps(history))
+            for old in sorted(ckpt_dir.glob("step_*"))[:-2]:  # keep the last two
+                shutil.rmtree(old)
+
+    def validate() -> float:
+        with torch.no_grad():
+            logits = accelerator.unwrap_model(head)(val_h.to(accelerator.device))
+            return float(acceptance_loss(logits, val_y.to(accelerator.device), reject_weight)[0])
+
+    train_start = time.perf_counter()
+    bar = tqdm(total=total, initial=step, desc="training head", unit="step", disable=not progress)
+    for epoch in range(step // len(loader), epochs):
+        loader.set_epoch(epoch)
+        skip = step - epoch * len(loader)
+        for h, label in accelerator.skip_first_batches(loader, skip) if skip else loader:
+            loss = acceptance_loss(head(h), label, reject_weight)[0]
+            accelerator.backward(loss)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+            step += 1
+            value = float(loss.detach())
+            history["train"].append([step, value])
+            bar.update(1)
+            bar.set_postfix(loss=f"{value:.4f}")
+            if step % save_every == 0:
+                save()
+        history["val"].append([step, validate()])
+    bar.close()
+    if not last or step != int(last[-1].name.split("_")[1]):
+        save()
+    train_time = time.perf_counter() - train_start
+    per_epoch = len(loader)
+    final_train = float(np.mean([loss for _, loss in history["train"][-per_epoch:]]))
+    summary = {
+        "data_source": source,
+        "prompts": len(prompts),
+        "response_tokens": tokens,
+        "train_rows": len(train_set),
+        "val_rows": len(val_y),
+        "mean_label_train": float(train_set.tensors[1].mean()),
+        "labels": labels,
+        "final_train_loss": final_train,
+        "final_val_loss": history["val"][-1][1],
+        "val_loss_best_constant": constant_baseline(train_set.tensors[1], val_y, reject_weight),
+        "data_generation_time_s": round(data_seconds, 1),
+        "load_and_generation_time_s": round(gen_time, 1),
+        "training_time_s": round(train_time, 1),
+        "steps": step,
+        "hidden_size": hidden.shape[1],
+        "blocks": blocks,
+    }
+    if accelerator.is_main_process:
+        (out / "history.json").write_text(json.dumps(history))
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        plot_losses(history, out / "loss.png")
+        meta = {**summary, "recipe": recipe, "target": str(target), "draft": f"{draft} kernels={draft_kernels}"}
+        accelerator.unwrap_model(head).save(out / "threshold_head.safetensors", meta)
+    return summary
+
+
+def constant_baseline(train_labels: torch.Tensor, val_labels: torch.Tensor, reject_weight: float) -> float:
+    """Validation loss of the best constant prediction for the training labels, ``p = y / (y + w (1 - y))`` at
+    their mean ``y``: what a head that ignores its input scores."""
+    mean = float(train_labels.mean())
+    p = min(max(mean / (mean + reject_weight * (1 - mean)), 1e-6), 1 - 1e-6)
+    logits = torch.full_like(val_labels, math.log(p / (1 - p)))
+    return float(acceptance_loss(logits, val_labels, reject_weight)[0])
+
+
+def plot_losses(history: dict[str, list[list[float]]], path: Path) -> None:
+    """Training loss per step (and its running mean) and validation loss per epoch, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, losses = np.array(history["train"]).T if history["train"] else (np.array([]), np.array([]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(steps, losses, alpha=0.3, label="train (step)")
+    if len(losses) >= 10:
+        window = max(1, len(losses) // 20)
+        ax.plot(steps[window - 1 :], np.convolve(losses, np.ones(window) / window, "valid"), label="train (mean)")
+    if history["val"]:
+        ax.plot(*np.array(history["val"]).T, "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("weighted soft BCE")
+    ax.set_title("SpecDec++ acceptance head")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
