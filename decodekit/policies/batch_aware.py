@@ -29,6 +29,9 @@ class BatchAwareLength:
     rows pooled (one :class:`~decodekit.policies.analytic.AcceptanceTracker` row for the whole batch), so the table
     follows the workload; at ``k* = 0`` it drafts one token every ``probe_every`` rounds to keep measuring.
 
+    Host syncs: one per round (the length, read so that a round at 0 does not call the drafter at all); none with a
+    fixed ``alpha`` on a CPU tracker.
+
     Faithfulness: the per-batch-size optimum from profiled draft and verify times with a position-independent
     acceptance rate, and switching speculation off where it cannot win, follow the paper; the online pooled
     estimate and the probe are ours. It is :class:`~decodekit.policies.goodput.GoodputLength` with one acceptance
@@ -82,11 +85,11 @@ class BatchAwareLength:
         if self.tracker.passed is None:
             self.begin(state)
         rate = torch.tensor(self.alpha, dtype=torch.float64) if self.alpha is not None else self.tracker.alpha[0]
-        k, _ = best_length(expected_tokens(rate, self.max_len), cost_at(self._costs, state.batch_size))
-        lengths = torch.full_like(state.lengths, 0) + k.to(state.device)
-        if self.alpha is None and self.probe_every:  # k is 0 only if a round drafted nothing: the host knows it
-            lengths = torch.where((lengths == 0) & (self.idle >= self.probe_every), 1, lengths)
-        return length_budget(lengths, self.max_len, self.nodes_per_depth, self.width)
+        k = int(best_length(expected_tokens(rate, self.max_len), cost_at(self._costs, state.batch_size))[0])
+        if k == 0 and self.alpha is None and self.probe_every and self.idle >= self.probe_every:
+            k = 1  # re-measure
+        lengths, bound = torch.full_like(state.lengths, k), k
+        return length_budget(lengths, bound, self.nodes_per_depth, self.width)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         drafted = round.draft.num_valid

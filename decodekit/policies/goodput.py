@@ -34,6 +34,9 @@ class GoodputLength:
     rejected tokens, same round time). A row held at 0 drafts one token every ``probe_every`` rounds, so its
     estimate can recover.
 
+    Host syncs: one per round (the batch's longest length, read so that a round with every row at 0 does not call
+    the drafter at all: a draft model would otherwise still run on the new tokens).
+
     Faithfulness: the goodput objective with ``k = 0`` allowed, a per-request moving acceptance estimate and a
     latency model in batch size and length follow the paper and vLLM's implementation (which, like the default
     here, uses per-position rates, but pooled over requests); ours: per-row rates shrunk towards the row's i.i.d.
@@ -102,7 +105,8 @@ class GoodputLength:
         )
         if self.probe_every:
             k = torch.where((k == 0) & (self.idle >= self.probe_every), 1, k)
-        return length_budget(k, self.max_len, self.nodes_per_depth, self.width)
+        # one host read: the exact longest length, so a round where every row is at 0 skips the drafter entirely
+        return length_budget(k, int(k.max()), self.nodes_per_depth, self.width)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         drafted = round.draft.num_valid

@@ -35,7 +35,7 @@ def profile_costs(
     prompts: Sequence[Sequence[int]],
     max_len: int = 8,
     batch_sizes: Sequence[int] = (1,),
-    new_tokens: int = 16,
+    new_tokens: int | None = None,
     progress: bool = True,
 ) -> dict[int, CostModel]:
     """``{batch size: CostModel}`` measured with :func:`decodekit.generate` at greedy decoding.
@@ -43,10 +43,13 @@ def profile_costs(
     For each batch size ``B`` (rows taken from ``prompts``, cycled) and ``k = 0..max_len``: the verify and
     bookkeeping time per round from a filler drafter that always drafts ``k`` tokens (so every round verifies
     ``k + 1`` positions per row), and the draft time per round of ``drafter`` itself under ``FixedLength(k)``.
-    ``2 * (max_len + 1)`` calls of ``new_tokens`` tokens per batch size, after one warm-up call each.
+    ``2 * (max_len + 1)`` calls of ``new_tokens`` tokens (default ``4 * max_len``) per batch size, after one
+    warm-up call each. The loop shortens drafts near a row's last tokens, so ``new_tokens`` must be well above
+    ``max_len`` for the long lengths to be measured as such.
     """
     max_len = check_int("max_len", max_len, low=0)
-    new_tokens = check_int("new_tokens", new_tokens, low=2, hint=" (tokens per timing call)")
+    new_tokens = max(4 * max_len, 8) if new_tokens is None else new_tokens
+    new_tokens = check_int("new_tokens", new_tokens, low=2 * max_len + 2, hint=" (at least 2 * max_len + 2)")
     if not prompts:
         raise ConfigError("profile_costs needs at least one prompt to time rounds on")
     import decodekit as dk  # the loop imports policies: import it at call time

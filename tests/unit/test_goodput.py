@@ -190,7 +190,9 @@ def test_greedy_equals_plain_decoding(target, ragged_prompts, name):
 
 
 def test_profile_costs_measures_every_length(target, ragged_prompts):
-    costs = profile_costs(target, ModelDrafter(perturbed(target, 0.3, seed=1)), ragged_prompts, 3, (1, 2), 4, False)
+    costs = profile_costs(target, ModelDrafter(perturbed(target, 0.3, seed=1)), ragged_prompts, 3, (1, 2), 8, False)
+    with pytest.raises(ConfigError, match="new_tokens"):
+        profile_costs(target, None, ragged_prompts, max_len=8, new_tokens=12)
     assert sorted(costs) == [1, 2]
     for cost in costs.values():
         assert len(cost.verify) == 4 and all(cost.draft[0] < t for t in cost.draft[1:])
