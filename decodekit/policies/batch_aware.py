@@ -27,7 +27,8 @@ class BatchAwareLength:
 
     ``alpha`` is fixed (the paper's offline table: :meth:`table`) or, with ``alpha=None``, estimated online over all
     rows pooled (one :class:`~decodekit.policies.analytic.AcceptanceTracker` row for the whole batch), so the table
-    follows the workload; at ``k* = 0`` it drafts one token every ``probe_every`` rounds to keep measuring.
+    follows the workload; at ``k* = 0`` it drafts one token after ``probe_every`` idle rounds to keep measuring
+    (each probe that changes nothing doubles the wait).
 
     Host syncs: one per round (the length, read so that a round at 0 does not call the drafter at all); none with a
     fixed ``alpha`` on a CPU tracker.
@@ -67,7 +68,7 @@ class BatchAwareLength:
         self.probe_every = check_int("probe_every", probe_every, low=0, hint=" (0 = never probe)")
         self.nodes_per_depth, self.width = check_tree_args(nodes_per_depth, width)
         self.tracker = AcceptanceTracker()
-        self.idle = 0
+        self.idle, self.wait = 0, self.probe_every
 
     def table(self, alpha: float, batch_sizes: list[int]) -> dict[int, int]:
         """``{B: k*(B)}`` for acceptance rate ``alpha`` (the paper's offline table)."""
@@ -86,8 +87,10 @@ class BatchAwareLength:
             self.begin(state)
         rate = torch.tensor(self.alpha, dtype=torch.float64) if self.alpha is not None else self.tracker.alpha[0]
         k = int(best_length(expected_tokens(rate, self.max_len), cost_at(self._costs, state.batch_size))[0])
-        if k == 0 and self.alpha is None and self.probe_every and self.idle >= self.probe_every:
-            k = 1  # re-measure
+        if k == 0 and self.alpha is None and self.probe_every and self.idle >= self.wait:
+            k, self.wait = 1, min(2 * self.wait, 64 * self.probe_every)  # re-measure; each probe doubles the wait
+        elif k > 0:
+            self.wait = self.probe_every
         lengths, bound = torch.full_like(state.lengths, k), k
         return length_budget(lengths, bound, self.nodes_per_depth, self.width)
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from decodekit.checks import check_float, check_int
+from decodekit.errors import ConfigError
 from decodekit.policies.analytic import AcceptanceTracker, CostModel, cost_at, expected_tokens, speedups
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
@@ -27,12 +28,14 @@ class GoodputLength:
     (:class:`~decodekit.policies.analytic.AcceptanceTracker`, exponentially decayed; per-position rates by default,
     ``positional=False``: the i.i.d. ``1 + alpha_i + ... + alpha_i^k``), and the round time
     ``T(B, k)`` at the live batch size from the cost model. The batch length is
-    ``k* = argmax_k sum_i E_i(k) / T(B, k)`` over ``k = 0..max_len`` (``k* = 0``: plain decoding this round, which
+    ``k* = argmax_k min_i E_i(k) / T(B, k)`` over ``k = 0..max_len`` (``batch="sum"``: SmartSpec's
+    ``sum_i E_i(k) / T(B, k)``) (``k* = 0``: plain decoding this round, which
     is never slower than plain decoding in the model). A batched round costs as its longest row (the verification
     forward is padded to it), so no row gains by drafting less than ``k*`` in the model; each row then takes its own
     best ``k_i = argmax_{k <= k*} E_i(k) / T(B, k)``, so rows the model says cannot gain draft nothing (fewer
-    rejected tokens, same round time). A row held at 0 drafts one token every ``probe_every`` rounds, so its
-    estimate can recover.
+    rejected tokens, same round time). A row held at 0 drafts one token after ``probe_every`` idle rounds, so its
+    estimate can recover; each probe that leaves it at 0 doubles the wait (up to 64x), since a probe costs a
+    verification position and, for a draft model, a catch-up forward.
 
     Host syncs: one per round (the batch's longest length, read so that a round with every row at 0 does not call
     the drafter at all: a draft model would otherwise still run on the new tokens).
@@ -52,6 +55,9 @@ class GoodputLength:
         probe_every: rounds a row stays at 0 before it drafts one token to re-measure (0 = never).
         positional: expected tokens from per-position rates (``AcceptanceTracker.expected``) rather than the
             i.i.d. rate.
+        batch: ``"slowest"``: the batch length maximises the slowest row's speedup (a static batch, as
+            :func:`~decodekit.generate` runs, ends when its slowest row does); ``"sum"``: SmartSpec's summed
+            goodput (right for continuous batching, where finished rows are replaced).
         nodes_per_depth, width: tree budgets (:func:`~decodekit.policies.lengths.length_budget`).
     """
 
@@ -68,11 +74,15 @@ class GoodputLength:
         decay: float = 0.9,
         probe_every: int = 8,
         positional: bool = True,
+        batch: str = "slowest",
         nodes_per_depth: int = 1,
         width: int | None = None,
     ) -> None:
         self.max_len = check_int("max_len", max_len, low=1, hint=" (the longest draft)")
         self.positional = bool(positional)
+        if batch not in ("slowest", "sum"):
+            raise ConfigError(f"batch must be 'slowest' or 'sum', got {batch!r}")
+        self.batch = batch
         self.draft_step = check_float("draft_step", draft_step, low=0.0)
         self.verify_fixed = check_float("verify_fixed", verify_fixed, low=0.0)
         self.verify_step = check_float("verify_step", verify_step, low=0.0)
@@ -83,16 +93,19 @@ class GoodputLength:
         self.nodes_per_depth, self.width = check_tree_args(nodes_per_depth, width)
         self.tracker = AcceptanceTracker(prior, decay=decay, positions=self.max_len)
         self.idle: torch.Tensor | None = None  # [B] rounds since each row last drafted
+        self.wait: torch.Tensor | None = None  # [B] idle rounds before the next probe
 
     def begin(self, state: DecodeState) -> None:
         self.tracker.begin(state.batch_size, state.device)
         self.idle = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
+        self.wait = torch.full_like(self.idle, self.probe_every)
 
     def lengths(self, expected: torch.Tensor, batch_size: int) -> torch.Tensor:
         """``[B]`` long: each row's length for expected tokens ``expected [B, K + 1]`` (``E(0..K)``) at
         ``batch_size`` (no probing)."""
         s = speedups(expected, cost_at(self._costs, batch_size))  # [B, K + 1]
-        k_star = s.sum(0).argmax()  # E(k) T(0) / T(k) summed over rows: goodput up to the constant T(0)
+        # goodput up to the constant T(0): summed over rows, or the slowest row's (which ends a static batch)
+        k_star = (s.sum(0) if self.batch == "sum" else s.min(0).values).argmax()
         allowed = torch.arange(self.max_len + 1, device=expected.device) <= k_star
         return s.masked_fill(~allowed, -1.0).argmax(-1)
 
@@ -103,8 +116,11 @@ class GoodputLength:
         k = self.lengths(
             t.expected(self.max_len) if self.positional else expected_tokens(t.alpha, self.max_len), state.batch_size
         )
-        if self.probe_every:
-            k = torch.where((k == 0) & (self.idle >= self.probe_every), 1, k)
+        if self.probe_every:  # a row held at 0 drafts one token after `wait` idle rounds; each probe doubles `wait`
+            probe = (k == 0) & (self.idle >= self.wait)
+            self.wait = torch.where(probe, (2 * self.wait).clamp(max=64 * self.probe_every), self.wait)
+            self.wait = torch.where(k > 0, self.probe_every, self.wait)
+            k = torch.where(probe, 1, k)
         # one host read: the exact longest length, so a round where every row is at 0 skips the drafter entirely
         return length_budget(k, int(k.max()), self.nodes_per_depth, self.width)
 
@@ -116,4 +132,4 @@ class GoodputLength:
     def select_rows(self, rows: torch.Tensor) -> None:
         self.tracker.select_rows(rows)
         if self.idle is not None:
-            self.idle = self.idle[rows]
+            self.idle, self.wait = self.idle[rows], self.wait[rows]

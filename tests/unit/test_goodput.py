@@ -104,7 +104,7 @@ def test_goodput_follows_each_rows_acceptance():
     """A row whose drafts always pass gets the longest length, one whose drafts always fail gets 0 once the model
     says nothing can be gained, and probes again after ``probe_every`` idle rounds."""
     cost = CostModel.relative(0.1, 8, verify_fixed=0.2)
-    policy, state = GoodputLength(cost, max_len=8, probe_every=3), _state(2)
+    policy, state = GoodputLength(cost, max_len=8, probe_every=3, batch="sum"), _state(2)
     policy.begin(state)
     assert policy.plan(state).lengths.tolist() == [2, 2]  # prior 0.5: S(1..3) = 1.15, 1.25, 1.25 (ties: shorter)
     for _ in range(6):
@@ -112,13 +112,28 @@ def test_goodput_follows_each_rows_acceptance():
         policy.observe(state, _round(k.tolist(), [int(k[0]), 0]))
     assert policy.plan(state).lengths.tolist()[0] == 8
     trace = []
-    for _ in range(5):
+    for _ in range(16):
         k = policy.plan(state).lengths
         trace.append(int(k[1]))
         policy.observe(state, _round(k.tolist(), [int(k[0]), 0]))
     assert 0 in trace and 1 in trace  # held at 0, then a probe
     policy.select_rows(torch.tensor([0]))
     assert policy.plan(_state(1)).lengths.tolist() == [8]
+    slowest = GoodputLength(cost, max_len=8, probe_every=0)  # a static batch ends with its slowest row
+    e = torch.stack([expected_tokens(1.0, 8), expected_tokens(0.0, 8)])
+    assert slowest.lengths(e, 2).tolist() == [0, 0] and policy.lengths(e, 2).tolist() == [8, 0]
+
+
+def test_probes_back_off():
+    """A row held at 0 probes after 2 idle rounds, then 4, then 8: each probe that changes nothing doubles the wait."""
+    policy, state = GoodputLength(CostModel.relative(0.5, 4), max_len=4, probe_every=2, prior=0.0), _state(1)
+    policy.begin(state)
+    trace = []
+    for _ in range(20):
+        k = policy.plan(state).lengths
+        trace.append(int(k[0]))
+        policy.observe(state, _round(k.tolist(), [0]))
+    assert [i for i, k in enumerate(trace) if k] == [2, 7, 16]  # idle 2, 4, 8 (a probe resets idle)
 
 
 def test_goodput_at_batch_size_uses_the_batch_costs():
