@@ -114,6 +114,25 @@ class CostModel:
         return torch.where(k > len(table) - 1, t[-1] + slope * (k - (len(table) - 1)), inside)
 
 
+def set_costs(
+    policy: object,
+    costs: CostModel | Mapping[int, CostModel] | None,
+    max_len: int,
+    draft_step: float,
+    verify_fixed: float,
+    verify_step: float,
+) -> None:
+    """The cost arguments of a policy that chooses lengths from costs (``goodput``, ``batch_aware``), checked and
+    set on it: ``costs``, ``draft_step``, ``verify_fixed``, ``verify_step`` as given, and ``_costs``, the model it
+    uses (``costs``, or ``CostModel.relative`` from the three step costs when ``costs`` is None)."""
+    policy.draft_step = check_float("draft_step", draft_step, low=0.0)  # type: ignore[attr-defined]
+    policy.verify_fixed = check_float("verify_fixed", verify_fixed, low=0.0)  # type: ignore[attr-defined]
+    policy.verify_step = check_float("verify_step", verify_step, low=0.0)  # type: ignore[attr-defined]
+    policy.costs = costs  # type: ignore[attr-defined]
+    model = costs if costs is not None else CostModel.relative(draft_step, max_len, verify_step, verify_fixed)
+    policy._costs = model  # type: ignore[attr-defined]
+
+
 def cost_at(costs: CostModel | Mapping[int, CostModel], batch_size: int) -> CostModel:
     """The cost model at ``batch_size``: ``costs`` itself, or from a table ``{batch size: CostModel}`` the entry,
     linearly interpolated between the nearest measured batch sizes (the nearest one outside their range)."""

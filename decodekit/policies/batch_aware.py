@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from decodekit.checks import check_float, check_int
-from decodekit.policies.analytic import AcceptanceTracker, CostModel, best_length, cost_at, expected_tokens
+from decodekit.policies.analytic import (
+    AcceptanceTracker,
+    CostModel,
+    best_length,
+    cost_at,
+    expected_tokens,
+    set_costs,
+)
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.state import DecodeState
@@ -60,11 +67,7 @@ class BatchAwareLength:
     ) -> None:
         self.max_len = check_int("max_len", max_len, low=1, hint=" (the longest draft)")
         self.alpha = check_float("alpha", alpha, low=0.0, high=1.0, optional=True, hint=" (None = measured online)")
-        self.draft_step = check_float("draft_step", draft_step, low=0.0)
-        self.verify_fixed = check_float("verify_fixed", verify_fixed, low=0.0)
-        self.verify_step = check_float("verify_step", verify_step, low=0.0)
-        self.costs = costs
-        self._costs = costs if costs is not None else CostModel.relative(draft_step, max_len, verify_step, verify_fixed)
+        set_costs(self, costs, self.max_len, draft_step, verify_fixed, verify_step)
         self.probe_every = check_int("probe_every", probe_every, low=0, hint=" (0 = never probe)")
         self.nodes_per_depth, self.width = check_tree_args(nodes_per_depth, width)
         self.tracker = AcceptanceTracker()

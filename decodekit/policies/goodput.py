@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decodekit.checks import check_float, check_int
+from decodekit.checks import check_int
 from decodekit.errors import ConfigError
-from decodekit.policies.analytic import AcceptanceTracker, CostModel, cost_at, expected_tokens, speedups
+from decodekit.policies.analytic import AcceptanceTracker, CostModel, cost_at, expected_tokens, set_costs, speedups
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.state import DecodeState
@@ -83,11 +83,7 @@ class GoodputLength:
         if batch not in ("slowest", "sum"):
             raise ConfigError(f"batch must be 'slowest' or 'sum', got {batch!r}")
         self.batch = batch
-        self.draft_step = check_float("draft_step", draft_step, low=0.0)
-        self.verify_fixed = check_float("verify_fixed", verify_fixed, low=0.0)
-        self.verify_step = check_float("verify_step", verify_step, low=0.0)
-        self.costs = costs
-        self._costs = costs if costs is not None else CostModel.relative(draft_step, max_len, verify_step, verify_fixed)
+        set_costs(self, costs, self.max_len, draft_step, verify_fixed, verify_step)
         self.prior, self.decay = prior, decay
         self.probe_every = check_int("probe_every", probe_every, low=0, hint=" (0 = never probe)")
         self.nodes_per_depth, self.width = check_tree_args(nodes_per_depth, width)

@@ -52,30 +52,30 @@ def profile_costs(
     new_tokens = check_int("new_tokens", new_tokens, low=2 * max_len + 2, hint=" (at least 2 * max_len + 2)")
     if not prompts:
         raise ConfigError("profile_costs needs at least one prompt to time rounds on")
+    sizes = [check_int("batch size", b, low=1) for b in batch_sizes]
+    bar = tqdm(total=len(sizes) * (max_len + 1), desc="profiling round costs", disable=not progress)
+    out: dict[int, CostModel] = {}
+    for b in sizes:
+        rows = [list(prompts[i % len(prompts)]) for i in range(b)]
+        table = []  # (draft, verify, other) seconds per round, k = 0..max_len
+        for k in range(max_len + 1):
+            filler = _per_round(model, rows, _Filler(), k, new_tokens)
+            real = filler if k == 0 else _per_round(model, rows, drafter, k, new_tokens)
+            table.append((real[0], filler[1], filler[2]))
+            bar.update()
+        draft, verify, other = zip(*table)
+        out[b] = CostModel(tuple(draft), tuple(verify), float(torch.tensor(other).median()))
+    bar.close()
+    return out
+
+
+def _per_round(model: Any, rows: list[list[int]], drafter: Any, k: int, new_tokens: int) -> tuple[float, float, float]:
+    """``(draft, verify, other)`` seconds per round of one call drafting ``k`` tokens with ``drafter`` (``k = 0``:
+    plain decoding), after an identical warm-up call."""
     import decodekit as dk  # the loop imports policies: import it at call time
 
-    out: dict[int, CostModel] = {}
-    jobs = [(b, k) for b in batch_sizes for k in range(max_len + 1)]
-    bar = tqdm(jobs, desc="profiling round costs", disable=not progress)
-    per_batch: dict[int, list[tuple[float, float, float]]] = {}
-    for b, k in bar:
-        rows = [list(prompts[i % len(prompts)]) for i in range(check_int("batch size", b, low=1))]
-        timed = []
-        for d in (_Filler(), drafter):
-            run = dict(max_new_tokens=new_tokens, eos_token_id=())
-            if k == 0:
-                dk.generate(model, rows, **run)  # warm-up
-                stats = dk.generate(model, rows, **run).stats
-            else:
-                dk.generate(model, rows, d, GreedyVerifier(), FixedLength(k), **run)
-                stats = dk.generate(model, rows, d, GreedyVerifier(), FixedLength(k), **run).stats
-            rounds = max(stats.rounds, 1)
-            timed.append((stats.draft_time_s / rounds, stats.verify_time_s / rounds, stats.other_time_s / rounds))
-            if k == 0:
-                break
-        filler, real = timed[0], timed[-1]
-        per_batch.setdefault(b, []).append((real[0], filler[1], filler[2]))
-    for b, rows_ in per_batch.items():
-        draft, verify, other = zip(*rows_)
-        out[b] = CostModel(tuple(draft), tuple(verify), float(torch.tensor(other).median()))
-    return out
+    args = () if k == 0 else (drafter, GreedyVerifier(), FixedLength(k))
+    for _ in range(2):  # the first call warms up
+        stats = dk.generate(model, rows, *args, max_new_tokens=new_tokens, eos_token_id=()).stats
+    rounds = max(stats.rounds, 1)
+    return stats.draft_time_s / rounds, stats.verify_time_s / rounds, stats.other_time_s / rounds
