@@ -4,9 +4,12 @@ model they share (:mod:`decodekit.policies.analytic`) and its measured costs (:f
 from decodekit.policies.analytic import AcceptanceTracker, CostModel
 from decodekit.policies.batch_aware import BatchAwareLength
 from decodekit.policies.confidence import ConfidenceStop
+from decodekit.policies.entropy_stop import EntropyStop
 from decodekit.policies.fixed import FixedLength
+from decodekit.policies.gammatune import GammaTune, GammaTunePlus
 from decodekit.policies.goodput import GoodputLength
 from decodekit.policies.heuristic import HeuristicLength
+from decodekit.policies.kld_stability import KLDStability
 from decodekit.policies.profile import profile_costs
 from decodekit.policies.stack import Stack
 from decodekit.policies.threshold_head import ThresholdHeadStop
@@ -16,9 +19,13 @@ __all__ = [
     "BatchAwareLength",
     "ConfidenceStop",
     "CostModel",
+    "EntropyStop",
     "FixedLength",
+    "GammaTune",
+    "GammaTunePlus",
     "GoodputLength",
     "HeuristicLength",
+    "KLDStability",
     "Stack",
     "ThresholdHeadStop",
     "profile_costs",

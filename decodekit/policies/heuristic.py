@@ -8,6 +8,7 @@ import torch
 
 from decodekit.checks import check_int
 from decodekit.errors import ConfigError
+from decodekit.policies.lengths import drafted_depth
 from decodekit.registry import register
 from decodekit.state import DecodeState
 from decodekit.types import DraftBudget
@@ -21,8 +22,9 @@ _STEPS = ("initial", "increase", "decrease")
 
 @register("policy", "heuristic")
 class HeuristicLength:
-    """Per-row draft length that grows by ``increase`` when every drafted token was accepted and shrinks by
-    ``decrease`` otherwise, within ``[min_len, max_len]``. Rounds that drafted nothing leave it unchanged.
+    """Per-row draft length that grows by ``increase`` when every drafted token was accepted (for a tree: a path to
+    its deepest node) and shrinks by ``decrease`` otherwise, within ``[min_len, max_len]``. Rounds that drafted
+    nothing leave it unchanged.
 
     State is per call (like ``heuristic_transient``): each :func:`~decodekit.generate` starts at ``initial``.
     """
@@ -48,7 +50,7 @@ class HeuristicLength:
         return DraftBudget(self.lengths.clone())
 
     def observe(self, state: DecodeState, round: Round) -> None:
-        drafted = round.draft.num_valid
+        drafted = drafted_depth(round.draft)  # a chain's length; a tree's depth
         step = torch.where(round.verdict.num_accepted == drafted, self.increase, -self.decrease)
         step = torch.where(drafted > 0, step, 0)
         self.lengths = (self.lengths + step).clamp(self.min_len, self.max_len)

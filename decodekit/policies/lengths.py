@@ -7,7 +7,11 @@ from collections.abc import Callable
 import torch
 
 from decodekit.budget import DraftBudget, DraftStep
-from decodekit.checks import check_int
+from decodekit.checks import check_float, check_int
+from decodekit.draft import Draft
+from decodekit.errors import ConfigError
+
+BATCH_CAPS = ("mean", "max")
 
 
 def check_tree_args(nodes_per_depth: int, width: int | None) -> tuple[int, int | None]:
@@ -36,3 +40,31 @@ def length_budget(
     return DraftBudget(
         lengths * nodes_per_depth, lengths, width, stop, node_bound=bound * nodes_per_depth, depth_bound=bound
     )
+
+
+def drafted_depth(draft: Draft) -> torch.Tensor:
+    """``[B]`` the depth of each row's deepest valid node (a chain's length; 0 = drafted nothing): the length a
+    round accepted in full when ``verdict.num_accepted`` reaches it."""
+    if draft.num_nodes == 0:
+        return torch.zeros(draft.batch_size, dtype=torch.long, device=draft.tokens.device)
+    return draft.depth.amax(-1)
+
+
+def check_batch_cap(batch_cap: str | float | None) -> str | float | None:
+    """A validated batch cap: None, ``"mean"``, ``"max"`` or a quantile in ``[0, 1]``."""
+    if batch_cap is None or batch_cap in BATCH_CAPS:
+        return batch_cap
+    if isinstance(batch_cap, str):
+        raise ConfigError(f"batch_cap must be None, {' or '.join(map(repr, BATCH_CAPS))}, or a quantile in [0, 1]")
+    return check_float("batch_cap", batch_cap, low=0.0, high=1.0, hint=" (a quantile of the lengths)")
+
+
+def batch_cap(lengths: torch.Tensor, how: str | float | None) -> torch.Tensor | None:
+    """DSDE's straggler cap for per-row ``lengths [B]``: ``ceil`` of their mean (``"mean"``) or of a quantile, as a
+    0-d long tensor (no host sync); None for no cap (``None``, ``"max"``, or a single row). A chain round costs as
+    many draft steps as its longest row, so capping every row near the typical length bounds the waste."""
+    if how is None or how == "max" or lengths.numel() <= 1:
+        return None
+    values = lengths.double()
+    agg = values.mean() if how == "mean" else torch.quantile(values, float(how))
+    return agg.ceil().long()

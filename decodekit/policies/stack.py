@@ -8,18 +8,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from decodekit.budget import DraftBudget, DraftStep
-from decodekit.checks import check_float
 from decodekit.errors import ConfigError
 from decodekit.interfaces import LengthPolicy
+from decodekit.policies.lengths import batch_cap, check_batch_cap
 from decodekit.registry import register
 from decodekit.round import check_needs
 from decodekit.state import DecodeState
 
 if TYPE_CHECKING:
     from decodekit.round import Round
-
-
-_CAPS = ("mean", "max")
 
 
 @register("policy", "stack")
@@ -47,11 +44,7 @@ class Stack:
         for p in policies:
             if not isinstance(p, LengthPolicy):
                 raise ConfigError(f"Stack parts must be length policies (with a plan(state) method), got {p!r}")
-        if isinstance(batch_cap, str) and batch_cap not in _CAPS:
-            raise ConfigError(f"batch_cap must be None, {' or '.join(map(repr, _CAPS))}, or a quantile in [0, 1]")
-        if batch_cap is not None and not isinstance(batch_cap, str):
-            batch_cap = check_float("batch_cap", batch_cap, low=0.0, high=1.0, hint=" (a quantile of the lengths)")
-        self.policies, self.batch_cap = tuple(policies), batch_cap
+        self.policies, self.batch_cap = tuple(policies), check_batch_cap(batch_cap)
         self.needs = frozenset().union(*(check_needs(getattr(p, "needs", ()), p) for p in policies))
         self.hidden_layers = tuple(sorted({i for p in policies for i in getattr(p, "hidden_layers", ())}))
 
@@ -80,9 +73,8 @@ class Stack:
         nodes = torch.stack([b.nodes for b in budgets]).amin(0)
         trees = any(b.depth is not None for b in budgets)
         depth = torch.stack([b.depth_or_nodes for b in budgets]).amin(0) if trees else None
-        if self.batch_cap is not None and self.batch_cap != "max" and state.batch_size > 1:
-            lengths = nodes if depth is None else depth
-            cap = self._cap(lengths.double()).ceil().long()
+        cap = batch_cap(nodes if depth is None else depth, self.batch_cap)
+        if cap is not None:
             if depth is None:
                 nodes = nodes.clamp(max=cap)
             else:
@@ -96,11 +88,6 @@ class Stack:
             _least(b.node_bound for b in budgets),
             _least(b.depth_bound for b in budgets) if trees else None,
         )
-
-    def _cap(self, lengths: torch.Tensor) -> torch.Tensor:
-        if self.batch_cap == "mean":
-            return lengths.mean()
-        return torch.quantile(lengths, float(self.batch_cap))
 
 
 def _least(values: Any) -> int | None:

@@ -28,6 +28,7 @@ from decodekit.policies.analytic import (
 )
 from decodekit.verifiers import GreedyVerifier
 from tests.conftest import perturbed
+from tests.unit.traces import chain_round, dummy_state
 
 
 @pytest.mark.parametrize(("alpha", "c", "k", "s"), [(0.8, 0.05, 8, 3.09), (0.8, 0.2, 4, 1.87), (0.6, 0.05, 4, 1.92)])
@@ -87,38 +88,25 @@ def test_acceptance_tracker_is_the_unbiased_estimate():
     assert pooled.alpha.tolist() == pytest.approx([3 / 4])
 
 
-def _round(drafted, accepted, width=8):
-    drafted, accepted = torch.tensor(drafted), torch.tensor(accepted)
-    draft = dk.Draft.chain(
-        torch.zeros(len(drafted), width, dtype=torch.long), valid=torch.arange(width) < drafted[:, None]
-    )
-    verdict = dk.Verdict(torch.zeros(len(drafted), width, dtype=torch.long), accepted, torch.zeros_like(accepted))
-    return dk.Round(0, draft, verdict, verdict.accepted, accepted + 1)
-
-
-def _state(rows):
-    return dk.DecodeState.from_prompts([[1]] * rows, [100] * rows, dk.SamplingParams(), None, torch.device("cpu"))
-
-
 def test_goodput_follows_each_rows_acceptance():
     """A row whose drafts always pass gets the longest length, one whose drafts always fail gets 0 once the model
     says nothing can be gained, and probes again after ``probe_every`` idle rounds."""
     cost = CostModel.relative(0.1, 8, verify_fixed=0.2)
-    policy, state = GoodputLength(cost, max_len=8, probe_every=3, batch="sum"), _state(2)
+    policy, state = GoodputLength(cost, max_len=8, probe_every=3, batch="sum"), dummy_state(2)
     policy.begin(state)
     assert policy.plan(state).lengths.tolist() == [2, 2]  # prior 0.5: S(1..3) = 1.15, 1.25, 1.25 (ties: shorter)
     for _ in range(6):
         k = policy.plan(state).lengths
-        policy.observe(state, _round(k.tolist(), [int(k[0]), 0]))
+        policy.observe(state, chain_round(k.tolist(), [int(k[0]), 0]))
     assert policy.plan(state).lengths.tolist()[0] == 8
     trace = []
     for _ in range(16):
         k = policy.plan(state).lengths
         trace.append(int(k[1]))
-        policy.observe(state, _round(k.tolist(), [int(k[0]), 0]))
+        policy.observe(state, chain_round(k.tolist(), [int(k[0]), 0]))
     assert 0 in trace and 1 in trace  # held at 0, then a probe
     policy.select_rows(torch.tensor([0]))
-    assert policy.plan(_state(1)).lengths.tolist() == [8]
+    assert policy.plan(dummy_state(1)).lengths.tolist() == [8]
     slowest = GoodputLength(cost, max_len=8, probe_every=0)  # a static batch ends with its slowest row
     e = torch.stack([expected_tokens(1.0, 8), expected_tokens(0.0, 8)])
     assert slowest.lengths(e, 2).tolist() == [0, 0] and policy.lengths(e, 2).tolist() == [8, 0]
@@ -126,13 +114,13 @@ def test_goodput_follows_each_rows_acceptance():
 
 def test_probes_back_off():
     """A row held at 0 probes after 2 idle rounds, then 4, then 8: each probe that changes nothing doubles the wait."""
-    policy, state = GoodputLength(CostModel.relative(0.5, 4), max_len=4, probe_every=2, prior=0.0), _state(1)
+    policy, state = GoodputLength(CostModel.relative(0.5, 4), max_len=4, probe_every=2, prior=0.0), dummy_state(1)
     policy.begin(state)
     trace = []
     for _ in range(20):
         k = policy.plan(state).lengths
         trace.append(int(k[0]))
-        policy.observe(state, _round(k.tolist(), [0]))
+        policy.observe(state, chain_round(k.tolist(), [0]))
     assert [i for i, k in enumerate(trace) if k] == [2, 7, 16]  # idle 2, 4, 8 (a probe resets idle)
 
 
@@ -150,14 +138,14 @@ def test_goodput_at_batch_size_uses_the_batch_costs():
 def test_batch_aware_switches_off_at_large_batch():
     costs = {1: CostModel.relative(0.1, 8, verify_fixed=0.1), 8: CostModel.relative(0.1, 8, verify_fixed=0.9)}
     policy = BatchAwareLength(costs, alpha=0.5)
-    assert policy.plan(_state(1)).lengths.tolist() == [2]  # S(1..3) = 1.25, 1.35, 1.34
-    assert policy.plan(_state(8)).lengths.tolist() == [0] * 8
+    assert policy.plan(dummy_state(1)).lengths.tolist() == [2]  # S(1..3) = 1.25, 1.35, 1.34
+    assert policy.plan(dummy_state(8)).lengths.tolist() == [0] * 8
 
 
 def test_stack_takes_the_least_and_caps_the_batch():
     heuristic = HeuristicLength(initial=6, max_len=8)
     stack = Stack(FixedLength(4), heuristic, ConfidenceStop(0.5, max_len=8))
-    state = _state(3)
+    state = dummy_state(3)
     stack.begin(state)
     budget = stack.plan(state)
     assert budget.lengths.tolist() == [4, 4, 4] and budget.stop is not None and budget.node_bound == 4

@@ -17,7 +17,7 @@ import torch
 
 import decodekit as dk
 from decodekit.drafters import ModelDrafter, NGramDrafter
-from decodekit.policies import FixedLength, HeuristicLength
+from decodekit.policies import EntropyStop, FixedLength, GammaTunePlus, HeuristicLength, KLDStability, Stack
 from decodekit.sampling import probs_from_logits
 from decodekit.verifiers import RejectionVerifier
 from tests.conftest import perturbed, tiny_llama
@@ -82,6 +82,13 @@ CASES = {
     "model-argmax": lambda draft: (ModelDrafter(draft, temperature=0.0), FixedLength(2)),
     "model-hotter": lambda draft: (ModelDrafter(draft, temperature=1.5), FixedLength(2)),
     "ngram": lambda draft: (NGramDrafter(max_ngram=2), FixedLength(2)),
+    # adaptive lengths: per-row lengths from past acceptance, stops from the draft's confidence or entropy, the KL
+    # of the round record; none of it may change the output law
+    "model-gammatune_plus": lambda draft: (ModelDrafter(draft), GammaTunePlus(initial=1, up=1.0, threshold=0.3)),
+    "model-kld-adaedl": lambda draft: (
+        ModelDrafter(draft),
+        Stack(KLDStability(window=4, initial=2), EntropyStop(scale=0.2, threshold=0.5, adaptive=True), batch_cap=0.5),
+    ),
 }
 
 
@@ -93,6 +100,8 @@ CASES = {
         ("model", "T0.7-p0.9"),
         ("model", "T1-k3"),
         ("model-heuristic", "T1"),
+        ("model-gammatune_plus", "T1"),
+        ("model-kld-adaedl", "T0.7-p0.9"),
         ("model-argmax", "T0.7-p0.9"),
         ("model-hotter", "T1"),
         ("ngram", "T1"),

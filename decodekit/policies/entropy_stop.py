@@ -1,0 +1,115 @@
+"""Entropy stops (SVIP; AdaEDL): end a chain draft once the drafter's entropy says the next token would likely fail."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from decodekit.checks import check_float, check_int
+from decodekit.errors import ConfigError
+from decodekit.registry import register
+from decodekit.state import DecodeState
+from decodekit.types import DraftBudget, DraftStep
+
+if TYPE_CHECKING:
+    from decodekit.round import Round
+
+
+class EntropyRule:
+    """One round's stop rule (:attr:`DraftBudget.stop`) for :class:`EntropyStop`; no host sync."""
+
+    def __init__(self, policy: EntropyStop) -> None:
+        self.policy = policy
+
+    def __call__(self, step: DraftStep) -> torch.Tensor:
+        """``[B]`` bool: stop after ``step.tokens`` (kept) where ``1 - sqrt(scale * H) < threshold``, ``H`` the
+        entropy (nats) of the distribution the token was drawn from, once ``min_len`` tokens are drafted."""
+        if step.probs is None:
+            raise ConfigError(
+                "entropy_stop needs the drafter's full distribution at each step (DraftStep.probs), which this "
+                "drafter does not give; use a draft model (drafter=model) or another policy"
+            )
+        p = self.policy
+        entropy = torch.special.entr(step.probs.float()).sum(-1)  # [B]
+        bound = 1 - torch.sqrt(p.scale * entropy)  # a lower bound on the token's acceptance probability
+        threshold = p.lam if p.lam is not None and p.lam.shape == bound.shape else p.threshold
+        return (bound < threshold) & (step.index + 1 >= p.min_len)
+
+
+@register("policy", "entropy_stop")
+class EntropyStop:
+    """Stop drafting when the drafter's entropy is high (SVIP; AdaEDL).
+
+    After drafting ``x_j`` from the draft distribution ``q_j``, a row stops (``x_j`` kept) once
+    ``1 - sqrt(scale * H(q_j)) < threshold``: the left side is a lower-bound estimate of ``x_j``'s acceptance
+    probability, so drafting stops where the next position would likely fail. With the defaults
+    (``scale = 0.15``, ``threshold = 0.7``) this is SVIP's rule ``sqrt(0.15 H) > 0.3``, i.e. ``H > 0.6`` nats. At most
+    ``max_len`` tokens per round (SVIP caps at 40).
+
+    ``adaptive=True`` is AdaEDL: each row's threshold follows the acceptance it observes, ``r <- ema * r + (1 - ema)
+    * rate`` and ``lambda = r - margin``, with ``rate`` the round's accepted share of the positions it tested
+    (``a / (a + 1)`` after a rejection, 1 when all passed) and ``lambda`` starting at ``threshold``. AdaEDL's own
+    defaults: ``scale = 0.2``, ``threshold = 0.5`` (recipe ``policy=adaedl``).
+
+    Faithfulness: SVIP's rule and constants are those of its reference code (``policies.md`` section 9). AdaEDL's
+    stop criterion and ``scale`` follow the paper; **its online update of lambda is a reconstruction** (the paper says
+    lambda adapts to the observed acceptance rate, not how), written as above.
+
+    Works with step-wise chain drafters that report their distribution (``ModelDrafter``); drafters that draft no
+    step-wise chain (n-gram, trees) are bounded by ``max_len`` only. In greedy decoding the entropy is that of the
+    drafter's temperature-1 distribution.
+
+    Args:
+        scale: ``gamma_e`` in ``1 - sqrt(gamma_e H)``.
+        threshold: the stop threshold ``lambda`` (AdaEDL: its start value).
+        adaptive: adapt ``lambda`` per row (AdaEDL).
+        ema, margin: AdaEDL's smoothing of the observed acceptance and the margin subtracted from it.
+        min_len, max_len: the bounds of a round's draft (both included).
+    """
+
+    def __init__(
+        self,
+        scale: float = 0.15,
+        threshold: float = 0.7,
+        adaptive: bool = False,
+        ema: float = 0.9,
+        margin: float = 0.05,
+        min_len: int = 1,
+        max_len: int = 20,
+    ) -> None:
+        self.scale = check_float("scale", scale, low=0.0, low_open=True, hint=" (gamma_e in 1 - sqrt(gamma_e H))")
+        self.threshold = check_float("threshold", threshold, low=0.0, high=1.0, hint=" (lambda, a probability)")
+        self.adaptive = bool(adaptive)
+        self.ema = check_float("ema", ema, low=0.0, high=1.0, high_open=True)
+        self.margin = check_float("margin", margin, low=0.0, high=1.0)
+        self.min_len = check_int("min_len", min_len, low=1)
+        self.max_len = check_int("max_len", max_len, low=1)
+        if self.min_len > self.max_len:
+            raise ConfigError(f"min_len={self.min_len} exceeds max_len={self.max_len}; lower min_len")
+        self.rate: torch.Tensor | None = None  # [B] smoothed acceptance (adaptive only)
+        self.lam: torch.Tensor | None = None  # [B] per-row threshold (adaptive only)
+
+    def begin(self, state: DecodeState) -> None:
+        if self.adaptive:
+            self.rate = torch.full(state.lengths.shape, self.threshold + self.margin, device=state.device)
+            self.lam = torch.full(state.lengths.shape, self.threshold, device=state.device)
+
+    def plan(self, state: DecodeState) -> DraftBudget:
+        if self.adaptive and (self.lam is None or self.lam.shape[0] != state.batch_size):
+            self.begin(state)
+        nodes = torch.full_like(state.lengths, self.max_len)
+        return DraftBudget(nodes, stop=EntropyRule(self), node_bound=self.max_len)
+
+    def observe(self, state: DecodeState, round: Round) -> None:
+        if not self.adaptive:
+            return
+        drafted, accepted = round.draft.num_valid, round.verdict.num_accepted
+        tested = torch.minimum(accepted + 1, drafted).clamp(min=1)
+        rate = self.ema * self.rate + (1 - self.ema) * (accepted / tested).float()
+        self.rate = torch.where(drafted > 0, rate, self.rate)
+        self.lam = (self.rate - self.margin).clamp(0.0, 1.0)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        if self.rate is not None and self.lam is not None:
+            self.rate, self.lam = self.rate[rows], self.lam[rows]
