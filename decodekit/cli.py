@@ -96,6 +96,7 @@ def check_bench_config(cfg: Any) -> None:
     check_int("passes", cfg.get("passes", 3), low=1)
     check_int("seed", cfg.get("seed"))
     check_bool("progress", cfg.get("progress"))
+    check_int("oracle", cfg.get("oracle"), low=1, optional=True, hint=" (the longest draft length to profile)")
     sizes = cfg.get("batch_sizes")
     if not _is_list(sizes) or not sizes:
         raise ConfigTypeError(f"batch_sizes must be a non-empty list of integers >= 1, e.g. [1, 8], got {sizes!r}")

@@ -85,6 +85,9 @@ def measure(cfg: Any, methods: Sequence[Method | TransformersBaseline], out_dir:
         max_prompt_tokens=task.max_prompt_tokens,
         seed=task.seed,
     )
+    info = machine_info(model) | {"task": task.name, "prompts": len(data)}
+    if cfg.get("oracle"):
+        add_oracle_costs(methods, model, data["input_ids"], cfg.oracle, list(cfg.batch_sizes), info, cfg.progress)
     results = run_benchmark(
         model,
         data["input_ids"],
@@ -97,8 +100,31 @@ def measure(cfg: Any, methods: Sequence[Method | TransformersBaseline], out_dir:
         progress=cfg.progress,
         prompt_ids=list(data["id"]),
     )
-    info = machine_info(model) | {"task": task.name, "prompts": len(data)}
     return save(results, out_dir, info, config)
+
+
+def add_oracle_costs(
+    methods: Sequence[Any],
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    max_len: int,
+    batch_sizes: list[int],
+    machine: dict[str, Any],
+    progress: bool,
+) -> None:
+    """Give every speculative method without costs its drafter's measured costs (the oracle column): profiled once
+    per distinct drafter (:func:`~decodekit.bench.costs.measured_costs`, cached on disk)."""
+    from decodekit.bench.costs import fingerprint, measured_costs
+
+    measured: dict[str, Any] = {}
+    for method in methods:
+        drafter = getattr(method, "drafter", None)
+        if drafter is None or getattr(method, "costs", True) is not None:
+            continue  # autoregressive decoding, transformers baselines, costs given
+        key = fingerprint(drafter)
+        if key not in measured:
+            measured[key] = measured_costs(model, drafter, prompts, max_len, batch_sizes, machine, progress=progress)
+        method.costs = measured[key]
 
 
 @dataclass

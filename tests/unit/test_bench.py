@@ -190,3 +190,20 @@ def test_warnings_for_a_slow_reference_and_a_wide_spread(tmp_path):
     assert any("slow reference" in w for w in warnings) and any("varies" in w for w in warnings)
     quiet = run_benchmark(model, prompts, [Method("autoregressive"), Method("again")], max_new_tokens=6, progress=False)
     assert not any("transformers' generate" in w for r in quiet for w in r.warnings)
+
+
+def test_oracle_costs_are_profiled_once_per_drafter_and_cached(tmp_path, monkeypatch):
+    from decodekit.bench.costs import measured_costs
+    from decodekit.drafters import ModelDrafter, NGramDrafter
+
+    model = dk.load_model(tiny_llama(0))
+    prompts, machine = [[5, 6, 7, 8], [1, 2, 3]], {"cpu": "test"}
+    first = measured_costs(model, NGramDrafter(), prompts, 2, [1, 2], machine, tmp_path, progress=False)
+    assert sorted(first) == [1, 2] and len(first[1].draft) == 3
+    monkeypatch.setattr("decodekit.policies.profile_costs", lambda *a, **k: pytest.fail("profiled again"))
+    assert measured_costs(model, NGramDrafter(), prompts, 2, [1, 2], machine, tmp_path) == first
+    with pytest.raises(pytest.fail.Exception, match="profiled again"):  # another drafter, machine or length: new
+        measured_costs(model, ModelDrafter(model), prompts, 2, [1, 2], machine, tmp_path)
+    with pytest.raises(pytest.fail.Exception, match="profiled again"):
+        measured_costs(model, NGramDrafter(), prompts, 2, [1, 2], {"cpu": "other"}, tmp_path)
+    assert len(list(tmp_path.glob("*.json"))) == 1 and not list(tmp_path.glob("*.tmp"))
