@@ -73,7 +73,14 @@ def measure(cfg: Any, methods: Sequence[Method | TransformersBaseline], out_dir:
     from decodekit.bench.report import save
     from decodekit.bench.runner import run_benchmark
     from decodekit.bench.tasks import load_task
+    from decodekit.policies.analytic import wants_measured_costs
 
+    measured = [m.name for m in methods if wants_measured_costs(getattr(m, "policy", None))]
+    if measured and not cfg.get("oracle"):
+        raise ConfigError(
+            f"{', '.join(measured)}: a policy with costs='measured' takes the costs the benchmark profiles for the "
+            "oracle column; set oracle=<the longest draft length to profile>, e.g. oracle=8"
+        )
     model = build_component(cfg.model, "model")
     if model is None:
         raise ConfigError("model must be a model config (model=smollm2, or a mapping with _target_)")
@@ -112,9 +119,11 @@ def add_oracle_costs(
     machine: dict[str, Any],
     progress: bool,
 ) -> None:
-    """Give every speculative method without costs its drafter's measured costs (the oracle column): profiled once
-    per distinct drafter (:func:`~decodekit.bench.costs.measured_costs`, cached on disk)."""
+    """Give every speculative method without costs its drafter's measured costs (the oracle column), and its policy
+    too where it was built with ``costs="measured"``: profiled once per distinct drafter
+    (:func:`~decodekit.bench.costs.measured_costs`, cached on disk)."""
     from decodekit.bench.costs import fingerprint, measured_costs
+    from decodekit.policies.analytic import use_measured_costs
 
     measured: dict[str, Any] = {}
     for method in methods:
@@ -125,6 +134,7 @@ def add_oracle_costs(
         if key not in measured:
             measured[key] = measured_costs(model, drafter, prompts, max_len, batch_sizes, machine, progress=progress)
         method.costs = measured[key]
+        use_measured_costs(method.policy, method.costs)
 
 
 @dataclass

@@ -114,9 +114,12 @@ class CostModel:
         return torch.where(k > len(table) - 1, t[-1] + slope * (k - (len(table) - 1)), inside)
 
 
+MEASURED = "measured"  # costs=MEASURED: filled in by the benchmark from its profile of the drafter
+
+
 def set_costs(
     policy: object,
-    costs: CostModel | Mapping[int, CostModel] | None,
+    costs: CostModel | Mapping[int, CostModel] | str | None,
     max_len: int,
     draft_step: float,
     verify_fixed: float,
@@ -124,20 +127,44 @@ def set_costs(
 ) -> None:
     """The cost arguments of a policy that chooses lengths from costs (``goodput``, ``batch_aware``), checked and
     set on it: ``costs``, ``draft_step``, ``verify_fixed``, ``verify_step`` as given, and ``_costs``, the model it
-    uses (``costs``, or ``CostModel.relative`` from the three step costs when ``costs`` is None)."""
+    uses (``costs``, or ``CostModel.relative`` from the three step costs when ``costs`` is None).
+
+    ``costs="measured"`` leaves ``_costs`` unset until :func:`use_measured_costs` gives it a table (the benchmark
+    does, from its profile of the method's drafter: ``python -m decodekit bench ... oracle=<max_len>``)."""
     policy.draft_step = check_float("draft_step", draft_step, low=0.0)  # type: ignore[attr-defined]
     policy.verify_fixed = check_float("verify_fixed", verify_fixed, low=0.0)  # type: ignore[attr-defined]
     policy.verify_step = check_float("verify_step", verify_step, low=0.0)  # type: ignore[attr-defined]
+    if isinstance(costs, str) and costs != MEASURED:
+        raise ConfigError(f"costs must be a CostModel, {{batch size: CostModel}}, None or {MEASURED!r}, got {costs!r}")
     policy.costs = costs  # type: ignore[attr-defined]
     model = costs if costs is not None else CostModel.relative(draft_step, max_len, verify_step, verify_fixed)
-    policy._costs = model  # type: ignore[attr-defined]
+    policy._costs = None if costs == MEASURED else model  # type: ignore[attr-defined]
 
 
-def cost_at(costs: CostModel | Mapping[int, CostModel], batch_size: int) -> CostModel:
+def wants_measured_costs(policy: object) -> bool:
+    """Whether ``policy`` (or a part of a :class:`~decodekit.policies.Stack`) was built with ``costs="measured"``."""
+    parts = getattr(policy, "policies", (policy,))
+    return any(getattr(p, "costs", None) == MEASURED for p in parts)
+
+
+def use_measured_costs(policy: object, costs: CostModel | Mapping[int, CostModel]) -> None:
+    """Give ``costs`` to ``policy`` and every part of it that was built with ``costs="measured"``."""
+    for part in getattr(policy, "policies", (policy,)):
+        if getattr(part, "costs", None) == MEASURED:
+            part._costs = costs  # type: ignore[attr-defined]
+
+
+def cost_at(costs: CostModel | Mapping[int, CostModel] | None, batch_size: int) -> CostModel:
     """The cost model at ``batch_size``: ``costs`` itself, or from a table ``{batch size: CostModel}`` the entry,
     linearly interpolated between the nearest measured batch sizes (the nearest one outside their range)."""
     if isinstance(costs, CostModel):
         return costs
+    if costs is None:
+        raise ConfigError(
+            "this policy was built with costs='measured' and has no costs yet: run it in the benchmark with "
+            "oracle=<max_len> (which profiles its drafter), or pass costs=profile_costs(model, drafter, prompts, "
+            "batch_sizes=[...])"
+        )
     if not costs:
         raise ConfigError("the cost table is empty: give a CostModel per measured batch size, e.g. {1: ..., 8: ...}")
     sizes = sorted(costs)

@@ -46,7 +46,8 @@ class BatchAwareLength:
     rate for all rows.
 
     Args:
-        costs: a :class:`CostModel` or ``{batch size: CostModel}`` (measured: ``profile_costs``); None = the
+        costs: a :class:`CostModel` or ``{batch size: CostModel}`` (measured: ``profile_costs``; ``"measured"``: the
+            benchmark's profile of the drafter, with ``oracle=<max_len>``); None = the
             relative model from ``draft_step`` / ``verify_fixed`` / ``verify_step`` (units of one decoding step).
         alpha: the workload's acceptance rate; None = estimated online.
         max_len: the longest draft.
@@ -55,7 +56,7 @@ class BatchAwareLength:
 
     def __init__(
         self,
-        costs: CostModel | Mapping[int, CostModel] | None = None,
+        costs: CostModel | Mapping[int, CostModel] | str | None = None,
         alpha: float | None = None,
         max_len: int = 8,
         draft_step: float = 0.0,

@@ -48,7 +48,8 @@ class GoodputLength:
     ``CostModel.relative``, and the per-row trimming below ``k*`` is ours.
 
     Args:
-        costs: a :class:`CostModel` or ``{batch size: CostModel}`` (measured: ``profile_costs``); None = the
+        costs: a :class:`CostModel` or ``{batch size: CostModel}`` (measured: ``profile_costs``; ``"measured"``: the
+            benchmark's profile of the drafter, with ``oracle=<max_len>``); None = the
             relative model from ``draft_step`` / ``verify_fixed`` / ``verify_step`` (units of one decoding step).
         max_len: the longest draft (``K``).
         prior, decay: the acceptance estimate's prior and per-round decay (``AcceptanceTracker``).
@@ -65,7 +66,7 @@ class GoodputLength:
 
     def __init__(
         self,
-        costs: CostModel | Mapping[int, CostModel] | None = None,
+        costs: CostModel | Mapping[int, CostModel] | str | None = None,
         max_len: int = 8,
         draft_step: float = 0.0,
         verify_fixed: float = 0.0,

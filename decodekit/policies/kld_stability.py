@@ -68,7 +68,7 @@ class KLDStability:
         initial: int | None = None,
         sigma0: float | None = None,
         batch_cap: str | float | None = "mean",
-        costs: CostModel | Mapping[int, CostModel] | None = None,
+        costs: CostModel | Mapping[int, CostModel] | str | None = None,
         draft_step: float = 0.0,
         verify_fixed: float = 0.0,
         verify_step: float = 0.0,

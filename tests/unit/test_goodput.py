@@ -220,3 +220,18 @@ def test_the_benchmark_reports_the_oracle_column(target, ragged_prompts):
     assert "| oracle | rejected / token |" in table
     rejected = (spec.stats.drafted - spec.stats.accepted) / steps
     assert f"| {spec.oracle:.2f}x | {rejected:.2f} |" in table
+
+
+def test_measured_costs_come_from_the_benchmark():
+    """costs="measured": no cost model until the benchmark hands over its profile of the drafter (Stack parts too)."""
+    from decodekit.policies.analytic import use_measured_costs, wants_measured_costs
+
+    goodput = GoodputLength(costs="measured", max_len=4)
+    with pytest.raises(ConfigError, match="oracle=<max_len>"):
+        goodput.plan(dummy_state(1))
+    stack = Stack(goodput, ConfidenceStop())
+    assert wants_measured_costs(stack) and not wants_measured_costs(GoodputLength()) and not wants_measured_costs(None)
+    use_measured_costs(stack, {1: CostModel.relative(0.0, 4)})
+    assert goodput.plan(dummy_state(1)).lengths.tolist() == [4]  # free drafts, flat verification: the longest
+    with pytest.raises(ConfigError, match="'measured'"):
+        BatchAwareLength(costs="profiled")
