@@ -24,5 +24,11 @@ class ConfidenceStop:
     def stop(self, step: DraftStep) -> torch.Tensor:
         return step.token_probs < self.threshold
 
+    def stop_top1(self, step: DraftStep) -> torch.Tensor:
+        """The same test on the drafter's top-1 probability (GammaTune+), which is the drafted token's in greedy
+        drafting and may be higher when it samples."""
+        top1 = step.token_probs if step.probs is None else step.probs.amax(-1)
+        return top1 < self.threshold
+
     def plan(self, state: DecodeState) -> DraftBudget:
         return DraftBudget(torch.full_like(state.lengths, self.max_len), stop=self.stop, node_bound=self.max_len)

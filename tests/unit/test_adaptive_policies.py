@@ -11,8 +11,7 @@ import torch
 import decodekit as dk
 from decodekit.drafters import ModelDrafter, NGramDrafter
 from decodekit.errors import ConfigError
-from decodekit.policies import CostModel, EntropyStop, GammaTune, GammaTunePlus, KLDStability, Stack
-from decodekit.policies.analytic import best_length, expected_tokens
+from decodekit.policies import EntropyStop, GammaTune, GammaTunePlus, KLDStability, Stack
 from decodekit.registry import build
 from decodekit.verifiers import GreedyVerifier
 from tests.conftest import perturbed
@@ -28,39 +27,43 @@ def _step(index: int, probs: list[list[float]]) -> dk.DraftStep:
 
 
 def test_gammatune_trace():
-    """Target a + 1 after a fully accepted round, a otherwise; gain 0.6 up, 0.2 down; idle rows keep their length."""
-    policy, state = GammaTune(initial=3, up=0.6, down=0.2, max_len=8), dummy_state(3)
+    """A fully accepted round jumps to a + 2 (the smoothed length untouched); a rejection falls back to
+    ceil(0.7 g + 0.3 a); rows that drafted nothing keep both."""
+    policy, state = GammaTune(), dummy_state(3)
     policy.begin(state)
-    gammas, lengths = [], []
-    for drafted, accepted in [([3, 3, 0], [3, 1, 0]), ([4, 3, 0], [4, 3, 0]), ([4, 3, 0], [0, 2, 0])]:
+    smoothed, lengths = [], []
+    for drafted, accepted in [([3, 3, 0], [3, 1, 0]), ([5, 3, 0], [5, 3, 0]), ([7, 5, 0], [0, 2, 0])]:
         assert policy.plan(state).lengths.tolist()[:2] == drafted[:2]
         policy.observe(state, chain_round(drafted, accepted))
-        gammas.append(policy.gamma.tolist())
+        smoothed.append(policy.smoothed.tolist())
         lengths.append(policy.plan(state).lengths.tolist())
-    expected = [[3.6, 2.6, 3.0], [0.4 * 3.6 + 0.6 * 5, 0.4 * 2.6 + 0.6 * 4, 3.0]]
-    expected.append([0.8 * expected[1][0], 0.8 * expected[1][1] + 0.2 * 2, 3.0])
-    assert gammas == [pytest.approx(g) for g in expected]
-    assert lengths == [[4, 3, 3], [4, 3, 3], [4, 3, 3]]
+    assert smoothed == [pytest.approx(g) for g in ([3, 2.4, 3], [3, 2.4, 3], [2.1, 0.7 * 2.4 + 0.6, 3])]
+    assert lengths == [[5, 3, 3], [7, 5, 3], [3, 3, 3]]
+    for _ in range(5):  # the jump is capped at max_len = 10
+        policy.observe(state, chain_round([10, 0, 0], [10, 0, 0], width=10))
+    assert policy.plan(state).lengths.tolist() == [10, 3, 3]
     policy.select_rows(torch.tensor([1]))
-    assert policy.gamma.tolist() == pytest.approx([expected[2][1]])
+    assert policy.smoothed.tolist() == pytest.approx([0.7 * 2.4 + 0.6])
 
 
 def test_gammatune_counts_a_tree_as_fully_accepted_at_its_deepest_node():
-    policy, state = GammaTune(initial=2, up=1.0, down=1.0, nodes_per_depth=2), dummy_state(1)
+    policy, state = GammaTune(initial=2, nodes_per_depth=2), dummy_state(1)
     policy.begin(state)
     budget = policy.plan(state)
     assert budget.nodes.tolist() == [4] and budget.depth.tolist() == [2]
     tree = dk.Draft.tree(torch.zeros(1, 4, dtype=torch.long), torch.tensor([[-1, -1, 0, 1]]), torch.ones(1, 4).bool())
     verdict = dk.Verdict(torch.tensor([[0, 2, -1, -1]]), torch.tensor([2]), torch.tensor([0]))
     policy.observe(state, dk.Round(0, tree, verdict, verdict.accepted, torch.tensor([3])))
-    assert policy.gamma.tolist() == [3.0]  # depth 2 accepted in full: probe one deeper
+    assert policy.plan(state).depth.tolist() == [4]  # depth 2 accepted in full: 2 + jump
 
 
-def test_gammatune_plus_gates_on_confidence():
+def test_gammatune_plus_gates_on_the_top1_probability():
     budget = GammaTunePlus(max_len=6).plan(dummy_state(2))
     assert budget.node_bound == 6 and GammaTune().plan(dummy_state(2)).stop is None
     assert budget.stop(_step(0, [[0.9, 0.1], [0.35, 0.65]])).tolist() == [False, False]
     assert budget.stop(_step(1, [[0.39, 0.3, 0.31], [0.5, 0.5, 0.0]])).tolist() == [True, False]
+    sampled = dk.DraftStep(0, torch.tensor([1]), torch.tensor([0.1]), torch.tensor([[0.9, 0.1]]))
+    assert budget.stop(sampled).tolist() == [False]  # an unlikely sample from a confident drafter goes on
 
 
 def test_svip_stops_above_0_6_nats():
@@ -71,15 +74,20 @@ def test_svip_stops_above_0_6_nats():
     assert EntropyStop(min_len=2).plan(dummy_state(3)).stop(_step(0, probs)).tolist() == [False] * 3
 
 
-def test_adaedl_threshold_follows_acceptance():
-    """lambda = EMA(acceptance) - margin per row: a row whose drafts pass stops sooner at the same entropy."""
-    policy, state = EntropyStop(scale=0.2, threshold=0.5, adaptive=True), dummy_state(2)
+def test_adaedl_threshold_steers_acceptance_to_its_target():
+    """A row accepting above the target (0.9) lowers its threshold (drafts longer), one below raises it (stops
+    sooner), by 0.001 a round; rows that drafted nothing keep theirs."""
+    policy, state = EntropyStop(scale=0.2, threshold=0.5, adaptive=True), dummy_state(3)
     policy.begin(state)
-    policy.observe(state, chain_round([4, 4], [4, 0]))
-    assert policy.lam.tolist() == pytest.approx([0.9 * 0.55 + 0.1 - 0.05, 0.9 * 0.55 - 0.05])
-    uniform4 = [[0.25] * 4, [0.25] * 4]  # bound 1 - sqrt(0.2 ln 4) = 0.47
-    assert policy.plan(state).stop(_step(0, uniform4)).tolist() == [True, False]
-    policy.select_rows(torch.tensor([1]))
+    policy.observe(state, chain_round([4, 4, 0], [4, 0, 0]))
+    assert policy.rate.tolist() == pytest.approx([0.95, 0.45, 0.9])
+    assert policy.lam.tolist() == pytest.approx([0.499, 0.501, 0.5])
+    for _ in range(99):
+        policy.observe(state, chain_round([4, 4, 0], [4, 0, 0]))
+    assert policy.lam.tolist() == pytest.approx([0.4, 0.6, 0.5], abs=1e-5)
+    uniform4 = [[0.25] * 4] * 3  # bound 1 - sqrt(0.2 ln 4) = 0.47
+    assert policy.plan(state).stop(_step(0, uniform4)).tolist() == [False, True, True]
+    policy.select_rows(torch.tensor([0]))
     assert policy.plan(dummy_state(1)).stop(_step(0, uniform4[:1])).tolist() == [False]
 
 
@@ -90,47 +98,60 @@ def test_entropy_stop_needs_the_distribution():
 
 
 def test_kld_buffer_keeps_the_last_window_of_round_kl_values():
-    """The policy stores exactly Round.kl's values (it never recomputes a KL), the newest ``window`` per row."""
-    policy, state = KLDStability(window=4, batch_cap=None), dummy_state(2)
+    """The policy stores exactly Round.kl's values (it never recomputes a KL), the newest ``long`` per row."""
+    policy, state = KLDStability(short=2, long=4, batch_cap=None), dummy_state(2)
     policy.begin(state)
     policy.observe(state, chain_round([3, 1], [1, 0], width=3, kl=torch.tensor([[1.0, 2, 3], [7, NAN, NAN]])))
     policy.observe(state, chain_round([2, 0], [2, 0], width=3, kl=torch.tensor([[4.0, 5, NAN], [NAN] * 3])))
     assert policy.kl[0].tolist() == [2, 3, 4, 5]
     assert policy.kl[1, 0].item() == 7 and policy.kl[1, 1:].isnan().all()
-    var, ready = policy.variance()
-    assert ready.tolist() == [True, False] and var[0].item() == pytest.approx(torch.tensor([2.0, 3, 4, 5]).var())
     with pytest.raises(ConfigError, match="Round.kl"):
         policy.observe(state, chain_round([1, 1], [0, 0]))
 
 
-def test_kld_steady_rows_draft_longer_and_the_batch_cap_holds_stragglers():
-    cost = CostModel.relative(0.1, 8, verify_fixed=0.2)
-    policy, state = KLDStability(max_len=8, initial=3, sigma0=1.0, costs=cost, batch_cap=None), dummy_state(3)
+def _weighted_var(values: list[float], decay: float) -> tuple[float, float]:
+    """Mean and variance of ``values`` (oldest first) with weights ``decay ** age``."""
+    w = torch.tensor([decay ** (len(values) - 1 - i) for i in range(len(values))], dtype=torch.float64)
+    x = torch.tensor(values, dtype=torch.float64)
+    mean = float((w * x).sum() / w.sum())
+    return mean, float((w * (x - mean) ** 2).sum() / w.sum())
+
+
+def test_kld_calibrates_sl_max_then_maps_kl_stability_to_lengths():
+    """SL_max from the calibration rounds; then SL = (1 - SF * WVIR) (SL_max - SL_min) + SL_min, SF from the recent
+    mean KL, WVIR the short over the long weighted variance; SL_min once SF * WVIR > 1."""
+    policy, state = KLDStability(max_len=10, initial=4, calibration=2, short=3, long=6, batch_cap=None), dummy_state(3)
     policy.begin(state)
-    assert policy.plan(state).lengths.tolist() == [3, 3, 3]  # no history yet
-    steady = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 6.0, 0.0, 6.0], [1.0, 1.1, 0.9, 1.0]])
-    policy.observe(state, chain_round([4, 4, 4], [3, 3, 3], width=4, kl=steady))
-    base = best_length(expected_tokens(policy.tracker.alpha, 8), cost)[0].clamp(min=1)
-    var = steady.var(1)  # 0, 12, 0.0067
-    expected = (base * 2 / (1 + var)).round().clamp(1, 8).long()
-    assert policy.plan(state).lengths.tolist() == expected.tolist()
-    assert expected[0] > base[0] and expected[1] < base[1]
+    calib = torch.tensor([[0.1, 0.1, 0.1, 0.1], [0.0, 0.2, 0.0, 0.2], [0.3, 0.1, NAN, NAN]])
+    for _ in range(2):
+        assert policy.plan(state).lengths.tolist() == [4, 4, 4]  # calibrating
+        policy.observe(state, chain_round([4, 4, 2], [4, 1, 0], width=4, kl=calib))
+    mean = float(calib.nan_to_num(0).sum() / calib.isfinite().sum())
+    assert policy.sl_max.item() == round(4 * (1 + mean / 0.3))  # most accepted 4, largest KL 0.3
+    steady = [0.02] * 6
+    growing = [0.01, 0.01, 0.01, 0.02, 0.2, 0.01]
+    far = [2.0, 2.1, 2.0, 2.1, 2.0, 2.1]
+    policy.kl = torch.tensor([steady, growing, far])
+    expected = []
+    for row in (steady, growing, far):
+        mean, var_short = _weighted_var(row[-3:], 0.85)
+        var_long = _weighted_var(row, 0.85)[1]
+        x = math.expm1(2 * mean) * (var_short / var_long if var_long else 0.0)
+        sl = round((1 - x) * (policy.sl_max.item() - 2) + 2) if x <= 1 else 2
+        expected.append(sl)
+    assert policy.plan(state).lengths.tolist() == expected
+    assert expected[0] == policy.sl_max.item() and expected[2] == 2 and 2 < expected[1] < expected[0]
     policy.batch_cap = "mean"
-    k = policy.plan(state).lengths
-    assert k.tolist() == expected.clamp(max=math.ceil(expected.double().mean().item())).tolist()
-    running = KLDStability(window=4)  # sigma0 = None: the running median of the variances seen
-    running.begin(state)
-    running.observe(state, chain_round([4, 4, 4], [3, 3, 3], width=4, kl=steady))
-    assert running.history.nanmedian().item() == pytest.approx(var.median().item())
+    assert policy.plan(state).lengths.tolist() == [min(k, math.ceil(sum(expected) / 3)) for k in expected]
 
 
 def test_bad_arguments():
     with pytest.raises(ConfigError, match="initial"):
         GammaTune(initial=20, max_len=8)
-    with pytest.raises(ConfigError, match="up"):
-        GammaTune(up=0.0)
-    with pytest.raises(ConfigError, match="window"):
-        KLDStability(window=1)
+    with pytest.raises(ConfigError, match="eta"):
+        GammaTune(eta=0.0)
+    with pytest.raises(ConfigError, match="long"):
+        KLDStability(short=10, long=5)
     with pytest.raises(ConfigError, match="batch_cap"):
         KLDStability(batch_cap="median")
     with pytest.raises(ConfigError, match="min_len"):
@@ -152,7 +173,7 @@ POLICIES = {
     "gammatune_plus": lambda: GammaTunePlus(max_len=6),
     "entropy_stop": lambda: EntropyStop(max_len=6),
     "adaedl": lambda: EntropyStop(scale=0.2, threshold=0.5, adaptive=True, max_len=6),
-    "kld_stability": lambda: KLSpy(max_len=6, window=8),
+    "kld_stability": lambda: KLSpy(max_len=6, calibration=2),
     "stack": lambda: Stack(KLDStability(max_len=6), EntropyStop(adaptive=True), batch_cap=0.5),
 }
 
@@ -170,7 +191,7 @@ def test_greedy_equals_plain_decoding(target, ragged_prompts, name):
 
 def test_chain_only_rules_leave_model_free_drafters_at_max_len(target, ragged_prompts):
     reference = dk.generate(target, ragged_prompts, max_new_tokens=12, eos_token_id=()).sequences
-    for policy in (EntropyStop(max_len=3), KLDStability(max_len=3)):
+    for policy in (EntropyStop(max_len=3), KLDStability(max_len=3, initial=3)):
         out = dk.generate(target, ragged_prompts, NGramDrafter(), policy=policy, max_new_tokens=12, eos_token_id=())
         assert out.sequences == reference
 

@@ -84,10 +84,14 @@ CASES = {
     "ngram": lambda draft: (NGramDrafter(max_ngram=2), FixedLength(2)),
     # adaptive lengths: per-row lengths from past acceptance, stops from the draft's confidence or entropy, the KL
     # of the round record; none of it may change the output law
-    "model-gammatune_plus": lambda draft: (ModelDrafter(draft), GammaTunePlus(initial=1, up=1.0, threshold=0.3)),
+    "model-gammatune_plus": lambda draft: (ModelDrafter(draft), GammaTunePlus(initial=1, jump=1, threshold=0.3)),
     "model-kld-adaedl": lambda draft: (
         ModelDrafter(draft),
-        Stack(KLDStability(window=4, initial=2), EntropyStop(scale=0.2, threshold=0.5, adaptive=True), batch_cap=0.5),
+        Stack(
+            KLDStability(initial=2, calibration=1, short=2, long=4),
+            EntropyStop(scale=0.2, threshold=0.5, adaptive=True, step=0.2),
+            batch_cap=0.5,
+        ),
     ),
 }
 
