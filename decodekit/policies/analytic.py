@@ -177,9 +177,12 @@ def cost_at(costs: CostModel | Mapping[int, CostModel] | None, batch_size: int) 
     return costs[low].scaled(costs[high], (batch_size - low) / (high - low))
 
 
-def speedups(expected: torch.Tensor, cost: CostModel) -> torch.Tensor:
-    """``[..., K + 1]`` float64: ``S(k) = E(k) * T(0) / T(k)`` for the expected tokens ``expected [..., K + 1]``."""
+def speedups(expected: torch.Tensor, cost: CostModel, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``[..., K + 1]`` float64: ``S(k) = E(k) * T(0) / T(k)`` for the expected tokens ``expected [..., K + 1]``,
+    the round times ``T`` multiplied by ``scale [K + 1]`` when given (a correction measured online)."""
     times = cost.times(expected.shape[-1] - 1).to(expected.device)
+    if scale is not None:
+        times = times * scale.to(times)
     return expected * times[0] / times
 
 

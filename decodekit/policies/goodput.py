@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,12 @@ class GoodputLength:
     estimate can recover; each probe that leaves it at 0 doubles the wait (up to 64x), since a probe costs a
     verification position and, for a draft model, a catch-up forward.
 
+    ``calibrate=True`` corrects the cost model online: the wall time between two ``plan`` calls is a round's real
+    time (the host read below ends each plan, so this holds on a GPU too); its ratio to the model's ``T(B, k_max)``
+    is smoothed separately for rounds that drafted and rounds that did not, and ``T(k > 0)`` is scaled by the first
+    ratio, ``T(0)`` by the second (the first round of each call drafts nothing, to measure the second). Costs the profile misses (a batch whose rows accepted different lengths pads
+    the verification; the draft model catching up after rounds without a draft) then count against drafting.
+
     Host syncs: one per round (the batch's longest length, read so that a round with every row at 0 does not call
     the drafter at all: a draft model would otherwise still run on the new tokens).
 
@@ -59,6 +66,7 @@ class GoodputLength:
         batch: ``"slowest"``: the batch length maximises the slowest row's speedup (a static batch, as
             :func:`~decodekit.generate` runs, ends when its slowest row does); ``"sum"``: SmartSpec's summed
             goodput (right for continuous batching, where finished rows are replaced).
+        calibrate: correct the cost model by the measured round times (above).
         nodes_per_depth, width: tree budgets (:func:`~decodekit.policies.lengths.length_budget`).
     """
 
@@ -76,6 +84,7 @@ class GoodputLength:
         probe_every: int = 8,
         positional: bool = True,
         batch: str = "slowest",
+        calibrate: bool = False,
         nodes_per_depth: int = 1,
         width: int | None = None,
     ) -> None:
@@ -91,16 +100,20 @@ class GoodputLength:
         self.tracker = AcceptanceTracker(prior, decay=decay, positions=self.max_len)
         self.idle: torch.Tensor | None = None  # [B] rounds since each row last drafted
         self.wait: torch.Tensor | None = None  # [B] idle rounds before the next probe
+        self.calibrate, self.clock = bool(calibrate), time.perf_counter
+        self.ratios: list[float | None] = [None, None]  # measured / modelled round time, without and with a draft
+        self._last: tuple[float, int, int] | None = None  # (clock, longest length, batch size) at the last plan
 
     def begin(self, state: DecodeState) -> None:
         self.tracker.begin(state.batch_size, state.device)
         self.idle = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
         self.wait = torch.full_like(self.idle, self.probe_every)
+        self.ratios, self._last = [None, None], None
 
     def lengths(self, expected: torch.Tensor, batch_size: int) -> torch.Tensor:
         """``[B]`` long: each row's length for expected tokens ``expected [B, K + 1]`` (``E(0..K)``) at
         ``batch_size`` (no probing)."""
-        s = speedups(expected, cost_at(self._costs, batch_size))  # [B, K + 1]
+        s = speedups(expected, cost_at(self._costs, batch_size), self._scale())  # [B, K + 1]
         # goodput up to the constant T(0): summed over rows, or the slowest row's (which ends a static batch)
         k_star = (s.sum(0) if self.batch == "sum" else s.min(0).values).argmax()
         allowed = torch.arange(self.max_len + 1, device=expected.device) <= k_star
@@ -109,6 +122,8 @@ class GoodputLength:
     def plan(self, state: DecodeState) -> DraftBudget:
         if self.idle is None or self.idle.shape[0] != state.batch_size:
             self.begin(state)
+        if self.calibrate:
+            self._time_last_round()
         t = self.tracker
         k = self.lengths(
             t.expected(self.max_len) if self.positional else expected_tokens(t.alpha, self.max_len), state.batch_size
@@ -118,8 +133,32 @@ class GoodputLength:
             self.wait = torch.where(probe, (2 * self.wait).clamp(max=64 * self.probe_every), self.wait)
             self.wait = torch.where(k > 0, self.probe_every, self.wait)
             k = torch.where(probe, 1, k)
+        if self.calibrate and self.ratios[0] is None:  # the first round of a call is plain: the reference time
+            k = torch.zeros_like(k)
         # one host read: the exact longest length, so a round where every row is at 0 skips the drafter entirely
-        return length_budget(k, int(k.max()), self.nodes_per_depth, self.width)
+        longest = int(k.max())
+        if self.calibrate:
+            self._last = (self.clock(), longest, state.batch_size)
+        return length_budget(k, longest, self.nodes_per_depth, self.width)
+
+    def _time_last_round(self) -> None:
+        """Fold the last round's measured time into the ratio of its kind (drafted or not)."""
+        if self._last is None:
+            return
+        start, longest, batch_size = self._last
+        ratio = (self.clock() - start) / float(cost_at(self._costs, batch_size).round_time(longest))
+        kind = int(longest > 0)
+        old = self.ratios[kind]
+        self.ratios[kind] = ratio if old is None else 0.7 * old + 0.3 * ratio
+
+    def _scale(self) -> torch.Tensor | None:
+        """``[K + 1]`` the measured correction of ``T(0..K)`` (None: no calibration or nothing measured yet)."""
+        plain, drafting = self.ratios
+        if not self.calibrate or (plain is None and drafting is None):
+            return None
+        plain = drafting if plain is None else plain
+        drafting = plain if drafting is None else drafting
+        return torch.tensor([plain] + [drafting] * self.max_len, dtype=torch.float64)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         drafted = round.draft.num_valid

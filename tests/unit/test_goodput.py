@@ -235,3 +235,25 @@ def test_measured_costs_come_from_the_benchmark():
     assert goodput.plan(dummy_state(1)).lengths.tolist() == [4]  # free drafts, flat verification: the longest
     with pytest.raises(ConfigError, match="'measured'"):
         BatchAwareLength(costs="profiled")
+
+
+def test_calibration_learns_that_drafting_rounds_cost_more_than_modelled():
+    """Drafts always pass, and the model says drafting 8 pays 4.5x; but measured drafting rounds take 5x the modelled
+    time (undrafted ones as modelled): calibrated goodput stops drafting (k = 0), uncalibrated goes on."""
+    cost = CostModel.relative(0.1, 8, verify_fixed=0.2)
+
+    def run(calibrate: bool, factor: float = 5.0) -> list[int]:
+        policy, state, now = GoodputLength(cost, max_len=8, calibrate=calibrate, prior=0.9), dummy_state(1), [0.0]
+        policy.clock = lambda: now[0]
+        policy.begin(state)
+        trace = []
+        for _ in range(12):
+            k = int(policy.plan(state).lengths[0])
+            trace.append(k)
+            now[0] += float(cost.round_time(k)) * (factor if k else 1.0) * 0.05  # 50 ms a modelled step
+            policy.observe(state, chain_round([k], [k], width=max(k, 1)))
+        return trace
+
+    calibrated, plain = run(True), run(False)
+    assert plain[-1] == 8 and calibrated[:2] == [0, 8] and calibrated[-1] == 0
+    assert run(True, factor=1.0)[1:] == [8] * 11  # the model was right: calibration changes nothing
