@@ -41,8 +41,9 @@ class GoodputLength:
     ``calibrate=True`` corrects the cost model online: the wall time between two ``plan`` calls is a round's real
     time (the host read below ends each plan, so this holds on a GPU too); its ratio to the model's ``T(B, k_max)``
     is smoothed separately for rounds that drafted and rounds that did not, and ``T(k > 0)`` is scaled by the first
-    ratio, ``T(0)`` by the second (the first round of each call drafts nothing, to measure the second). Costs the profile misses (a batch whose rows accepted different lengths pads
-    the verification; the draft model catching up after rounds without a draft) then count against drafting.
+    ratio, ``T(0)`` by the second (the first round of each call drafts nothing, to measure the second). Costs the
+    profile misses (a batch whose rows accepted different lengths pads the verification; the draft model catching
+    up after rounds without a draft) then count against drafting.
 
     Host syncs: one per round (the batch's longest length, read so that a round with every row at 0 does not call
     the drafter at all: a draft model would otherwise still run on the new tokens).
