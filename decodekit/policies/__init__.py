@@ -4,7 +4,7 @@ model they share (:mod:`decodekit.policies.analytic`) and its measured costs (:f
 from decodekit.policies.analytic import AcceptanceTracker, CostModel
 from decodekit.policies.batch_aware import BatchAwareLength
 from decodekit.policies.confidence import ConfidenceStop
-from decodekit.policies.entropy_stop import EntropyStop
+from decodekit.policies.entropy_stop import AdaEDL, EntropyStop
 from decodekit.policies.fixed import FixedLength
 from decodekit.policies.gammatune import GammaTune, GammaTunePlus
 from decodekit.policies.goodput import GoodputLength
@@ -16,6 +16,7 @@ from decodekit.policies.threshold_head import ThresholdHeadStop
 
 __all__ = [
     "AcceptanceTracker",
+    "AdaEDL",
     "BatchAwareLength",
     "ConfidenceStop",
     "CostModel",

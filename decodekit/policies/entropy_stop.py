@@ -119,3 +119,20 @@ class EntropyStop:
     def select_rows(self, rows: torch.Tensor) -> None:
         if self.rate is not None and self.lam is not None:
             self.rate, self.lam = self.rate[rows], self.lam[rows]
+
+
+@register("policy", "adaedl")
+class AdaEDL(EntropyStop):
+    """AdaEDL: :class:`EntropyStop` with ``adaptive=True`` and AdaEDL's settings (``scale = 0.2``, start threshold
+    0.5, target acceptance rate 0.9); the rule, its update and how faithful they are: :class:`EntropyStop`."""
+
+    def __init__(
+        self,
+        scale: float = 0.2,
+        threshold: float = 0.5,
+        target: float = 0.9,
+        step: float = 0.01,
+        min_len: int = 1,
+        max_len: int = 20,
+    ) -> None:
+        super().__init__(scale, threshold, True, target, step, min_len, max_len)

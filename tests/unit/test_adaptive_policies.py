@@ -11,7 +11,7 @@ import torch
 import decodekit as dk
 from decodekit.drafters import ModelDrafter, NGramDrafter
 from decodekit.errors import ConfigError
-from decodekit.policies import EntropyStop, GammaTune, GammaTunePlus, KLDStability, Stack
+from decodekit.policies import AdaEDL, EntropyStop, GammaTune, GammaTunePlus, KLDStability, Stack
 from decodekit.registry import build
 from decodekit.verifiers import GreedyVerifier
 from tests.conftest import perturbed
@@ -172,7 +172,7 @@ POLICIES = {
     "gammatune": lambda: GammaTune(initial=2, max_len=6),
     "gammatune_plus": lambda: GammaTunePlus(max_len=6),
     "entropy_stop": lambda: EntropyStop(max_len=6),
-    "adaedl": lambda: EntropyStop(scale=0.2, threshold=0.5, adaptive=True, max_len=6),
+    "adaedl": lambda: AdaEDL(max_len=6),
     "kld_stability": lambda: KLSpy(max_len=6, calibration=2),
     "stack": lambda: Stack(KLDStability(max_len=6), EntropyStop(adaptive=True), batch_cap=0.5),
 }
