@@ -55,6 +55,7 @@ ADVICE: dict[str, str] = {
     "stopping_criteria": "stop rows with eos_token_id, stop_strings or max_new_tokens",
     "prefix_allowed_tokens_fn": "write a processor f(input_ids, scores) -> scores and pass logits_processor=[f]",
     "past_key_values": "decodekit keeps its own cache: remove it",
+    "cache": "decodekit keeps its own cache: remove it",
     "use_cache": "decodekit always uses its own KV cache: remove it",
     "synced_gpus": "decodekit does not shard one generation over processes: remove it",
     "guidance_scale": "classifier-free guidance is not supported: remove it",

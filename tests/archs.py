@@ -122,6 +122,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
             "glm_moe_dsa",
             "longcat_flash",
             "minicpm3",
+            "sarvam_mla",
             "youtu",
         )
     },
@@ -166,6 +167,26 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         )
     },
     "lfm2": {"layer_types": ["conv", "full_attention"]},
+    # hybrid sliding / global attention with relative-position and short-convolution branches (refused: conv state)
+    **{
+        t: {
+            "swa_num_attention_heads": 4,
+            "swa_num_key_value_heads": 2,
+            "swa_head_dim": 16,
+            "unpadded_vocab_size": VOCAB,
+            "d_rel": 4,
+            "rel_extent": 16,
+            "sliding_window_size": WINDOW,
+        }
+        for t in ("inkling2_text", "inkling2_loop_text")
+    },
+    # a looped decoder: an input, a recurrent (run twice, one KV cache per loop) and an output layer
+    "dory": {
+        "num_hidden_layers": 3,
+        "n_input_layers": 1,
+        "n_output_layers": 1,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    },
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
     "zaya": {"num_experts_per_tok": 1, "router_hidden_size": 32},
     "dbrx": {
@@ -303,10 +324,12 @@ STATEFUL = (  # recurrent, convolutional or linear-attention state outside the K
     "falcon_h1",
     "falcon_mamba",
     "granitemoehybrid",
+    "inkling2_loop_text",
     "inkling2_text",
     "inkling_text",
     "jamba",
     "kimi_linear",
+    "lara_mini",
     "lfm2",
     "lfm2_moe",
     "lfm3",

@@ -57,10 +57,10 @@ and EOS (``stop_strings``, ``max_time``, ``stopping_criteria=...``), generation 
 (``num_beams > 1``, ``penalty_alpha``, ``dola_layers``, ``assistant_model`` / ``prompt_lookup_num_tokens`` -- pass
 a decodekit ``drafter`` instead), ``output_scores`` / ``output_logits`` / ``output_attentions`` /
 ``output_hidden_states`` (decodekit does not keep per-step scores), right or gapped padding, custom position ids,
-a pre-filled ``past_key_values``, extra model inputs (``inputs_embeds``, ``token_type_ids``, ...), and a streamer
-with batch size > 1.
+a pre-filled cache (``cache``; ``past_key_values`` before transformers 5.24), extra model inputs
+(``inputs_embeds``, ``token_type_ids``, ...), and a streamer with batch size > 1.
 
-The returned ``past_key_values`` is always None (decodekit's cache is not a transformers cache).
+The returned cache (``cache`` / ``past_key_values``) is always None (decodekit's cache is not a transformers cache).
 """
 
 from __future__ import annotations

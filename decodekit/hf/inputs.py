@@ -11,7 +11,8 @@ from decodekit.models import LanguageModel
 
 __all__ = ["check_model_kwargs", "check_no_padding_needed", "check_positions", "real_token_mask"]
 
-_MODEL_KWARGS_HANDLED = {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep"}
+_CACHE_KWARGS = ("cache", "past_key_values")  # the cache's name from transformers 5.24 on, and before
+_MODEL_KWARGS_HANDLED = {"attention_mask", "position_ids", *_CACHE_KWARGS, "use_cache", "logits_to_keep"}
 
 
 def check_model_kwargs(model_kwargs: dict[str, Any]) -> None:
@@ -22,12 +23,13 @@ def check_model_kwargs(model_kwargs: dict[str, Any]) -> None:
             f"the decodekit bridge feeds the model input_ids only and cannot pass {', '.join(extra)}; remove "
             f"{'it' if len(extra) == 1 else 'them'} from the generate() call"
         )
-    cache = model_kwargs.get("past_key_values")
-    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
-        raise ConfigError(
-            "the decodekit bridge cannot continue from a filled past_key_values (decodekit keeps its own cache); "
-            "pass the full prompt in input_ids without past_key_values"
-        )
+    for name in _CACHE_KWARGS:
+        cache = model_kwargs.get(name)
+        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+            raise ConfigError(
+                f"the decodekit bridge cannot continue from a filled {name} (decodekit keeps its own cache); "
+                f"pass the full prompt in input_ids without {name}"
+            )
 
 
 def real_token_mask(input_ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

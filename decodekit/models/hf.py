@@ -16,7 +16,7 @@ from decodekit.errors import ConfigError, UnsupportedModelError
 from decodekit.masks import to_additive
 from decodekit.models.base import LanguageModel, ModelOutput, check_layer
 from decodekit.models.hf_attention import attention_plan, per_layer_masks
-from decodekit.models.hf_support import CHAIN_ONLY, check_supported
+from decodekit.models.hf_support import CHAIN_ONLY, cache_argument, check_supported
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class HFCausalLM(LanguageModel):
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None) -> None:
         self.decoder = _decoder(model)
         check_supported(model, self.decoder)
+        self._cache_arg = cache_argument(self.decoder)  # "cache", or "past_key_values" before transformers 5.24
         self.tree_refusal = CHAIN_ONLY.get(getattr(model.config, "model_type", ""))
         self.lm_head = model.get_output_embeddings()  # captured: rebuild the adapter after swapping modules
         if self.decoder is model or self.lm_head is None:
@@ -168,8 +169,8 @@ class HFCausalLM(LanguageModel):
                 input_ids=tokens,
                 position_ids=positions,
                 attention_mask=layer_masks[0] if layer_masks else attention_mask,
-                past_key_values=cache,
                 use_cache=True,
+                **{self._cache_arg: cache},
             )
         last = out.last_hidden_state
         picked = last

@@ -76,6 +76,13 @@ def _parameters(module: torch.nn.Module) -> set[str]:
         return set()
 
 
+def cache_argument(decoder: torch.nn.Module) -> str | None:
+    """The name under which ``decoder.forward`` takes its KV cache: ``"cache"`` (transformers >= 5.24),
+    ``"past_key_values"`` (earlier releases), or None if it takes none."""
+    parameters = _parameters(decoder)
+    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
+
+
 def check_supported(model: torch.nn.Module, decoder: torch.nn.Module | None = None) -> None:
     """Raise :class:`UnsupportedModelError` naming the architecture and the reason if decodekit cannot run
     ``model`` exactly; return quietly otherwise (the attention pattern is checked by
@@ -84,7 +91,7 @@ def check_supported(model: torch.nn.Module, decoder: torch.nn.Module | None = No
     Args:
         model: the transformers model.
         decoder: its decoder stack (the module decodekit calls with ids, positions, mask and cache), if known:
-            it must take ``position_ids`` and ``past_key_values``.
+            it must take ``position_ids`` and a cache (``cache``, or ``past_key_values`` before transformers 5.24).
     """
     config: Any = getattr(model, "config", None)
     name = type(model).__name__
@@ -111,8 +118,10 @@ def check_supported(model: torch.nn.Module, decoder: torch.nn.Module | None = No
         raise refuse(REFUSED[model_type])
     if decoder is not None:
         parameters = _parameters(decoder)
-        if "past_key_values" not in parameters:
-            raise refuse("its decoder takes no KV cache (past_key_values), so decodekit cannot run it incrementally")
+        if cache_argument(decoder) is None:
+            raise refuse(
+                "its decoder takes no KV cache (cache / past_key_values), so decodekit cannot run it incrementally"
+            )
         if "position_ids" not in parameters and model_type not in CHAIN_ONLY:
             raise refuse(
                 "its decoder takes no position_ids (it derives positions from the cache length), so ragged rows and "
