@@ -1,7 +1,8 @@
 """Length policies: one file per algorithm, each registered under ``build("policy", name)``; the analytic speed
 model they share (:mod:`decodekit.policies.analytic`) and its measured costs (:func:`profile_costs`)."""
 
-from decodekit.policies.analytic import AcceptanceTracker, CostModel
+from decodekit.policies.acceptance import AcceptanceTracker
+from decodekit.policies.analytic import CostModel
 from decodekit.policies.batch_aware import BatchAwareLength
 from decodekit.policies.confidence import ConfidenceStop
 from decodekit.policies.entropy_stop import AdaEDL, EntropyStop

@@ -8,14 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from decodekit.checks import check_float, check_int
-from decodekit.policies.analytic import (
-    AcceptanceTracker,
-    CostModel,
-    best_length,
-    cost_at,
-    expected_tokens,
-    set_costs,
-)
+from decodekit.policies.acceptance import AcceptanceTracker
+from decodekit.policies.analytic import CostModel, best_length, cost_at, could_pay, expected_tokens, set_costs
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.state import DecodeState
@@ -33,16 +27,18 @@ class BatchAwareLength:
     speculation) wherever no length beats plain decoding in the model. Every row of the batch gets ``k*(B)``.
 
     ``alpha`` is fixed (the paper's offline table: :meth:`table`) or, with ``alpha=None``, estimated online over all
-    rows pooled (one :class:`~decodekit.policies.analytic.AcceptanceTracker` row for the whole batch), so the table
+    rows pooled (one :class:`~decodekit.policies.acceptance.AcceptanceTracker` row for the whole batch), so the table
     follows the workload; at ``k* = 0`` it drafts one token after ``probe_every`` idle rounds to keep measuring
-    (each probe that changes nothing doubles the wait).
+    (each probe that changes nothing doubles the wait; both restart with each call), but only while drafting could
+    pay at an optimistic rate (:func:`~decodekit.policies.analytic.could_pay`): at a batch size where the estimate
+    is confidently below break-even, probes stop, so the policy costs plain decoding nothing but its bookkeeping.
 
     Host syncs: one per round (the length, read so that a round at 0 does not call the drafter at all); none with a
     fixed ``alpha`` on a CPU tracker.
 
     Faithfulness: the per-batch-size optimum from profiled draft and verify times with a position-independent
     acceptance rate, and switching speculation off where it cannot win, follow the paper; the online pooled
-    estimate and the probe are ours. It is :class:`~decodekit.policies.goodput.GoodputLength` with one acceptance
+    estimate and the gated probe are ours. It is :class:`~decodekit.policies.goodput.GoodputLength` with one acceptance
     rate for all rows.
 
     Args:
@@ -82,7 +78,7 @@ class BatchAwareLength:
         }
 
     def begin(self, state: DecodeState) -> None:
-        self.idle = 0
+        self.idle, self.wait = 0, self.probe_every
         if self.tracker.passed is None:  # the pooled estimate carries over across calls
             self.tracker.begin(1, state.device)
 
@@ -90,8 +86,10 @@ class BatchAwareLength:
         if self.tracker.passed is None:
             self.begin(state)
         rate = torch.tensor(self.alpha, dtype=torch.float64) if self.alpha is not None else self.tracker.alpha[0]
-        k = int(best_length(expected_tokens(rate, self.max_len), cost_at(self._costs, state.batch_size))[0])
-        if k == 0 and self.alpha is None and self.probe_every and self.idle >= self.wait:
+        cost = cost_at(self._costs, state.batch_size)
+        k = int(best_length(expected_tokens(rate, self.max_len), cost)[0])
+        probe = k == 0 and self.alpha is None and self.probe_every and self.idle >= self.wait
+        if probe and bool(could_pay(self.tracker, cost, self.max_len)[0]):
             k, self.wait = 1, min(2 * self.wait, 64 * self.probe_every)  # re-measure; each probe doubles the wait
         elif k > 0:
             self.wait = self.probe_every

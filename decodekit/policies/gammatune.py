@@ -41,7 +41,8 @@ class GammaTune:
     found; 0.4 is transformers' ``assistant_confidence_threshold``.
 
     Works for chains and tree budgets (``nodes_per_depth``: ``k`` is the depth, ``d`` the deepest drafted node).
-    No host syncs: the budget's bound is ``max_len``.
+    Host syncs: one per round, the batch's longest ``k`` (:func:`~decodekit.policies.lengths.length_budget`), so
+    a draft model runs as many steps as the longest row needs rather than ``max_len``.
 
     Args:
         initial: ``k`` and ``g`` at the start of each call (None = 3, within the bounds).
@@ -85,7 +86,7 @@ class GammaTune:
         if self.k is None or self.k.shape[0] != state.batch_size:
             self.begin(state)
         stop = None if self.gate is None else self.gate.stop_top1
-        return length_budget(self.k.clone(), self.max_len, self.nodes_per_depth, self.width, stop)
+        return length_budget(self.k.clone(), None, self.nodes_per_depth, self.width, stop)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         depth, accepted = drafted_depth(round.draft), round.verdict.num_accepted

@@ -10,7 +10,8 @@ import torch
 
 from decodekit.checks import check_int
 from decodekit.errors import ConfigError
-from decodekit.policies.analytic import AcceptanceTracker, CostModel, cost_at, expected_tokens, set_costs, speedups
+from decodekit.policies.acceptance import AcceptanceTracker
+from decodekit.policies.analytic import CostModel, cost_at, could_pay, expected_tokens, set_costs, speedups
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.state import DecodeState
@@ -26,7 +27,7 @@ class GoodputLength:
     Large Language Models Using Goodput"; vLLM's dynamic speculative decoding).
 
     Each round: per row, its expected tokens ``E_i(k)`` from its online acceptance estimate
-    (:class:`~decodekit.policies.analytic.AcceptanceTracker`, exponentially decayed; per-position rates by default,
+    (:class:`~decodekit.policies.acceptance.AcceptanceTracker`, exponentially decayed; per-position rates by default,
     ``positional=False``: the i.i.d. ``1 + alpha_i + ... + alpha_i^k``), and the round time
     ``T(B, k)`` at the live batch size from the cost model. The batch length is
     ``k* = argmax_k min_i E_i(k) / T(B, k)`` over ``k = 0..max_len`` (``batch="sum"``: SmartSpec's
@@ -36,7 +37,8 @@ class GoodputLength:
     best ``k_i = argmax_{k <= k*} E_i(k) / T(B, k)``, so rows the model says cannot gain draft nothing (fewer
     rejected tokens, same round time). A row held at 0 drafts one token after ``probe_every`` idle rounds, so its
     estimate can recover; each probe that leaves it at 0 doubles the wait (up to 64x), since a probe costs a
-    verification position and, for a draft model, a catch-up forward.
+    verification position and, for a draft model, a catch-up forward; and a row probes only while drafting could
+    pay at its optimistic rate (:func:`~decodekit.policies.analytic.could_pay`).
 
     ``calibrate=True`` corrects the cost model online: the wall time between two ``plan`` calls is a round's real
     time (the host read below ends each plan, so this holds on a GPU too); its ratio to the model's ``T(B, k_max)``
@@ -130,7 +132,8 @@ class GoodputLength:
             t.expected(self.max_len) if self.positional else expected_tokens(t.alpha, self.max_len), state.batch_size
         )
         if self.probe_every:  # a row held at 0 drafts one token after `wait` idle rounds; each probe doubles `wait`
-            probe = (k == 0) & (self.idle >= self.wait)
+            cost = cost_at(self._costs, state.batch_size)
+            probe = (k == 0) & (self.idle >= self.wait) & could_pay(t, cost, self.max_len)
             self.wait = torch.where(probe, (2 * self.wait).clamp(max=64 * self.probe_every), self.wait)
             self.wait = torch.where(k > 0, self.probe_every, self.wait)
             k = torch.where(probe, 1, k)

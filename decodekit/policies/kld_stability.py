@@ -42,9 +42,11 @@ class KLDStability:
     direction (not stated), the pooled per-call calibration (the paper profiles before serving), ``m`` over the
     short window, and the rounding (the cap is rounded up).
 
-    No host syncs: buffers, calibration and cap stay on the device; the budget's bound is ``max_len``. The KL needs
-    the drafter's distributions (``ModelDrafter`` reports them); with a drafter that reports none (n-gram) the KL is
-    NaN and every row stays at ``initial``. Rows with fewer than two values draft ``initial``.
+    Host syncs: one per round, the batch's longest length after the cap
+    (:func:`~decodekit.policies.lengths.length_budget`): buffers and calibration stay on the device, and a draft
+    model runs as many steps as the longest row needs rather than ``max_len``. The KL needs the drafter's
+    distributions (``ModelDrafter`` reports them); with a drafter that reports none (n-gram) the KL is NaN and
+    every row stays at ``initial``. Rows with fewer than two values draft ``initial``.
 
     Args:
         max_len, min_len: the bounds of ``SL`` (``SL_max <= max_len``; ``min_len``: the paper's ``SL_min``).
@@ -120,7 +122,7 @@ class KLDStability:
         cap = batch_cap(k, self.batch_cap)
         if cap is not None:
             k = k.clamp(max=cap)
-        return length_budget(k, self.max_len, self.nodes_per_depth, self.width)
+        return length_budget(k, None, self.nodes_per_depth, self.width)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         if round.kl is None:

@@ -24,7 +24,7 @@ def check_tree_args(nodes_per_depth: int, width: int | None) -> tuple[int, int |
 
 def length_budget(
     lengths: torch.Tensor,
-    bound: int,
+    bound: int | None = None,
     nodes_per_depth: int = 1,
     width: int | None = None,
     stop: Callable[[DraftStep], torch.Tensor] | None = None,
@@ -33,8 +33,15 @@ def length_budget(
 
     Chains (``nodes_per_depth = 1``): row ``b`` drafts ``lengths[b]`` tokens. Trees: ``lengths[b]`` is the depth
     and the row gets ``nodes_per_depth * lengths[b]`` nodes (``width`` caps any node's children), so a policy that
-    adapts a chain length adapts a tree's depth and size together. ``bound`` (host) spares drafters a sync.
+    adapts a chain length adapts a tree's depth and size together.
+
+    ``bound``: a host-side ``max(lengths)`` or more, the number of steps a step-wise drafter runs (rows past their
+    length are masked, not skipped). None reads the exact maximum: one host sync, taken while the device is idle
+    (the loop synced at the end of the last round), so it costs a copy rather than a stall; a loose bound costs
+    ``bound - max(lengths)`` wasted draft-model steps every round, far more on any device.
     """
+    if bound is None:
+        bound = int(lengths.max()) if lengths.numel() else 0
     if nodes_per_depth == 1:
         return DraftBudget(lengths, width=width, stop=stop, node_bound=bound)
     return DraftBudget(

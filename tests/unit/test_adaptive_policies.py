@@ -59,7 +59,7 @@ def test_gammatune_counts_a_tree_as_fully_accepted_at_its_deepest_node():
 
 def test_gammatune_plus_gates_on_the_top1_probability():
     budget = GammaTunePlus(max_len=6).plan(dummy_state(2))
-    assert budget.node_bound == 6 and GammaTune().plan(dummy_state(2)).stop is None
+    assert budget.node_bound == 3 and GammaTune().plan(dummy_state(2)).stop is None  # the longest k, not max_len
     assert budget.stop(_step(0, [[0.9, 0.1], [0.35, 0.65]])).tolist() == [False, False]
     assert budget.stop(_step(1, [[0.39, 0.3, 0.31], [0.5, 0.5, 0.0]])).tolist() == [True, False]
     sampled = dk.DraftStep(0, torch.tensor([1]), torch.tensor([0.1]), torch.tensor([[0.9, 0.1]]))
@@ -142,7 +142,35 @@ def test_kld_calibrates_sl_max_then_maps_kl_stability_to_lengths():
     assert policy.plan(state).lengths.tolist() == expected
     assert expected[0] == policy.sl_max.item() and expected[2] == 2 and 2 < expected[1] < expected[0]
     policy.batch_cap = "mean"
-    assert policy.plan(state).lengths.tolist() == [min(k, math.ceil(sum(expected) / 3)) for k in expected]
+    capped = policy.plan(state)
+    assert capped.lengths.tolist() == [min(k, math.ceil(sum(expected) / 3)) for k in expected]
+    assert capped.node_bound == max(capped.lengths.tolist())  # a draft model runs the longest row's steps, no more
+
+
+def test_a_draft_model_runs_the_longest_rows_steps_not_max_len(target):
+    """An adaptive policy's budget bounds the drafter's steps by the longest row's length: GammaTune starts at
+    k = 3 with max_len = 8, so the first round's draft model is called 3 times (the catch-up, then 2 more steps)."""
+    calls: list[int] = []
+
+    class Counting(ModelDrafter):
+        def propose(self, state, budget):
+            extend, count = self.model.extend, [0]
+
+            def counted(*args, **kwargs):
+                count[0] += 1
+                return extend(*args, **kwargs)
+
+            self.model.extend = counted
+            try:
+                return super().propose(state, budget)
+            finally:
+                del self.model.extend
+                calls.append(count[0])
+
+    dk.generate(
+        target, [[1, 2, 3]], Counting(perturbed(target, 0.3, seed=1)), policy=GammaTune(max_len=8), max_new_tokens=12
+    )
+    assert calls[0] == 3
 
 
 def test_bad_arguments():

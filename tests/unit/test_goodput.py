@@ -142,6 +142,44 @@ def test_batch_aware_switches_off_at_large_batch():
     assert policy.plan(dummy_state(8)).lengths.tolist() == [0] * 8
 
 
+def test_optimistic_rate_shrinks_to_the_estimate():
+    """The Wilson upper end is above the estimate, near 1 with no evidence, and closes in as tests accumulate."""
+    t = AcceptanceTracker(prior=0.5, decay=1.0)
+    t.begin(1, torch.device("cpu"))
+    uppers = [t.upper().item()]
+    for _ in range(3):
+        for _ in range(10):
+            t.update(torch.tensor([4]), torch.tensor([1]))  # 1 of 2 tested passes
+        uppers.append(t.upper().item())
+    assert uppers[0] > 0.9 and all(a > b for a, b in zip(uppers, uppers[1:]))
+    assert t.alpha.item() < uppers[-1] < t.alpha.item() + 0.2
+
+
+def test_batch_aware_stops_probing_where_drafting_cannot_pay():
+    """At batch 8 drafting pays only at a high acceptance (verification nearly doubles the round); failing probes
+    make the pooled estimate confidently low, so the probes stop (gated by could_pay), while with the gate forced
+    open they go on at the doubling wait. Each call restarts the wait."""
+    costs = {8: CostModel.relative(0.2, 8, verify_fixed=0.9)}
+
+    def probes(policy: BatchAwareLength, calls: int, rounds: int = 40) -> list[int]:
+        found, state = [], dummy_state(8)
+        for _ in range(calls):
+            policy.begin(state)
+            for i in range(rounds):
+                k = policy.plan(state).lengths
+                if int(k.max()):
+                    found.append(i)
+                drafted = chain_round(k.tolist(), [0] * 8, width=int(k.max()))  # every draft fails
+                policy.observe(state, drafted)
+        return found
+
+    gated = probes(BatchAwareLength(costs, probe_every=4), calls=3)
+    assert gated == [4]  # one probe of 8 failing rows: confidently below break-even, in this call and the next
+    always = BatchAwareLength(costs, probe_every=4)
+    always.tracker.upper = lambda z=2.0: torch.ones(1, dtype=torch.float64)  # type: ignore[method-assign]
+    assert probes(always, calls=3) == [4, 13, 30] * 3  # the wait restarts each call
+
+
 def test_stack_takes_the_least_and_caps_the_batch():
     heuristic = HeuristicLength(initial=6, max_len=8)
     stack = Stack(FixedLength(4), heuristic, ConfidenceStop(0.5, max_len=8))
