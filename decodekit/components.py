@@ -3,6 +3,7 @@ optional hooks resolved once (see :mod:`decodekit.interfaces`)."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any
 
@@ -127,9 +128,14 @@ class Components:
         for component in self.observers:
             component.observe(state, round)
 
-    def select_rows(self, rows: torch.Tensor) -> None:
+    def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
+        """Rows finished: keep ``rows [B']``; a component whose ``select_rows`` takes a ``host_rows`` keyword also
+        gets the same indices on the host, which spares it a host sync."""
         for component in self.row_selectors:
-            component.select_rows(rows)
+            if host_rows is not None and _takes_host_rows(component):
+                component.select_rows(rows, host_rows=host_rows)
+            else:
+                component.select_rows(rows)
 
     # ------------------------------------------------------------------------------------------ context
     def check_context(self, max_length: int) -> None:
@@ -256,3 +262,11 @@ def _one_edit(a: str, b: str) -> bool:
     short, long = (a, b) if len(a) < len(b) else (b, a)
     i = next((i for i, (x, y) in enumerate(zip(short, long)) if x != y), len(short))
     return short[i:] == long[i + 1 :]
+
+
+def _takes_host_rows(component: object) -> bool:
+    """Whether ``component.select_rows`` accepts a ``host_rows`` keyword (a subclass may override it without)."""
+    try:
+        return "host_rows" in inspect.signature(component.select_rows).parameters  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        return False

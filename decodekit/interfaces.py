@@ -115,7 +115,9 @@ class Observes(Protocol):
 @runtime_checkable
 class SelectsRows(Protocol):
     def select_rows(self, rows: torch.Tensor) -> None:
-        """Rows finished: keep only ``rows [B']`` (indices into the current batch) of any per-row state."""
+        """Rows finished: keep only ``rows [B']`` (indices into the current batch) of any per-row state. A
+        ``select_rows`` that also takes a ``host_rows`` keyword gets the same indices as Python ints (no host sync
+        needed to read them; ``ModelDrafter`` hands them to its cache)."""
         ...
 
 

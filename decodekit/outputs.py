@@ -90,6 +90,15 @@ class StopStrings:
         return torch.cat(out).view(new.shape).to(new.device)
 
 
+def fill_holes(finished: list[int]) -> list[int]:
+    """The rows that stay when the ``finished`` ones leave, in their new order (indices into the current batch):
+    each live row keeps its index, except that live rows past the new batch size move into the gaps finished rows
+    left below it. Caches then move only those rows and keep a view of the rest (:meth:`KVCache.select_rows`)."""
+    kept = len(finished) - sum(1 for f in finished if f)
+    tail = iter(b for b in range(kept, len(finished)) if not finished[b])
+    return [next(tail) if finished[b] else b for b in range(kept)]
+
+
 class Outputs:
     """Commits tokens (EOS, stop-string and length cuts), streams them, and keeps finished rows' sequences on the
     device until the call ends; :meth:`sync` is the loop's one host read per round."""
@@ -155,14 +164,16 @@ class Outputs:
         host_keep = [b for b, finished in enumerate(self.host_finished) if not finished]
         if len(host_keep) == state.batch_size:
             return state.batch_size > 0
-        order = torch.argsort(self.finished.int(), stable=True)  # live rows first, in order; no host sync
-        keep, done = order[: len(host_keep)], order[len(host_keep) :]
+        order = fill_holes(self.host_finished)  # live rows keep their place unless one from the end fills a gap
+        keep = torch.tensor(order, dtype=torch.long, device=state.device)
+        done = [b for b, finished in enumerate(self.host_finished) if finished]
+        done = torch.tensor(done, dtype=torch.long, device=state.device)
         self.tokens[state.rows[done]] = state.tokens[done]
         self.ends[state.rows[done]] = state.lengths[done]
-        state.select_rows(keep, host_keep)
-        cache.select_rows(keep, host_rows=host_keep)
-        parts.select_rows(keep)
-        self.host_finished = [0] * len(host_keep)  # the rows left are live
+        state.select_rows(keep, order)
+        cache.select_rows(keep, host_rows=order)
+        parts.select_rows(keep, order)
+        self.host_finished = [0] * len(order)  # the rows left are live
         return state.batch_size > 0
 
     def end_stream(self) -> None:

@@ -273,12 +273,22 @@ class KVCache(Cache):
     def select_rows(self, rows: torch.Tensor, *, host_rows: list[int] | None = None) -> None:
         """Keep only ``rows [B']`` (indices into the current batch), in that order.
 
-        ``host_rows``: the same indices on the host, which keeps the host mirror valid.
+        ``host_rows``: the same indices on the host, which keeps the host mirror valid and, when every row that
+        changes place comes from past the first ``B'`` (the engine's order, :func:`decodekit.outputs.fill_holes`),
+        lets the buffers move only those rows in place and keep a view of the first ``B'``, instead of copying
+        every kept row of every layer (the buffers hold the whole context: at batch 8 a finishing row otherwise
+        costs a copy of the full cache, tens of milliseconds on a CPU).
         """
         self._host = [self._host[r] for r in host_rows] if self._host is not None and host_rows is not None else None
         self._lengths = self._lengths[rows.to(self._lengths.device)]
-        self.keys = [k[rows.to(k.device)] for k in self.keys]
-        self.values = [v[rows.to(v.device)] for v in self.values]
+        kept = len(host_rows) if host_rows is not None else -1
+        moved = [i for i in range(kept) if host_rows[i] != i] if host_rows is not None else []
+        if host_rows is not None and all(host_rows[i] >= kept for i in moved):
+            self.keys = _keep_prefix(self.keys, moved, host_rows)
+            self.values = _keep_prefix(self.values, moved, host_rows)
+        else:
+            self.keys = [k[rows.to(k.device)] for k in self.keys]
+            self.values = [v[rows.to(v.device)] for v in self.values]
         self.validity.select_rows(rows)
         self._clear()
 
@@ -346,3 +356,17 @@ class KVCache(Cache):
 
     def __repr__(self) -> str:
         return f"KVCache(batch={self.batch_size}, capacity={self.capacity}, lengths={self._lengths.tolist()})"
+
+
+def _keep_prefix(buffers: list[torch.Tensor], moved: list[int], host_rows: list[int]) -> list[torch.Tensor]:
+    """Rows ``moved`` of each buffer ``[B, ...]`` overwritten in place by rows ``host_rows[i]`` (all past the kept
+    prefix), then a view of the first ``len(host_rows)`` rows: no copy of the rows that stay."""
+    if not buffers:
+        return buffers
+    if moved:
+        device = buffers[0].device
+        dst = torch.tensor(moved, device=device)
+        src = torch.tensor([host_rows[i] for i in moved], device=device)
+        for buf in buffers:
+            buf.index_copy_(0, dst, buf.index_select(0, src))
+    return [buf[: len(host_rows)] for buf in buffers]

@@ -128,5 +128,7 @@ class ModelDrafter:
         """Drop drafted tokens the target rejected: keep what agrees with the committed history."""
         self.cache.crop(state.lengths - 1, host_lengths=[n - 1 for n in state.host_lengths])
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        self.cache.select_rows(rows)
+    def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
+        # with host_rows the cache moves only the rows that change place (no copy of the whole draft cache) and
+        # keeps its host lengths valid
+        self.cache.select_rows(rows, host_rows=host_rows)

@@ -165,6 +165,28 @@ def test_crop_and_select_rows_match_recompute(rows):
     torch.testing.assert_close(logits[1], full_logits(hf_model, rows[0][:3] + [8]), **TOL)
 
 
+@pytest.mark.parametrize("finished", [[0, 1, 0], [1, 0, 0], [0, 0, 1], [1, 0, 1]])
+def test_dropping_finished_rows_moves_only_the_rows_that_change_place(rows, finished):
+    """The engine's order (fill_holes): rows past the new batch size fill the gaps; the cache then overwrites those
+    rows in place and keeps a view of the prefix (no copy of the rest), and the logits match a recompute."""
+    from decodekit.outputs import fill_holes
+
+    hf_model = llama()
+    model = dk.load_model(hf_model)
+    cache = model.new_cache(len(rows), 16)
+    model.extend(cache, *padded(rows))
+    order = fill_holes(finished)
+    assert sorted(order) == [b for b, f in enumerate(finished) if not f]
+    assert all(order[i] == i for i in range(len(order)) if not finished[i])  # live rows below B' stay put
+    base = cache.keys[0].data_ptr()
+    cache.select_rows(torch.tensor(order), host_rows=order)
+    assert cache.keys[0].data_ptr() == base and cache.keys[0].shape[0] == len(order)  # a view: nothing copied
+    new = torch.arange(len(order))[:, None] + 3
+    logits = model.extend(cache, new, torch.ones(len(order), dtype=torch.long)).logits
+    for i, b in enumerate(order):
+        torch.testing.assert_close(logits[i], full_logits(hf_model, rows[b] + [i + 3]), **TOL)
+
+
 def test_snapshot_restore(rows):
     model = dk.load_model(llama())
     cache = model.new_cache(len(rows), 16)
