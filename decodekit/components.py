@@ -86,6 +86,7 @@ class Components:
         self.hidden_layers = tuple(sorted(layers))
         self.observers = [c for c in self.all if isinstance(c, Observes)]
         self.row_selectors = [c for c in self.all if isinstance(c, SelectsRows)]
+        self.host_row_selectors = {id(c) for c in self.row_selectors if _takes_host_rows(c)}
         self.vocab_size = model.vocab_size
         self.unchecked = drafter is not None  # until the first non-empty draft has been validated
         self.tree_verifier = tree_verifier  # generate()'s default for tree drafts at temperature > 0
@@ -132,7 +133,7 @@ class Components:
         """Rows finished: keep ``rows [B']``; a component whose ``select_rows`` takes a ``host_rows`` keyword also
         gets the same indices on the host, which spares it a host sync."""
         for component in self.row_selectors:
-            if host_rows is not None and _takes_host_rows(component):
+            if host_rows is not None and id(component) in self.host_row_selectors:
                 component.select_rows(rows, host_rows=host_rows)
             else:
                 component.select_rows(rows)

@@ -161,13 +161,12 @@ class Outputs:
 
     def drop_finished(self, state: DecodeState, cache: KVCache, parts: Components) -> bool:
         """Store the finished rows' tokens, remove those rows everywhere; False once no row is left."""
-        host_keep = [b for b, finished in enumerate(self.host_finished) if not finished]
-        if len(host_keep) == state.batch_size:
+        host_done = [b for b, finished in enumerate(self.host_finished) if finished]
+        if not host_done:
             return state.batch_size > 0
         order = fill_holes(self.host_finished)  # live rows keep their place unless one from the end fills a gap
         keep = torch.tensor(order, dtype=torch.long, device=state.device)
-        done = [b for b, finished in enumerate(self.host_finished) if finished]
-        done = torch.tensor(done, dtype=torch.long, device=state.device)
+        done = torch.tensor(host_done, dtype=torch.long, device=state.device)
         self.tokens[state.rows[done]] = state.tokens[done]
         self.ends[state.rows[done]] = state.lengths[done]
         state.select_rows(keep, order)

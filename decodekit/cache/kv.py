@@ -281,11 +281,8 @@ class KVCache(Cache):
         """
         self._host = [self._host[r] for r in host_rows] if self._host is not None and host_rows is not None else None
         self._lengths = self._lengths[rows.to(self._lengths.device)]
-        kept = len(host_rows) if host_rows is not None else -1
-        moved = [i for i in range(kept) if host_rows[i] != i] if host_rows is not None else []
-        if host_rows is not None and all(host_rows[i] >= kept for i in moved):
-            self.keys = _keep_prefix(self.keys, moved, host_rows)
-            self.values = _keep_prefix(self.values, moved, host_rows)
+        if host_rows is not None and all(r == i or r >= len(host_rows) for i, r in enumerate(host_rows)):
+            self.keys, self.values = _keep_prefix(self.keys, host_rows), _keep_prefix(self.values, host_rows)
         else:
             self.keys = [k[rows.to(k.device)] for k in self.keys]
             self.values = [v[rows.to(v.device)] for v in self.values]
@@ -358,12 +355,12 @@ class KVCache(Cache):
         return f"KVCache(batch={self.batch_size}, capacity={self.capacity}, lengths={self._lengths.tolist()})"
 
 
-def _keep_prefix(buffers: list[torch.Tensor], moved: list[int], host_rows: list[int]) -> list[torch.Tensor]:
-    """Rows ``moved`` of each buffer ``[B, ...]`` overwritten in place by rows ``host_rows[i]`` (all past the kept
-    prefix), then a view of the first ``len(host_rows)`` rows: no copy of the rows that stay."""
-    if not buffers:
-        return buffers
-    if moved:
+def _keep_prefix(buffers: list[torch.Tensor], host_rows: list[int]) -> list[torch.Tensor]:
+    """Each buffer ``[B, ...]`` with row ``i`` overwritten in place by row ``host_rows[i]`` where they differ (those
+    sources all lie past the kept prefix), then a view of the first ``len(host_rows)`` rows: the rows that stay are
+    not copied."""
+    moved = [i for i, r in enumerate(host_rows) if r != i]
+    if buffers and moved:
         device = buffers[0].device
         dst = torch.tensor(moved, device=device)
         src = torch.tensor([host_rows[i] for i in moved], device=device)
