@@ -187,10 +187,13 @@ def speedups(expected: torch.Tensor, cost: CostModel, scale: torch.Tensor | None
     return expected * times[0] / times
 
 
-def best_length(expected: torch.Tensor, cost: CostModel) -> tuple[torch.Tensor, torch.Tensor]:
+def best_length(
+    expected: torch.Tensor, cost: CostModel, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The length maximising ``S(k)`` over ``k = 0..K`` (ties: the shorter) and its speedup, per row:
-    ``(k* [...] long, S(k*) [...] float64)`` for ``expected [..., K + 1]``. ``k* = 0`` means do not speculate."""
-    s = speedups(expected, cost)
+    ``(k* [...] long, S(k*) [...] float64)`` for ``expected [..., K + 1]`` (round times corrected by ``scale``
+    as in :func:`speedups`). ``k* = 0`` means do not speculate."""
+    s = speedups(expected, cost, scale)
     best = s.max(-1, keepdim=True).values
     k = (s >= best * (1 - 1e-12)).long().argmax(-1)  # the first (shortest) maximiser
     return k, best[..., 0]
@@ -217,10 +220,13 @@ def oracle_speedup(max_accepted: Sequence[int], plain_rounds: int, plain_steps: 
     return float(plain_steps * cost.round_time(0) / total) if total > 0 else 1.0
 
 
-def could_pay(tracker: AcceptanceTracker, cost: CostModel, max_len: int, z: float = 2.0) -> torch.Tensor:
+def could_pay(
+    tracker: AcceptanceTracker, cost: CostModel, max_len: int, z: float = 2.0, scale: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[R]`` bool: whether some length ``1..max_len`` would beat plain decoding at an optimistic acceptance, the
     upper end of each row's estimate (:meth:`AcceptanceTracker.upper`). A row held at ``k = 0`` is worth a probe
     only then: where even the optimistic rate cannot pay (a large batch whose plain step is already efficient, a
     drafter nearly as slow as the target), a probe measures nothing that could change the length and costs a
-    round's draft and verification positions, plus a draft model's catch-up."""
-    return best_length(expected_tokens(tracker.upper(z), max_len), cost)[0] > 0
+    round's draft and verification positions, plus a draft model's catch-up. ``scale``: the measured correction of
+    the round times (:meth:`~decodekit.policies.calibration.RoundClock.scale`)."""
+    return best_length(expected_tokens(tracker.upper(z), max_len), cost, scale)[0] > 0

@@ -10,6 +10,7 @@ import torch
 from decodekit.checks import check_float, check_int
 from decodekit.policies.acceptance import AcceptanceTracker
 from decodekit.policies.analytic import CostModel, best_length, cost_at, could_pay, expected_tokens, set_costs
+from decodekit.policies.calibration import RoundClock
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.state import DecodeState
@@ -33,6 +34,10 @@ class BatchAwareLength:
     pay at an optimistic rate (:func:`~decodekit.policies.analytic.could_pay`): at a batch size where the estimate
     is confidently below break-even, probes stop, so the policy costs plain decoding nothing but its bookkeeping.
 
+    ``calibrate=True`` corrects the cost model by measured round times as ``goodput`` does
+    (:class:`~decodekit.policies.calibration.RoundClock`; each call's first round drafts nothing, to time a plain
+    round): a table profiled at short contexts underrates verification at the workload's longer ones.
+
     Host syncs: one per round (the length, read so that a round at 0 does not call the drafter at all); none with a
     fixed ``alpha`` on a CPU tracker.
 
@@ -47,6 +52,7 @@ class BatchAwareLength:
             relative model from ``draft_step`` / ``verify_fixed`` / ``verify_step`` (units of one decoding step).
         alpha: the workload's acceptance rate; None = estimated online.
         max_len: the longest draft.
+        calibrate: correct the cost model by the measured round times (above).
         probe_every, nodes_per_depth, width: as :class:`~decodekit.policies.goodput.GoodputLength`.
     """
 
@@ -59,6 +65,7 @@ class BatchAwareLength:
         verify_fixed: float = 0.0,
         verify_step: float = 0.0,
         probe_every: int = 8,
+        calibrate: bool = False,
         nodes_per_depth: int = 1,
         width: int | None = None,
     ) -> None:
@@ -69,6 +76,8 @@ class BatchAwareLength:
         self.nodes_per_depth, self.width = check_tree_args(nodes_per_depth, width)
         self.tracker = AcceptanceTracker()
         self.idle, self.wait = 0, self.probe_every
+        self.calibrate = bool(calibrate)
+        self.timer = RoundClock() if self.calibrate else None
 
     def table(self, alpha: float, batch_sizes: list[int]) -> dict[int, int]:
         """``{B: k*(B)}`` for acceptance rate ``alpha`` (the paper's offline table)."""
@@ -79,20 +88,29 @@ class BatchAwareLength:
 
     def begin(self, state: DecodeState) -> None:
         self.idle, self.wait = 0, self.probe_every
+        if self.timer is not None:
+            self.timer.begin()
         if self.tracker.passed is None:  # the pooled estimate carries over across calls
             self.tracker.begin(1, state.device)
 
     def plan(self, state: DecodeState) -> DraftBudget:
         if self.tracker.passed is None:
             self.begin(state)
+        scale = None
+        if self.timer is not None:
+            self.timer.lap(self._costs)
+            scale = self.timer.scale(self.max_len)
         rate = torch.tensor(self.alpha, dtype=torch.float64) if self.alpha is not None else self.tracker.alpha[0]
         cost = cost_at(self._costs, state.batch_size)
-        k = int(best_length(expected_tokens(rate, self.max_len), cost)[0])
+        k = int(best_length(expected_tokens(rate, self.max_len), cost, scale)[0])
         probe = k == 0 and self.alpha is None and self.probe_every and self.idle >= self.wait
-        if probe and bool(could_pay(self.tracker, cost, self.max_len)[0]):
+        if probe and bool(could_pay(self.tracker, cost, self.max_len, scale=scale)[0]):
             k, self.wait = 1, min(2 * self.wait, 64 * self.probe_every)  # re-measure; each probe doubles the wait
         elif k > 0:
             self.wait = self.probe_every
+        if self.timer is not None:
+            k = k if self.timer.knows_plain else 0  # the first round of a call is plain: the reference time
+            self.timer.start(k, state.batch_size)
         lengths, bound = torch.full_like(state.lengths, k), k
         return length_budget(lengths, bound, self.nodes_per_depth, self.width)
 

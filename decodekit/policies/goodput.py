@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -11,7 +10,8 @@ import torch
 from decodekit.checks import check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.acceptance import AcceptanceTracker
-from decodekit.policies.analytic import CostModel, cost_at, could_pay, expected_tokens, set_costs, speedups
+from decodekit.policies.analytic import CostModel, cost_at, expected_tokens, set_costs, speedups
+from decodekit.policies.calibration import RoundClock
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.state import DecodeState
@@ -37,15 +37,21 @@ class GoodputLength:
     best ``k_i = argmax_{k <= k*} E_i(k) / T(B, k)``, so rows the model says cannot gain draft nothing (fewer
     rejected tokens, same round time). A row held at 0 drafts one token after ``probe_every`` idle rounds, so its
     estimate can recover; each probe that leaves it at 0 doubles the wait (up to 64x), since a probe costs a
-    verification position and, for a draft model, a catch-up forward; and a row probes only while drafting could
-    pay at its optimistic rate (:func:`~decodekit.policies.analytic.could_pay`).
+    verification position and, for a draft model, a catch-up forward; rows probe only while the batch would draft
+    at the rows' optimistic rates (:meth:`~decodekit.policies.acceptance.AcceptanceTracker.upper`, as
+    :func:`~decodekit.policies.analytic.could_pay`); and in a batch, where one row's probe makes every row verify a
+    second position, rows probe only in rounds that draft anyway or together on the batch's own doubling schedule
+    (per-row schedules drift apart: 8 rows probing on their own made one round in 5 a probe round at batch 8, 8%
+    slower than plain decoding). That batch schedule carries over to the next call of the same batch size, so
+    probes that keep failing become rare across calls (each costs a draft model a catch-up over every token since
+    its last draft); a round that drafts on its own merits restarts it.
 
-    ``calibrate=True`` corrects the cost model online: the wall time between two ``plan`` calls is a round's real
-    time (the host read below ends each plan, so this holds on a GPU too); its ratio to the model's ``T(B, k_max)``
-    is smoothed separately for rounds that drafted and rounds that did not, and ``T(k > 0)`` is scaled by the first
-    ratio, ``T(0)`` by the second (the first round of each call drafts nothing, to measure the second). Costs the
-    profile misses (a batch whose rows accepted different lengths pads the verification; the draft model catching
-    up after rounds without a draft) then count against drafting.
+    ``calibrate=True`` corrects the cost model online by measured round times
+    (:class:`~decodekit.policies.calibration.RoundClock`: the wall time between two ``plan`` calls over the model's
+    ``T(B, k_max)``, for rounds that drafted and rounds that did not; the first round of each call drafts nothing,
+    to measure the second). Costs the profile misses (verification at the workload's longer context, a batch whose
+    rows accepted different lengths padding the verification, the draft model catching up after rounds without a
+    draft) then count against drafting.
 
     Host syncs: one per round (the batch's longest length, read so that a round with every row at 0 does not call
     the drafter at all: a draft model would otherwise still run on the new tokens).
@@ -103,66 +109,86 @@ class GoodputLength:
         self.tracker = AcceptanceTracker(prior, decay=decay, positions=self.max_len)
         self.idle: torch.Tensor | None = None  # [B] rounds since each row last drafted
         self.wait: torch.Tensor | None = None  # [B] idle rounds before the next probe
-        self.calibrate, self.clock = bool(calibrate), time.perf_counter
-        self.ratios: list[float | None] = [None, None]  # measured / modelled round time, without and with a draft
-        self._last: tuple[float, int, int] | None = None  # (clock, longest length, batch size) at the last plan
+        self.quiet, self.quiet_wait = 0, self.probe_every  # the batch's rounds without a draft, and its probe wait
+        self.quiet_waits: dict[int, int] = {}  # the probe wait a call ended with, per batch size it began at
+        self.batch_size: int | None = None  # the batch size the current call began at
+        self.calibrate = bool(calibrate)
+        self.timer = RoundClock() if self.calibrate else None
 
     def begin(self, state: DecodeState) -> None:
         self.tracker.begin(state.batch_size, state.device)
         self.idle = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
         self.wait = torch.full_like(self.idle, self.probe_every)
-        self.ratios, self._last = [None, None], None
+        if self.batch_size is not None:
+            self.quiet_waits[self.batch_size] = self.quiet_wait
+        self.batch_size = state.batch_size
+        self.quiet, self.quiet_wait = 0, self.quiet_waits.get(state.batch_size, self.probe_every)
+        if self.timer is not None:
+            self.timer.begin()
 
     def lengths(self, expected: torch.Tensor, batch_size: int) -> torch.Tensor:
         """``[B]`` long: each row's length for expected tokens ``expected [B, K + 1]`` (``E(0..K)``) at
         ``batch_size`` (no probing)."""
         s = speedups(expected, cost_at(self._costs, batch_size), self._scale())  # [B, K + 1]
-        # goodput up to the constant T(0): summed over rows, or the slowest row's (which ends a static batch)
-        k_star = (s.sum(0) if self.batch == "sum" else s.min(0).values).argmax()
+        k_star = self._batch_length(s)
         allowed = torch.arange(self.max_len + 1, device=expected.device) <= k_star
         return s.masked_fill(~allowed, -1.0).argmax(-1)
+
+    def _batch_length(self, s: torch.Tensor) -> torch.Tensor:
+        """The batch's ``k*`` from the rows' speedups ``s [B, K + 1]``: goodput up to the constant ``T(0)``, summed
+        over rows, or the slowest row's (which ends a static batch)."""
+        return (s.sum(0) if self.batch == "sum" else s.min(0).values).argmax()
 
     def plan(self, state: DecodeState) -> DraftBudget:
         if self.idle is None or self.idle.shape[0] != state.batch_size:
             self.begin(state)
-        if self.calibrate:
-            self._time_last_round()
+        if self.timer is not None:
+            self.timer.lap(self._costs)
         t = self.tracker
         k = self.lengths(
             t.expected(self.max_len) if self.positional else expected_tokens(t.alpha, self.max_len), state.batch_size
         )
-        if self.probe_every:  # a row held at 0 drafts one token after `wait` idle rounds; each probe doubles `wait`
-            cost = cost_at(self._costs, state.batch_size)
-            probe = (k == 0) & (self.idle >= self.wait) & could_pay(t, cost, self.max_len)
-            self.wait = torch.where(probe, (2 * self.wait).clamp(max=64 * self.probe_every), self.wait)
-            self.wait = torch.where(k > 0, self.probe_every, self.wait)
-            k = torch.where(probe, 1, k)
-        if self.calibrate and self.ratios[0] is None:  # the first round of a call is plain: the reference time
+        if self.timer is not None and not self.timer.knows_plain:  # the first round of a call is plain: the reference
             k = torch.zeros_like(k)
+        planned = k
+        if self.probe_every:
+            k = self._probes(k, t, state.batch_size)
         # one host read: the exact longest length, so a round where every row is at 0 skips the drafter entirely
-        longest = int(k.max())
-        if self.calibrate:
-            self._last = (self.clock(), longest, state.batch_size)
+        longest, planned_longest = torch.stack([k.max(), planned.max()]).tolist()
+        if self.probe_every:
+            self._count_quiet(longest, planned_longest)
+        if self.timer is not None:
+            self.timer.start(longest, state.batch_size)
         return length_budget(k, longest, self.nodes_per_depth, self.width)
 
-    def _time_last_round(self) -> None:
-        """Fold the last round's measured time into the ratio of its kind (drafted or not)."""
-        if self._last is None:
-            return
-        start, longest, batch_size = self._last
-        ratio = (self.clock() - start) / float(cost_at(self._costs, batch_size).round_time(longest))
-        kind = int(longest > 0)
-        old = self.ratios[kind]
-        self.ratios[kind] = ratio if old is None else 0.7 * old + 0.3 * ratio
+    def _probes(self, k: torch.Tensor, tracker: AcceptanceTracker, batch_size: int) -> torch.Tensor:
+        """``k [B]`` with probes: a row held at 0 for its ``wait`` idle rounds drafts one token (doubling its wait),
+        only while the batch would draft at the rows' optimistic rates (the
+        :meth:`~decodekit.policies.acceptance.AcceptanceTracker.upper` bounds, under the batch objective: a probe that
+        could not change the batch's length measures nothing useful), and only in a round that verifies a draft
+        anyway or once the batch has gone ``quiet_wait`` rounds without one: in a batch a probe costs every row a
+        verification position, so the rows' probes are gathered into few rounds."""
+        due = (k == 0) & (self.idle >= self.wait)
+        if self.quiet < self.quiet_wait:
+            due &= k.max() > 0
+        cost = cost_at(self._costs, batch_size)
+        due &= self._batch_length(speedups(expected_tokens(tracker.upper(), self.max_len), cost, self._scale())) > 0
+        self.wait = torch.where(due, (2 * self.wait).clamp(max=64 * self.probe_every), self.wait)
+        self.wait = torch.where(k > 0, self.probe_every, self.wait)
+        return torch.where(due, 1, k)
+
+    def _count_quiet(self, longest: int, planned: int) -> None:
+        """The batch's probe clock: rounds without a draft since the last probe round; a round drafting only probes
+        doubles the wait (up to 64x), a round drafting on its own merits restarts it."""
+        if planned > 0:
+            self.quiet, self.quiet_wait = 0, self.probe_every
+        elif longest > 0:
+            self.quiet, self.quiet_wait = 0, min(2 * self.quiet_wait, 64 * self.probe_every)
+        else:
+            self.quiet += 1
 
     def _scale(self) -> torch.Tensor | None:
-        """``[K + 1]`` the measured correction of ``T(0..K)`` (None: no calibration or nothing measured yet)."""
-        plain, drafting = self.ratios
-        if not self.calibrate or (plain is None and drafting is None):
-            return None
-        plain = drafting if plain is None else plain
-        drafting = plain if drafting is None else drafting
-        return torch.tensor([plain] + [drafting] * self.max_len, dtype=torch.float64)
+        return None if self.timer is None else self.timer.scale(self.max_len)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         drafted = round.draft.num_valid

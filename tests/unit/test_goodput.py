@@ -124,6 +124,37 @@ def test_probes_back_off():
     assert [i for i, k in enumerate(trace) if k] == [2, 7, 16]  # idle 2, 4, 8 (a probe resets idle)
 
 
+def test_batch_rows_probe_together():
+    """Eight rows held at 0 whose probe waits have drifted apart: in a batch one row's probe costs every row a
+    verification position, so due rows wait for the batch's probe round (its own doubling schedule, which the next
+    call of the same batch size goes on with) or for a round that drafts anyway. Per-row schedules alone would make
+    most rounds probe rounds."""
+    policy, state = GoodputLength(CostModel.relative(0.1, 4), max_len=4, probe_every=4, prior=0.0), dummy_state(8)
+
+    def probe_rounds(idle: torch.Tensor) -> tuple[list[int], list[int]]:
+        policy.begin(state)
+        policy.idle = idle
+        rounds, probed = [], []
+        for i in range(40):
+            k = policy.plan(state).lengths
+            if int(k.max()):
+                rounds.append(i)
+                probed.append(int((k > 0).sum()))
+            policy.observe(state, chain_round(k.tolist(), [0] * 8, width=max(int(k.max()), 1)))  # drafts fail
+        return rounds, probed
+
+    assert probe_rounds(torch.arange(8)) == ([4, 13, 30], [8, 8, 8])  # drifted rows; quiet 4, 8, 16 rounds
+    assert probe_rounds(torch.full((8,), 40)) == ([32], [8])  # the next call: quiet 32 rounds first
+
+    policy.begin(state)  # a round that drafts anyway (row 0 pays) takes every due row's probe at no extra width
+    policy.idle = torch.full((8,), 4)
+    policy.tracker.expected = lambda max_len: torch.stack(  # type: ignore[method-assign]
+        [expected_tokens(1.0 if r == 0 else 0.0, max_len) for r in range(8)]
+    )
+    policy.batch = "sum"
+    assert policy.plan(state).lengths.tolist() == [4] + [1] * 7
+
+
 def test_goodput_at_batch_size_uses_the_batch_costs():
     """The same acceptance, two batch sizes: verification cheap at 1 and costly at 8 (compute-bound)."""
     costs = {1: CostModel.relative(0.0, 8), 8: CostModel.relative(0.0, 8, verify_step=1.0)}
@@ -275,14 +306,20 @@ def test_measured_costs_come_from_the_benchmark():
         BatchAwareLength(costs="profiled")
 
 
-def test_calibration_learns_that_drafting_rounds_cost_more_than_modelled():
+@pytest.mark.parametrize("name", ["goodput", "batch_aware"])
+def test_calibration_learns_that_drafting_rounds_cost_more_than_modelled(name):
     """Drafts always pass, and the model says drafting 8 pays 4.5x; but measured drafting rounds take 5x the modelled
-    time (undrafted ones as modelled): calibrated goodput stops drafting (k = 0), uncalibrated goes on."""
+    time (undrafted ones as modelled): the calibrated policy stops drafting (k = 0), the uncalibrated one goes on."""
     cost = CostModel.relative(0.1, 8, verify_fixed=0.2)
 
     def run(calibrate: bool, factor: float = 5.0) -> list[int]:
-        policy, state, now = GoodputLength(cost, max_len=8, calibrate=calibrate, prior=0.9), dummy_state(1), [0.0]
-        policy.clock = lambda: now[0]
+        if name == "goodput":
+            policy = GoodputLength(cost, max_len=8, calibrate=calibrate, prior=0.9)
+        else:
+            policy = BatchAwareLength(cost, alpha=0.9, max_len=8, calibrate=calibrate)
+        state, now = dummy_state(1), [0.0]
+        if calibrate:
+            policy.timer.clock = lambda: now[0]
         policy.begin(state)
         trace = []
         for _ in range(12):

@@ -1,0 +1,71 @@
+"""Online correction of a cost model by measured round times, for the policies that choose lengths from one
+(``goodput``, ``batch_aware``).
+
+A profiled :class:`~decodekit.policies.analytic.CostModel` misses costs that only the workload has: verification
+at the workload's (longer) context, a batch whose rows accepted different lengths padding the verification, a draft
+model catching up after rounds without a draft. :class:`RoundClock` measures each round's wall time (from one
+``plan`` to the next) and keeps its ratio to the model's ``T(B, k)``, smoothed separately for rounds that drafted
+and rounds that did not; :meth:`RoundClock.scale` turns the two ratios into a correction of ``T(0..K)``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+
+from decodekit.checks import check_float
+from decodekit.policies.analytic import CostModel, cost_at
+
+
+class RoundClock:
+    """Measured over modelled round time, for rounds without a draft (``ratios[0]``) and with one (``ratios[1]``).
+
+    Call :meth:`start` at the end of each ``plan`` with the round's longest length and batch size; the next
+    :meth:`start` (or :meth:`lap`) closes that round. The time between two ``plan`` calls is the round's real
+    time on a GPU too, as long as each ``plan`` reads its length on the host (both policies do, once per round).
+
+    Args:
+        smoothing: weight of the newest round in each ratio's exponential average.
+        clock: seconds, monotonic (tests pass a fake one).
+    """
+
+    def __init__(self, smoothing: float = 0.3, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.smoothing = check_float("smoothing", smoothing, low=0.0, high=1.0, low_open=True)
+        self.clock = clock
+        self.ratios: list[float | None] = [None, None]
+        self._last: tuple[float, int, int] | None = None  # (clock, longest length, batch size) at the last start
+
+    def begin(self) -> None:
+        """Forget the measurements (a new call: its context and batch differ)."""
+        self.ratios, self._last = [None, None], None
+
+    @property
+    def knows_plain(self) -> bool:
+        """Whether a round without a draft has been measured (the reference the drafting ratio is compared to)."""
+        return self.ratios[0] is not None
+
+    def lap(self, costs: CostModel | Mapping[int, CostModel] | None) -> None:
+        """Close the round begun at the last :meth:`start`: fold its measured time into the ratio of its kind."""
+        if self._last is None:
+            return
+        start, longest, batch_size = self._last
+        self._last = None
+        ratio = (self.clock() - start) / float(cost_at(costs, batch_size).round_time(longest))
+        kind, old = int(longest > 0), self.ratios[int(longest > 0)]
+        self.ratios[kind] = ratio if old is None else (1 - self.smoothing) * old + self.smoothing * ratio
+
+    def start(self, longest: int, batch_size: int) -> None:
+        """A round drafting at most ``longest`` tokens per row at ``batch_size`` rows begins now."""
+        self._last = (self.clock(), longest, batch_size)
+
+    def scale(self, max_len: int) -> torch.Tensor | None:
+        """``[K + 1]`` float64: the factors of ``T(0), T(1..K)`` (None before any measurement). A kind not measured
+        yet takes the other's ratio, so the correction changes no decision until both kinds have been timed."""
+        plain, drafting = self.ratios
+        if plain is None and drafting is None:
+            return None
+        plain = drafting if plain is None else plain
+        drafting = plain if drafting is None else drafting
+        return torch.tensor([plain] + [drafting] * max_len, dtype=torch.float64)
