@@ -5,7 +5,7 @@
 >>> out = dk.generate(model, [[1, 2, 3]], drafter=dk.drafters.NGramDrafter())   # doctest: +SKIP
 """
 
-from decodekit import diagnostics, drafters, policies, registry, verifiers
+from decodekit import diagnostics, dlm, drafters, policies, registry, verifiers
 from decodekit.cache import KVCache
 from decodekit.diagnostics import Divergence, first_divergence, first_divergences
 from decodekit.errors import (
@@ -30,9 +30,10 @@ from decodekit.interfaces import (
     Observes,
     SelectsRows,
     SharesTarget,
+    UnmaskRule,
     Verifier,
 )
-from decodekit.metrics import SpecStats
+from decodekit.metrics import DLMStats, SpecStats
 from decodekit.models import LanguageModel, ModelOutput, load_model
 from decodekit.registry import available, build, register
 from decodekit.round import NEEDS, Round
@@ -71,6 +72,8 @@ __all__ = [
     "MissingDependencyError",
     "SamplingParams",
     "SpecStats",
+    "DLMStats",
+    "UnmaskRule",
     "UnknownComponentError",
     "Verdict",
     "Verifier",
@@ -78,6 +81,7 @@ __all__ = [
     "available",
     "build",
     "diagnostics",
+    "dlm",
     "Divergence",
     "first_divergence",
     "first_divergences",

@@ -33,6 +33,8 @@ from decodekit.types import SamplingParams, Verdict
 
 if TYPE_CHECKING:
     from decodekit.cache import KVCache
+    from decodekit.dlm.model import DLMModel
+    from decodekit.dlm.state import DLMState, Proposal
     from decodekit.models.base import LanguageModel
     from decodekit.round import Round
 
@@ -79,6 +81,28 @@ class LengthPolicy(Protocol):
 
     def plan(self, state: DecodeState) -> DraftBudget:
         """Return the per-row budget (the loop caps its depth by what each row may still generate)."""
+        ...
+
+
+@runtime_checkable
+class UnmaskRule(Protocol):
+    """Decides which slots of a diffusion LM's canvas to commit this step (:func:`decodekit.dlm.generate`).
+    Optional: ``begin_block(state)``, called when a block starts (schedules)."""
+
+    def select(self, state: DLMState, proposal: Proposal, eligible: torch.Tensor) -> torch.Tensor:
+        """``[B, G]`` bool: the slots to commit with ``proposal.tokens``. ``eligible [B, G]``: the masked slots of
+        the current block; a rule may commit other masked slots too (Prophet fills them all), and must commit at
+        least one slot of every row that has an eligible one (the loop checks)."""
+        ...
+
+
+@runtime_checkable
+class DLMCache(Protocol):
+    """How a diffusion sampler's step gets its logits: recompute, or reuse K/V kept from an earlier forward."""
+
+    def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
+        """``[B, G, V]`` float32 logits of the generation region for this step (``state.step == 0``: a block's
+        first step). Slots a strategy does not recompute may hold anything: they are committed."""
         ...
 
 

@@ -142,3 +142,36 @@ class RoundCounters:
         stats.drafted_per_pos, stats.accepted_per_pos = per_pos[0][:used], per_pos[1][:used]
         stats.acceptance_histogram = histogram[: used + 1] if used else []
         stats.round_max_accepted = round_max[: used + 1] if used else []
+
+
+@dataclass
+class DLMStats:
+    """Counters and timings of one :func:`decodekit.dlm.generate` call.
+
+    Attributes:
+        nfe: model forwards (a classifier-free-guidance forward of the conditional and unconditional batch counts
+            once, as in Fast-dLLM's counts).
+        row_nfe: per row, the forwards in which it still had masked slots in its block.
+        tokens: generated tokens (rows times ``gen_length``).
+        block_steps: per block, the steps it took (the batch's).
+        wall_time_s: wall time of the call.
+    """
+
+    nfe: int = 0
+    row_nfe: list[int] = field(default_factory=list)
+    tokens: int = 0
+    block_steps: list[int] = field(default_factory=list)
+    wall_time_s: float = 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Generated tokens per row per forward that row took part in (DiffusionGemma's metric; 1.0 = one token
+        per step)."""
+        return self.tokens / max(sum(self.row_nfe), 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tokens_per_forward": self.tokens_per_forward, "tokens_per_s": self.tokens_per_s}

@@ -85,16 +85,18 @@ def uniform(
     generator: torch.Generator | RowGenerators | None,
     device: torch.device,
     key: Hashable = "coins",
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``U[0, 1)`` float32 draws of ``shape`` from ``generator`` (the accept coins of verifiers).
+    """``U[0, 1)`` draws of ``shape`` from ``generator`` (the accept coins of verifiers; a diffusion sampler's
+    Gumbel noise, in float64).
 
     With :class:`RowGenerators`, ``shape[0]`` is the number of live rows and row ``b`` gets
     ``torch.rand(shape[1:])`` from its own keyed generator; see :class:`RowGenerators` for when a row's first
     values do not depend on ``shape[1:]`` (the draft width, which is the batch's widest row).
     """
     if isinstance(generator, RowGenerators):
-        return generator.draw(key, tuple(shape), torch.device(device), _uniform)
-    return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
+        return generator.draw(key, tuple(shape), torch.device(device), functools.partial(_uniform, dtype=dtype))
+    return torch.rand(shape, generator=generator, device=device, dtype=dtype)
 
 
 def make_generator(seed: int | Sequence[int] | torch.Tensor | None, device: torch.device) -> Generator:
@@ -177,8 +179,8 @@ class RowGenerators:
         device: torch.device,
         fill: Callable[[tuple[int, ...], torch.Generator, torch.device], torch.Tensor],
     ) -> torch.Tensor:
-        """``[B, *shape[1:]]`` float32: row ``b`` is ``fill(shape[1:], generator_b, device)``, ``generator_b``
-        seeded from :meth:`row_seeds`."""
+        """``[B, *shape[1:]]`` in ``fill``'s dtype: row ``b`` is ``fill(shape[1:], generator_b, device)``,
+        ``generator_b`` seeded from :meth:`row_seeds`."""
         seeds = self.row_seeds(key)
         if not shape or shape[0] != len(seeds):
             raise ValueError(f"a per-row draw needs one leading row per live row ({len(seeds)}), got shape {shape}")
@@ -186,7 +188,7 @@ class RowGenerators:
         pool.extend(torch.Generator(device) for _ in range(len(seeds) - len(pool)))
         rest = tuple(shape[1:])
         if not seeds:
-            return torch.empty(shape, dtype=torch.float32, device=device)
+            return fill(tuple(shape), torch.Generator(device), device)
         return torch.stack([fill(rest, g.manual_seed(s), device) for g, s in zip(pool, seeds)])
 
 
@@ -197,8 +199,10 @@ def _exponential(shape: tuple[int, ...], generator: torch.Generator, device: tor
     return torch.empty(shape, dtype=torch.float32, device=device).exponential_(generator=generator)
 
 
-def _uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
+def _uniform(
+    shape: tuple[int, ...], generator: torch.Generator, device: torch.device, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    return torch.rand(shape, generator=generator, device=device, dtype=dtype)
 
 
 _MASK64 = (1 << 64) - 1

@@ -1,0 +1,30 @@
+"""Parallel samplers for masked diffusion LMs: one step loop (:func:`generate`) with pluggable unmasking rules.
+
+m = dk.dlm.load_model(hf_model, mask_token_id=M, shift_logits=False)
+out = dk.dlm.generate(m, prompts, gen_length=128, block_length=32, steps=128)
+out.sequences, out.stats.nfe, out.stats.tokens_per_forward
+"""
+
+from decodekit.dlm.caches import DualCache, PrefixCache, Recompute
+from decodekit.dlm.generate import DLMOutput, generate
+from decodekit.dlm.model import DLMModel, load_model
+from decodekit.dlm.rules import FactorRule, LLaDARule, LocalLeapRule, ProphetRule, ThresholdRule
+from decodekit.dlm.state import DLMState, Proposal, propose
+
+__all__ = [
+    "DLMModel",
+    "DualCache",
+    "PrefixCache",
+    "Recompute",
+    "DLMOutput",
+    "DLMState",
+    "FactorRule",
+    "LLaDARule",
+    "LocalLeapRule",
+    "ProphetRule",
+    "Proposal",
+    "ThresholdRule",
+    "generate",
+    "load_model",
+    "propose",
+]

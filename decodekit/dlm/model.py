@@ -1,0 +1,108 @@
+"""A decoder LM run as a masked diffusion LM: bidirectional attention over a token canvas, one mask token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from decodekit.cache import KVCache
+from decodekit.checks import check_bool, check_int
+from decodekit.errors import ConfigError, UnsupportedModelError
+from decodekit.masks import bidirectional_mask, staged_layout
+from decodekit.models.base import LanguageModel
+
+
+class DLMModel:
+    """A :class:`~decodekit.models.base.LanguageModel` run bidirectionally as a masked diffusion LM.
+
+    Rows are laid out prompt first, then the generation region, then padding: ``[p_0 .. p_{P_b - 1}, x_0 .. x_{G -
+    1}, pad ...]``, so every row keeps its true positions (RoPE distances are never changed by a batch mate's
+    prompt length) and padding is invisible to every real query (a padded query sees only itself).
+
+    Attributes:
+        lm: the wrapped adapter (its ``forward`` takes decodekit's 4-D masks and explicit positions).
+        mask_token_id: the id of the mask token (``[MASK]`` / ``<|mdm_mask|>``); must be inside the vocabulary.
+        shift_logits: the logits for slot ``j`` are the model's output at ``j - 1`` (Dream, Fast-dLLM v2 and other
+            models adapted from an autoregressive one); False = at ``j`` (LLaDA).
+        vocab_size: ``V``.
+    """
+
+    def __init__(self, lm: LanguageModel, mask_token_id: int, shift_logits: bool = False) -> None:
+        self.lm = lm
+        self.vocab_size = int(lm.vocab_size)
+        self.mask_token_id = check_int(
+            "mask_token_id", mask_token_id, low=0, high=self.vocab_size - 1, hint=" (an id inside the vocabulary)"
+        )
+        self.shift_logits = check_bool("shift_logits", shift_logits)
+        plan = getattr(lm, "attention", None)
+        if plan is not None and not plan.plain:
+            raise UnsupportedModelError(
+                f"{type(getattr(lm, 'hf', lm)).__name__} has sliding-window or chunked attention layers; a diffusion "
+                "LM needs every layer to attend over the whole canvas. Use a model with full attention only."
+            )
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm.device
+
+    @property
+    def tokenizer(self) -> Any:
+        return getattr(self.lm, "tokenizer", None)
+
+    def __repr__(self) -> str:
+        return f"DLMModel({self.lm!r}, mask_token_id={self.mask_token_id}, shift_logits={self.shift_logits})"
+
+    @torch.no_grad()
+    def forward(
+        self, canvas: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, width: int
+    ) -> tuple[torch.Tensor, KVCache]:
+        """Run the whole canvas bidirectionally; return the generation region's logits and the staged cache.
+
+        Args:
+            canvas: ``[B, T]`` token ids, row ``b`` real in ``[0, lengths[b])``.
+            lengths: ``[B]`` real tokens per row (prompt + generation region).
+            starts: ``[B]`` where each row's generation region starts (its prompt length).
+            width: ``G``, the generation region's length.
+
+        Returns:
+            ``[B, G, V]`` float32: for slot ``j`` of row ``b`` the logits at canvas position ``starts[b] + j``
+            (``- 1`` with ``shift_logits``); and the :class:`~decodekit.cache.KVCache` holding every position's
+            K/V, staged and not committed (a cache strategy keeps what it reuses).
+        """
+        batch, total = canvas.shape
+        cache = self.lm.new_cache(batch, total)
+        cache.set_host_lengths([0] * batch)
+        kv_len = cache.stage(total)
+        keys = staged_layout(torch.zeros_like(lengths), total, kv_len, counts=lengths)
+        mask, positions = bidirectional_mask(keys)
+        at = starts[:, None] + torch.arange(width, device=canvas.device) - int(self.shift_logits)
+        return self.lm.forward(canvas, positions, mask, cache, logits_at=at).logits.float(), cache
+
+
+def load_model(spec: Any, mask_token_id: int | None = None, shift_logits: bool = False, **load_kwargs: Any) -> DLMModel:
+    """Wrap a decoder LM for :func:`decodekit.dlm.generate`.
+
+    Args:
+        spec: a :class:`DLMModel` (returned as is), a zoo diffusion LM (``"smollm2-135m-dlm"``:
+            :data:`decodekit.dlm.zoo.DLM_ZOO`, its mask id and shift built in), or anything :func:`decodekit.load_model`
+            takes (a transformers causal LM, an adapter, a local path, a zoo name).
+        mask_token_id: the mask token's id (required unless ``spec`` is a :class:`DLMModel` or a zoo DLM).
+        shift_logits: read slot ``j``'s logits at position ``j - 1`` (AR-initialised models).
+        load_kwargs: passed on to :func:`decodekit.load_model` (``dtype``, ``device``, ...).
+    """
+    if isinstance(spec, DLMModel):
+        return spec
+    from decodekit.dlm.zoo import DLM_ZOO, load_zoo_dlm
+
+    if isinstance(spec, str) and spec in DLM_ZOO:
+        lm, entry = load_zoo_dlm(spec, **load_kwargs)
+        return DLMModel(lm, entry.mask_token_id if mask_token_id is None else mask_token_id, entry.shift_logits)
+    if mask_token_id is None:
+        raise ConfigError(
+            "dk.dlm.load_model needs mask_token_id=<the id of the model's mask token> (e.g. LLaDA's 126336); a "
+            "causal LM has none of its own: add one to the vocabulary or reuse a token the model never emits"
+        )
+    from decodekit.models import load_model as load_lm
+
+    return DLMModel(load_lm(spec, **load_kwargs), mask_token_id, shift_logits)

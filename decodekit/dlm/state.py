@@ -1,0 +1,149 @@
+"""What the diffusion sampler's parts see: the canvas (:class:`DLMState`) and one step's proposals
+(:class:`Proposal`).
+
+Shapes: ``B`` rows, ``G`` the generation region's length (slot ``j`` of a row is canvas position ``P_b + j``),
+``V`` the vocabulary, ``T`` the canvas width (longest prompt + ``G``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from decodekit.sampling import Generator, uniform
+
+
+@dataclass
+class DLMState:
+    """The canvas of one :func:`decodekit.dlm.generate` call.
+
+    Attributes:
+        canvas: ``[B, T]`` prompt, then the generation region (mask ids until committed), then padding.
+        lengths: ``[B]`` real tokens per row (``P_b + G``).
+        starts: ``[B]`` each row's prompt length ``P_b`` (where its generation region starts).
+        gen_length: ``G``.
+        mask_token_id: the mask id.
+        block: ``(start, end)`` of the current block in slot coordinates (the same for every row).
+        block_steps: the current block's step budget (``steps / number of blocks``; schedules spread commits over
+            it; rules that stop on their own may use fewer steps, never more than the block's slots).
+        step: steps taken in the current block.
+        global_step, total_steps: steps taken in the call, and its budget ``steps``.
+        row_steps: ``[B]`` host ints: forwards in which each row still had masked slots in its block (its NFE).
+        host_starts: ``[B]`` host ints, ``starts`` on the host (caches stage forwards without reading the device).
+        generator: the call's randomness (:func:`~decodekit.sampling.make_generator`).
+    """
+
+    canvas: torch.Tensor
+    lengths: torch.Tensor
+    starts: torch.Tensor
+    gen_length: int
+    mask_token_id: int
+    total_steps: int
+    generator: Generator = None
+    block: tuple[int, int] = (0, 0)
+    block_steps: int = 0
+    step: int = 0
+    global_step: int = 0
+    row_steps: list[int] = field(default_factory=list)
+    host_starts: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_prompts(
+        cls, rows: list[list[int]], gen_length: int, mask_token_id: int, total_steps: int, generator: Generator, device
+    ) -> DLMState:
+        width = max(map(len, rows)) + gen_length
+        canvas = torch.full((len(rows), width), mask_token_id, dtype=torch.long)
+        for b, row in enumerate(rows):
+            canvas[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+        starts = torch.tensor([len(r) for r in rows], dtype=torch.long)
+        state = cls(
+            canvas.to(device),
+            (starts + gen_length).to(device),
+            starts.to(device),
+            gen_length,
+            mask_token_id,
+            total_steps,
+            generator,
+        )
+        state.row_steps, state.host_starts = [0] * len(rows), [len(r) for r in rows]
+        return state
+
+    @property
+    def batch_size(self) -> int:
+        return self.canvas.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.canvas.device
+
+    @property
+    def slots(self) -> torch.Tensor:
+        """``[B, G]`` canvas index of each generation slot."""
+        return self.starts[:, None] + torch.arange(self.gen_length, device=self.device)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """``[B, G]`` the generation region (mask ids where not committed)."""
+        return self.canvas.gather(1, self.slots)
+
+    @property
+    def masked(self) -> torch.Tensor:
+        """``[B, G]`` bool: slots not committed yet."""
+        return self.tokens == self.mask_token_id
+
+    @property
+    def in_block(self) -> torch.Tensor:
+        """``[G]`` bool: slots of the current block."""
+        j = torch.arange(self.gen_length, device=self.device)
+        return (j >= self.block[0]) & (j < self.block[1])
+
+    @property
+    def progress(self) -> float:
+        """``global_step / total_steps``: how far through its step budget the call is."""
+        return self.global_step / max(self.total_steps, 1)
+
+    def commit(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Write ``tokens [B, G]`` into the slots where ``slots [B, G]`` (bool) is True."""
+        index = self.slots
+        self.canvas.scatter_(1, index, torch.where(slots, tokens, self.canvas.gather(1, index)))
+
+
+@dataclass
+class Proposal:
+    """One step's proposals for every slot of the generation region.
+
+    Attributes:
+        tokens: ``[B, G]`` the proposed token of each slot (argmax at temperature 0, else a float64 Gumbel-max
+            sample from ``softmax(logits / temperature)``).
+        confidence: ``[B, G]`` float32: the probability of the proposed token under the untempered
+            ``softmax(logits)`` (LLaDA's and Fast-dLLM's confidence, also when sampling).
+        logits: ``[B, G, V]`` float32, what the proposals came from (after classifier-free guidance).
+    """
+
+    tokens: torch.Tensor
+    confidence: torch.Tensor
+    logits: torch.Tensor
+
+    def logit_gap(self) -> torch.Tensor:
+        """``[B, G]`` the top-1 minus top-2 **logit** (Prophet's certainty; not a probability gap)."""
+        top = self.logits.topk(2, dim=-1).values
+        return top[..., 0] - top[..., 1]
+
+
+def propose(logits: torch.Tensor, temperature: float, state: DLMState) -> Proposal:
+    """Proposals from ``logits [B, G, V]``: argmax at ``temperature == 0``, else Gumbel-max in float64
+    (``argmax(z / T + g)``, ``g = -log(-log U)``: a sample from ``softmax(z / T)``, as LLaDA's
+    ``exp(z) / (-log U)^T`` in float64; low-precision noise would truncate its tail). The mask token is never
+    proposed (a model that ranks it first would otherwise commit a slot that is still masked; the reference assumes a
+    model trained never to); confidences come from the unmodified softmax. Per-row seeds draw with key ``"gumbel"``."""
+    never = logits.new_zeros(logits.shape[-1]).index_fill_(
+        0, torch.tensor([state.mask_token_id], device=logits.device), float("-inf")
+    )
+    if temperature == 0:
+        tokens = (logits + never).argmax(-1)
+    else:
+        u = uniform(tuple(logits.shape), state.generator, logits.device, key="gumbel", dtype=torch.float64)
+        tokens = ((logits + never).double() / temperature - (-u.log()).log()).argmax(-1)
+    confidence = logits.softmax(-1).gather(-1, tokens[..., None])[..., 0]
+    return Proposal(tokens, confidence, logits)

@@ -1,0 +1,68 @@
+"""Diffusion LMs in the zoo: a base zoo model plus a LoRA adapter shipped in ``decodekit/weights/``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from decodekit.errors import ModelNotFoundError
+
+
+@dataclass(frozen=True)
+class ZooDLM:
+    base: str
+    weights: str
+    mask_token_id: int
+    shift_logits: bool
+    recipe: str
+
+
+DLM_ZOO = {
+    "smollm2-135m-dlm": ZooDLM(
+        "smollm2-135m-instruct",
+        "smollm2-135m-dlm.safetensors",
+        16,
+        True,
+        "python -m decodekit train recipe=dlm_adapter",
+    ),
+}
+"""Zoo diffusion LMs: SmolLM2-135M adapted by ``decodekit/train/dlm_adapter.py`` (mask ``<empty_output>``, shifted
+logits)."""
+
+
+def weights_path(entry: ZooDLM) -> Path:
+    return Path(str(resources.files("decodekit") / "weights" / entry.weights))
+
+
+def load_zoo_dlm(name: str, **load_kwargs: Any) -> tuple[Any, ZooDLM]:
+    """The adapted model (the LoRA merged into a fresh copy of the base) as a :class:`~decodekit.models.HFCausalLM`,
+    and its zoo entry. Raises :class:`~decodekit.errors.ModelNotFoundError` when the adapter file is missing."""
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from safetensors import safe_open
+
+    import decodekit as dk
+
+    entry = DLM_ZOO[name]
+    path = weights_path(entry)
+    if not path.is_file():
+        raise ModelNotFoundError(
+            f"{name}: no adapter at {path}; train it with `{entry.recipe}` and copy its smollm2-135m-dlm.safetensors "
+            "there"
+        )
+    with safe_open(str(path), framework="pt") as f:
+        weights = {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+        summary = json.loads(f.metadata()["summary"])
+    base = dk.load_model(entry.base)
+    config = LoraConfig(r=summary["lora_rank"], lora_alpha=summary["lora_alpha"], target_modules=_targets(weights))
+    peft_model = get_peft_model(base.hf, config)
+    set_peft_model_state_dict(peft_model, weights)
+    merged = peft_model.merge_and_unload().eval()
+    return dk.load_model(merged, tokenizer=base.tokenizer, **load_kwargs), entry
+
+
+def _targets(weights: dict[str, Any]) -> list[str]:
+    """The projection names the adapter's tensors belong to (``...q_proj.lora_A.weight`` -> ``q_proj``)."""
+    return sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in weights})

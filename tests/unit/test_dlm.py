@@ -1,0 +1,234 @@
+"""The diffusion sampler: LLaDA parity at temperature 0, Gumbel sampling in distribution, batch independence, rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import decodekit as dk
+from decodekit.dlm import DLMState, Proposal
+from decodekit.dlm.rules.common import transfer_counts
+from decodekit.errors import ConfigError, ContextLengthError, NoProgressError
+from decodekit.models.tiny import tiny_llama
+from tests.unit.stats import chi_square_pvalue, total_variation, tv_noise
+
+MASK = 127
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return tiny_llama(3, init=0.6)  # peaked distributions: confidences far apart, no near-ties
+
+
+@pytest.fixture(scope="module")
+def dlm(hf):
+    return dk.dlm.load_model(hf, mask_token_id=MASK)
+
+
+def reference_llada(hf, prompt, gen_length, block_length, steps, cfg_scale=0.0):
+    """An independent transcription of ML-GSAI/LLaDA ``generate.py`` at temperature 0 (low-confidence remasking),
+    one row, the whole sequence every step, the model called directly with an all-True 4-D mask."""
+    x = torch.full((1, len(prompt) + gen_length), MASK, dtype=torch.long)
+    x[0, : len(prompt)] = torch.tensor(prompt)
+    prompt_index = x != MASK
+    num_blocks = gen_length // block_length
+    per_block = steps // num_blocks
+
+    def model_logits(ids):
+        full = torch.ones(ids.shape[0], 1, ids.shape[1], ids.shape[1], dtype=torch.bool)
+        return hf(input_ids=ids, attention_mask=full).logits
+
+    for nb in range(num_blocks):
+        lo, hi = len(prompt) + nb * block_length, len(prompt) + (nb + 1) * block_length
+        masked_in_block = (x[:, lo:hi] == MASK).sum(1, keepdim=True)
+        base, rest = masked_in_block // per_block, masked_in_block % per_block
+        counts = torch.zeros(1, per_block, dtype=torch.long) + base
+        counts[0, : int(rest)] += 1
+        for i in range(per_block):
+            mask_index = x == MASK
+            if cfg_scale > 0:
+                un = x.clone()
+                un[prompt_index] = MASK
+                logits = model_logits(torch.cat([x, un]))
+                cond, uncond = logits.chunk(2)
+                logits = uncond + (cfg_scale + 1) * (cond - uncond)
+            else:
+                logits = model_logits(x)
+            x0 = logits.argmax(-1)
+            x0_p = F.softmax(logits, dim=-1).gather(-1, x0[..., None])[..., 0]
+            x0_p[:, hi:] = -float("inf")
+            x0 = torch.where(mask_index, x0, x)
+            confidence = torch.where(mask_index, x0_p, torch.tensor(-float("inf")))
+            _, idx = torch.topk(confidence[0], k=int(counts[0, i]))
+            x[0, idx] = x0[0, idx]
+    return x[0, len(prompt) :].tolist()
+
+
+PROMPTS = [[5, 9, 14, 2], [33, 7], [1, 2, 3, 4, 5, 6, 7]]
+
+
+@pytest.mark.parametrize(
+    ("gen", "block", "steps", "cfg"), [(8, 4, 8, 0.0), (8, 8, 4, 0.0), (10, 5, 6, 0.0), (7, 7, 3, 1.5)]
+)
+def test_greedy_equals_the_reference_loop(hf, dlm, gen, block, steps, cfg):
+    """Token for token the reference sampler's output, for each row of a ragged batch (1, 2 or 3 commits a step)."""
+    out = dk.dlm.generate(dlm, PROMPTS, gen_length=gen, block_length=block, steps=steps, cfg_scale=cfg)
+    for row, prompt in zip(out.sequences, PROMPTS):
+        assert row == reference_llada(hf, prompt, gen, block, steps, cfg)
+        assert MASK not in row
+    assert out.stats.nfe == steps and out.stats.block_steps == [steps // (gen // block)] * (gen // block)
+    assert out.stats.tokens_per_forward == pytest.approx(gen / steps)
+
+
+@pytest.mark.parametrize("rule", ["llada", "threshold", "factor", "local_leap", "prophet"])
+def test_a_row_does_not_depend_on_its_batch_mates(dlm, rule):
+    """Each row alone (seeded per row, sampled) equals the same row in a ragged batch: padding and batch mates
+    change neither its positions nor its randomness."""
+    kwargs = dict(gen_length=8, block_length=4, steps=8, temperature=0.8, rule=dk.build("dlm_rule", rule))
+    batch = dk.dlm.generate(dlm, PROMPTS, seed=[11, 12, 13], **kwargs).sequences
+    for b, prompt in enumerate(PROMPTS):
+        assert dk.dlm.generate(dlm, [prompt], seed=[11 + b], **kwargs).sequences[0] == batch[b]
+
+
+def test_sampling_is_softmax_at_temperature(hf):
+    """One slot, one step: the committed token follows softmax(logits / T) (float64 Gumbel-max); the same test
+    detects a sampler that ignores the temperature."""
+    model = dk.dlm.load_model(tiny_llama(4, vocab=17, init=0.3), mask_token_id=16)
+    prompt, n, temperature = [3, 7, 1], 6000, 0.6
+    canvas = torch.tensor([prompt + [16]])
+    logits = model.lm.hf(input_ids=canvas, attention_mask=torch.ones(1, 1, 4, 4, dtype=torch.bool)).logits[0, -1]
+    probs = (logits.double() / temperature).softmax(-1)
+
+    def counts(temp: float) -> torch.Tensor:
+        out = dk.dlm.generate(
+            model, [prompt] * n, gen_length=1, block_length=1, steps=1, temperature=temp, seed=list(range(n))
+        )
+        return torch.bincount(torch.tensor([s[0] for s in out.sequences]), minlength=17)
+
+    good = counts(temperature)
+    assert chi_square_pvalue(good, probs) > 1e-4 and total_variation(good, probs) < 3 * tv_noise(probs, n)
+    biased = counts(1.0)  # the wrong temperature
+    assert chi_square_pvalue(biased, probs) < 1e-8
+
+
+def synthetic(confidence: list[list[float]], eligible: list[list[bool]] | None = None, gaps=None) -> tuple:
+    conf = torch.tensor(confidence)
+    b, g = conf.shape
+    state = DLMState.from_prompts([[1]] * b, g, MASK, total_steps=4, generator=None, device="cpu")
+    state.block, state.block_steps = (0, g), 4
+    logits = torch.zeros(b, g, 3)
+    if gaps is not None:
+        logits[..., 0] = torch.tensor(gaps)
+    elig = torch.ones(b, g, dtype=torch.bool) if eligible is None else torch.tensor(eligible)
+    return state, Proposal(torch.zeros(b, g, dtype=torch.long), conf, logits), elig
+
+
+def test_transfer_counts_front_load_the_remainder():
+    assert transfer_counts(torch.tensor([10, 3, 0]), 4).tolist() == [[3, 3, 2, 2], [1, 1, 1, 0], [0, 0, 0, 0]]
+
+
+def test_threshold_commits_the_sure_slots_and_the_top_one():
+    state, prop, elig = synthetic([[0.95, 0.2, 0.9, 0.5], [0.3, 0.4, 0.1, 0.2]], [[True, True, True, False]] * 2)
+    got = dk.dlm.ThresholdRule(0.9).select(state, prop, elig)
+    assert got.tolist() == [[True, False, True, False], [False, True, False, False]]
+
+
+def test_factor_takes_the_longest_passing_prefix():
+    # sorted: 0.99 (j=1 always), 0.8 >= 1 - 1/3, 0.7 < 1 - 1/4: two commits
+    state, prop, elig = synthetic([[0.7, 0.99, 0.1, 0.8]])
+    assert dk.dlm.FactorRule(1.0).select(state, prop, elig).tolist() == [[False, True, False, True]]
+    # every rank passes up to the last one, which fails: the reference code's quirk would take all four
+    state, prop, elig = synthetic([[0.99, 0.9, 0.85, 0.1]])
+    assert dk.dlm.FactorRule(1.0).select(state, prop, elig).tolist() == [[True, True, True, False]]
+
+
+def test_local_leap_relaxes_only_near_anchors():
+    state, prop, elig = synthetic([[0.95, 0.8, 0.2, 0.2, 0.2, 0.8, 0.1]])
+    got = dk.dlm.LocalLeapRule(0.9, 0.75, radius=1).select(state, prop, elig)
+    assert got.tolist() == [[True, True, False, False, False, False, False]]  # slot 5 is 0.8 but far from the anchor
+
+
+def test_prophet_fills_every_masked_slot_once_sure():
+    rule = dk.dlm.ProphetRule(base=dk.dlm.ThresholdRule(0.99))
+    state, prop, elig = synthetic(
+        [[0.5, 0.6, 0.4, 0.3]] * 2, [[True, True, False, False]] * 2, gaps=[[8.0] * 4, [4.0] * 4]
+    )
+    got = rule.select(state, prop, elig)  # progress 0: needs 7.5; row 0 fills all, later blocks' slots included
+    assert got.tolist() == [[True] * 4, [False, True, False, False]]
+    state.global_step = 3  # progress 0.75: 2.5 suffices
+    assert rule.select(state, prop, elig).all()
+
+
+def test_a_rule_that_commits_nothing_is_refused(dlm):
+    class Idle:
+        def select(self, state, proposal, eligible):
+            return torch.zeros_like(eligible)
+
+    with pytest.raises(NoProgressError, match="Idle.select committed nothing"):
+        dk.dlm.generate(dlm, [[1, 2]], gen_length=4, block_length=4, steps=4, rule=Idle())
+
+
+def test_bad_arguments_fail_early(hf, dlm):
+    with pytest.raises(ConfigError, match="mask_token_id"):
+        dk.dlm.load_model(hf)
+    with pytest.raises(ConfigError, match="inside the vocabulary"):
+        dk.dlm.load_model(hf, mask_token_id=128)
+    with pytest.raises(ConfigError, match="dk.dlm.load_model"):
+        dk.dlm.generate(hf, [[1]], gen_length=4, block_length=4, steps=4)
+    with pytest.raises(ConfigError, match="must divide gen_length"):
+        dk.dlm.generate(dlm, [[1]], gen_length=6, block_length=4, steps=4)
+    with pytest.raises(ConfigError, match="multiple of the number of blocks"):
+        dk.dlm.generate(dlm, [[1]], gen_length=8, block_length=4, steps=5)
+    with pytest.raises(ConfigError, match="cache strategy"):
+        dk.dlm.generate(dlm, [[1]], gen_length=4, block_length=4, steps=4, cache="dual")
+    with pytest.raises(ConfigError, match="guidance"):
+        dk.dlm.generate(dlm, [[1]], gen_length=4, block_length=4, steps=4, cfg_scale=1.0, cache=dk.dlm.PrefixCache())
+    with pytest.raises(ConfigError, match="remasking"):
+        dk.dlm.generate(dlm, [[1]], gen_length=4, block_length=4, steps=4, remasking="lowest")
+    with pytest.raises(ContextLengthError, match="gen_length"):
+        dk.dlm.generate(dlm, [[1] * 200], gen_length=64, block_length=64, steps=64)
+    with pytest.raises(ConfigError, match="empty"):
+        dk.dlm.generate(dlm, [[]], gen_length=4, block_length=4, steps=4)
+
+
+def test_shifted_logits_read_the_previous_position(hf):
+    """shift_logits: slot j's logits are the output at canvas position j - 1 (AR-initialised models)."""
+    plain, shifted = (dk.dlm.load_model(hf, mask_token_id=MASK, shift_logits=s) for s in (False, True))
+    canvas = torch.tensor([[5, 9, 14, MASK, MASK, MASK]])
+    lengths, starts = torch.tensor([6]), torch.tensor([3])
+    full = hf(input_ids=canvas, attention_mask=torch.ones(1, 1, 6, 6, dtype=torch.bool)).logits
+    torch.testing.assert_close(plain.forward(canvas, lengths, starts, 3)[0], full[:, 3:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shifted.forward(canvas, lengths, starts, 3)[0], full[:, 2:5], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["prefix", "dual"])
+@pytest.mark.parametrize("shift", [False, True])
+def test_cached_step_equals_recompute_while_nothing_changed(hf, name, shift):
+    """A cache strategy's later step reads K/V kept from the block's first step: with no commit in between, those
+    K/V are current, so the step's logits equal a recompute (ragged rows, second block, shifted or not)."""
+    model = dk.dlm.load_model(hf, mask_token_id=MASK, shift_logits=shift)
+    state = DLMState.from_prompts(PROMPTS, 8, MASK, total_steps=4, generator=None, device="cpu")
+    state.commit(torch.ones(3, 8, dtype=torch.bool) & (torch.arange(8) < 4), torch.randint(0, 100, (3, 8)))
+    state.block, state.step = (4, 8), 0
+    cache = dk.build("dlm_cache", name)
+    first = cache.logits(model, state)
+    state.step = 1
+    again = cache.logits(model, state)
+    reference = dk.dlm.Recompute().logits(model, state)
+    torch.testing.assert_close(first, reference)
+    torch.testing.assert_close(again[:, 4:], reference[:, 4:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["prefix", "dual"])
+def test_cached_sampling_fills_the_canvas_and_refreshes_per_block(dlm, name):
+    """A whole call with a cache: no mask left, one refresh per block counted in the forwards, rows independent of
+    their batch mates; one step per block means every step is a refresh, so the output is the uncached one."""
+    kwargs = dict(gen_length=8, block_length=4, steps=8, rule=dk.dlm.ThresholdRule(0.5))
+    out = dk.dlm.generate(dlm, PROMPTS, cache=dk.build("dlm_cache", name), seed=[1, 2, 3], temperature=0.7, **kwargs)
+    assert all(MASK not in row for row in out.sequences) and out.stats.nfe == sum(out.stats.block_steps)
+    alone = dk.dlm.generate(dlm, PROMPTS[1:2], cache=dk.build("dlm_cache", name), seed=[2], temperature=0.7, **kwargs)
+    assert alone.sequences[0] == out.sequences[1]
+    one_step = dict(gen_length=8, block_length=4, steps=2)
+    cached = dk.dlm.generate(dlm, PROMPTS, cache=dk.build("dlm_cache", name), **one_step)
+    assert cached.sequences == dk.dlm.generate(dlm, PROMPTS, **one_step).sequences
