@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.threshold_head import AcceptanceHead
 from decodekit.train.acceptance_data import DATA_SOURCE, generate_dataset, pydoc_prompts
+from decodekit.train.common import Checkpoints, plot_losses
 
 LABELS = ("greedy", "sampled", "both")
 
@@ -151,21 +151,8 @@ def train(
         optimizer, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))
     )
     head, optimizer, loader, schedule = accelerator.prepare(head, optimizer, loader, schedule)
-    ckpt_dir, history = out / "checkpoints", {"train": [], "val": []}
-    step = 0
-    last = sorted(ckpt_dir.glob("step_*")) if resume else []
-    if last:
-        accelerator.load_state(str(last[-1]))
-        history = json.loads((last[-1] / "history.json").read_text())
-        step = int(last[-1].name.split("_")[1])
-
-    def save() -> None:
-        path = ckpt_dir / f"step_{step:07d}"
-        accelerator.save_state(str(path))
-        if accelerator.is_main_process:
-            (path / "history.json").write_text(json.dumps(history))
-            for old in sorted(ckpt_dir.glob("step_*"))[:-2]:  # keep the last two
-                shutil.rmtree(old)
+    checkpoints = Checkpoints(accelerator, out)
+    step, history = (checkpoints.resume() if resume else None) or (0, {"train": [], "val": []})
 
     def validate() -> float:
         with torch.no_grad():
@@ -189,11 +176,10 @@ def train(
             bar.update(1)
             bar.set_postfix(loss=f"{value:.4f}")
             if step % save_every == 0:
-                save()
+                checkpoints.save(step, history)
         history["val"].append([step, validate()])
     bar.close()
-    if not last or step != int(last[-1].name.split("_")[1]):
-        save()
+    checkpoints.save(step, history)
     train_time = time.perf_counter() - train_start
     per_epoch = len(loader)
     final_train = float(np.mean([loss for _, loss in history["train"][-per_epoch:]]))
@@ -218,7 +204,7 @@ def train(
     if accelerator.is_main_process:
         (out / "history.json").write_text(json.dumps(history))
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        plot_losses(history, out / "loss.png")
+        plot_losses(history, out / "loss.png", "SpecDec++ acceptance head", "weighted soft BCE")
         meta = {**summary, "recipe": recipe, "target": str(target), "draft": f"{draft} kernels={draft_kernels}"}
         accelerator.unwrap_model(head).save(out / "threshold_head.safetensors", meta)
     return summary
@@ -231,27 +217,3 @@ def constant_baseline(train_labels: torch.Tensor, val_labels: torch.Tensor, reje
     p = min(max(mean / (mean + reject_weight * (1 - mean)), 1e-6), 1 - 1e-6)
     logits = torch.full_like(val_labels, math.log(p / (1 - p)))
     return float(acceptance_loss(logits, val_labels, reject_weight)[0])
-
-
-def plot_losses(history: dict[str, list[list[float]]], path: Path) -> None:
-    """Training loss per step (and its running mean) and validation loss per epoch, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps, losses = np.array(history["train"]).T if history["train"] else (np.array([]), np.array([]))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(steps, losses, alpha=0.3, label="train (step)")
-    if len(losses) >= 10:
-        window = max(1, len(losses) // 20)
-        ax.plot(steps[window - 1 :], np.convolve(losses, np.ones(window) / window, "valid"), label="train (mean)")
-    if history["val"]:
-        ax.plot(*np.array(history["val"]).T, "o-", label="validation")
-    ax.set_xlabel("step")
-    ax.set_ylabel("weighted soft BCE")
-    ax.set_title("SpecDec++ acceptance head")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -221,13 +221,13 @@ def test_train_command_recipe_matches_the_training_function():
     from decodekit.cli import TRAIN_RECIPES, train_recipe
 
     assert train_recipe(["recipe=threshold_head", "epochs=2"]) == ("threshold_head", ["epochs=2"])
-    with pytest.raises(ConfigError, match="one of threshold_head"):
+    with pytest.raises(ConfigError, match="one of dlm_adapter, threshold_head"):
         train_recipe(["recipe=nope"])
-    with initialize_config_dir(config_dir=str(TRAIN_RECIPES), version_base="1.3"):
-        cfg = compose("threshold_head", overrides=["labels=sampled"])
-    parameters = inspect.signature(get_method(cfg._target_)).parameters
-    assert set(cfg) - {"_target_"} <= set(parameters) and "out_dir" in parameters
-    assert cfg.labels == "sampled"
+    for recipe in sorted(p.stem for p in TRAIN_RECIPES.glob("*.yaml")):  # every recipe's keys are its function's
+        with initialize_config_dir(config_dir=str(TRAIN_RECIPES), version_base="1.3"):
+            cfg = compose(recipe, overrides=["seed=1"])
+        parameters = inspect.signature(get_method(cfg._target_)).parameters
+        assert set(cfg) - {"_target_"} <= set(parameters) and "out_dir" in parameters and cfg.seed == 1
 
 
 @pytest.mark.slow

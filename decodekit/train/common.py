@@ -1,0 +1,64 @@
+"""What the training recipes share: checkpoints (accelerate state, keep the last two, resume) and the loss plot."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class Checkpoints:
+    """``<out>/checkpoints/step_*``: accelerate's full state plus the loss history, the last two kept.
+
+    Args:
+        accelerator: the run's :class:`accelerate.Accelerator` (its prepared model, optimizer and schedule are saved).
+        out: the run directory.
+    """
+
+    def __init__(self, accelerator: Any, out: Path) -> None:
+        self.accelerator, self.dir = accelerator, Path(out) / "checkpoints"
+
+    def resume(self) -> tuple[int, dict[str, list[list[float]]]] | None:
+        """Load the last checkpoint; its step and loss history (None: there is none)."""
+        last = sorted(self.dir.glob("step_*"))
+        if not last:
+            return None
+        self.accelerator.load_state(str(last[-1]))
+        return int(last[-1].name.split("_")[1]), json.loads((last[-1] / "history.json").read_text())
+
+    def save(self, step: int, history: dict[str, list[list[float]]]) -> None:
+        path = self.dir / f"step_{step:07d}"
+        if path.exists():
+            return
+        self.accelerator.save_state(str(path))
+        if self.accelerator.is_main_process:
+            (path / "history.json").write_text(json.dumps(history))
+            for old in sorted(self.dir.glob("step_*"))[:-2]:
+                shutil.rmtree(old)
+
+
+def plot_losses(history: dict[str, list[list[float]]], path: Path, title: str, ylabel: str) -> None:
+    """Training loss per step (and its running mean) and validation loss, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, losses = np.array(history["train"]).T if history["train"] else (np.array([]), np.array([]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(steps, losses, alpha=0.3, label="train (step)")
+    if len(losses) >= 10:
+        window = max(1, len(losses) // 20)
+        ax.plot(steps[window - 1 :], np.convolve(losses, np.ones(window) / window, "valid"), label="train (mean)")
+    if history["val"]:
+        ax.plot(*np.array(history["val"]).T, "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,244 @@
+"""Adapt SmolLM2 into a masked diffusion LM with a LoRA adapter (``python -m decodekit train recipe=dlm_adapter``,
+docs/training.md): the zoo's ``smollm2-135m-dlm`` (:func:`decodekit.dlm.load_model`).
+
+AR initialisation with shifted logits (Dream, Fast-dLLM v2): the causal model's output at position ``j - 1``
+predicts slot ``j``, now under bidirectional attention over a partly masked sequence. The loss is the masked
+diffusion ELBO (LLaDA's ``GUIDELINES.md``): per sequence ``t ~ U(0, 1)``, ``p = (1 - eps) t + eps``, each token but
+the first masked with probability ``p``, cross-entropy on the masked tokens weighted by ``1 / p``, summed and divided
+by the number of tokens. Only the adapter trains (peft LoRA on every attention and MLP projection); the mask token is
+a special token SmolLM2 never emits in chat (``<empty_output>``, id 16).
+
+Data: source files of the Python standard library's own test suite (``Lib/test``) and the ``pydoc_data`` topics,
+tokenized, cut into ``seq_len`` chunks; neither is a benchmark prompt source (the ``stdlib`` task mines ``Lib``
+outside ``test`` and ``pydoc_data``; HumanEval and MT-Bench are not read). A few files are held out for validation.
+
+Writes to ``out_dir``: ``checkpoints/step_*`` (accelerate state; ``resume=true`` continues), ``history.json``,
+``summary.json``, ``loss.png`` and ``smollm2-135m-dlm.safetensors`` (the adapter, with its recipe and numbers in the
+safetensors metadata); copy that file to ``decodekit/weights/`` to ship it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from decodekit.checks import check_bool, check_float, check_int
+from decodekit.errors import ConfigError
+from decodekit.train.common import Checkpoints, plot_losses
+
+DATA_SOURCE = "Python standard library test-suite source (Lib/test/**/*.py) and pydoc_data topics"
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def corpus_texts(seed: int = 0) -> list[str]:
+    """The training texts: every ``Lib/test`` source file and each ``pydoc_data`` topic, in a seeded order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts = []
+    for path in sorted((root / "test").rglob("*.py")):
+        try:
+            texts.append(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            continue
+    try:
+        from pydoc_data.topics import topics
+
+        texts += [topics[k] for k in sorted(topics)]
+    except ImportError:
+        pass
+    if not texts:
+        raise ConfigError(
+            f"no training text: this Python has neither {root / 'test'} nor pydoc_data (some distributions strip "
+            "them; install the full standard library, e.g. the python3-test package)"
+        )
+    random.Random(seed).shuffle(texts)
+    return texts
+
+
+def token_chunks(tokenizer: Any, texts: list[str], seq_len: int, max_chunks: int, eos: int) -> torch.Tensor:
+    """``[N, seq_len]`` long: the texts tokenized, joined by ``eos``, cut into chunks (``N <= max_chunks``)."""
+    ids: list[int] = []
+    need = max_chunks * seq_len
+    for text in texts:
+        ids += tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+        if len(ids) >= need:
+            break
+    n = min(len(ids) // seq_len, max_chunks)
+    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
+
+
+def masked_diffusion_loss(
+    model: torch.nn.Module, tokens: torch.Tensor, mask_token_id: int, generator: torch.Generator, eps: float = 1e-3
+) -> torch.Tensor:
+    """The shifted masked-diffusion ELBO of ``tokens [B, L]`` (see the module docstring): a scalar.
+
+    The first token is never masked (no position predicts it); slot ``j``'s logits are the output at ``j - 1``;
+    attention is bidirectional (an all-True 4-D mask)."""
+    batch, length = tokens.shape
+    t = torch.rand(batch, 1, generator=generator, device=tokens.device)
+    p = (1 - eps) * t + eps
+    masked = torch.rand(batch, length, generator=generator, device=tokens.device) < p
+    masked[:, 0] = False
+    inputs = tokens.masked_fill(masked, mask_token_id)
+    full = torch.ones(batch, 1, length, length, dtype=torch.bool, device=tokens.device)
+    logits = model(input_ids=inputs, attention_mask=full).logits[:, :-1].float()
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+    return (ce * masked[:, 1:] / p).sum() / (batch * length)
+
+
+def train(
+    out_dir: str | Path,
+    *,
+    base: str = "smollm2-135m-instruct",
+    mask_token_id: int = 16,
+    seq_len: int = 128,
+    train_chunks: int = 8192,
+    val_chunks: int = 32,
+    batch_size: int = 8,
+    max_steps: int | None = None,
+    rank: int = 16,
+    alpha: float = 32.0,
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    warmup: float = 0.03,
+    save_every: int = 200,
+    eval_every: int = 200,
+    resume: bool = False,
+    threads: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train the adapter; returns the summary numbers (also in ``summary.json``).
+
+    Args:
+        out_dir: where everything is written.
+        base: the zoo model to adapt.
+        mask_token_id: the token used as the mask (must be one the model does not otherwise need).
+        seq_len, train_chunks, val_chunks: chunk length and how many training / validation chunks to cut.
+        batch_size: chunks per step. max_steps: stop after this many steps (None: one pass over the chunks).
+        rank, alpha: LoRA rank and scale. lr, weight_decay, warmup: AdamW, linear warm-up then cosine decay.
+        save_every, eval_every: steps between checkpoints / validation losses; resume: continue the last checkpoint.
+        threads: ``torch.set_num_threads`` (None = torch's default).
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    import decodekit as dk
+
+    recipe = {k: v for k, v in locals().items() if isinstance(v, (str, int, float, bool, type(None)))}
+    recipe.pop("out_dir", None)
+    for name, value in (
+        ("seq_len", seq_len),
+        ("train_chunks", train_chunks),
+        ("val_chunks", val_chunks),
+        ("batch_size", batch_size),
+        ("rank", rank),
+        ("save_every", save_every),
+        ("eval_every", eval_every),
+    ):
+        check_int(name, value, low=1)
+    check_int("max_steps", max_steps, low=1, optional=True)
+    check_int("threads", threads, low=1, optional=True)
+    check_float("lr", lr, low=0.0, low_open=True)
+    check_bool("resume", resume)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    set_seed(seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lm = dk.load_model(base)
+    tokenizer, hf = lm.tokenizer, lm.hf
+    check_int("mask_token_id", mask_token_id, low=0, high=lm.vocab_size - 1)
+    texts = corpus_texts(seed)
+    held = max(1, len(texts) // 50)  # whole files held out for validation
+    val = token_chunks(tokenizer, texts[:held], seq_len, val_chunks, lm.eos_token_ids[0])
+    data = token_chunks(tokenizer, texts[held:], seq_len, train_chunks, lm.eos_token_ids[0])
+    if len(data) < batch_size or len(val) == 0:
+        raise ConfigError(f"too little text: {len(data)} training and {len(val)} validation chunks")
+
+    model = get_peft_model(hf.train(), LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(TARGET_MODULES)))
+    accelerator = Accelerator()
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=batch_size, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(seed)
+    )
+    total = min(len(loader), max_steps or len(loader))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+    warm = max(1, round(warmup * total))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))
+    )
+    model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
+    checkpoints = Checkpoints(accelerator, out)
+    step, history = (checkpoints.resume() if resume else None) or (0, {"train": [], "val": []})
+    noise = torch.Generator(accelerator.device).manual_seed(seed + step)
+
+    def validate() -> float:
+        model.eval()
+        fixed = torch.Generator(accelerator.device).manual_seed(1234)  # the same masks at every evaluation
+        with torch.no_grad():
+            losses = [
+                float(masked_diffusion_loss(model, chunk.to(accelerator.device), mask_token_id, fixed))
+                for chunk in val.split(batch_size)
+            ]
+        model.train()
+        return sum(losses) / len(losses)
+
+    if not history["val"]:
+        history["val"].append([0, validate()])
+    start = time.perf_counter()
+    bar = tqdm(total=total, initial=step, desc="training DLM adapter", unit="step", disable=not progress)
+    for batch in accelerator.skip_first_batches(loader, step) if step else loader:
+        if step >= total:
+            break
+        loss = masked_diffusion_loss(model, batch, mask_token_id, noise)
+        accelerator.backward(loss)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        step += 1
+        history["train"].append([step, float(loss.detach())])
+        bar.update(1)
+        bar.set_postfix(loss=f"{history['train'][-1][1]:.3f}")
+        if step % eval_every == 0 or step == total:
+            history["val"].append([step, validate()])
+        if step % save_every == 0:
+            checkpoints.save(step, history)
+    bar.close()
+    checkpoints.save(step, history)
+    recent = [loss for _, loss in history["train"][-50:]]
+    summary = {
+        "data_source": DATA_SOURCE,
+        "train_tokens": step * batch_size * seq_len,
+        "val_tokens": val.numel(),
+        "steps": step,
+        "final_train_loss": sum(recent) / max(len(recent), 1),
+        "initial_val_loss": history["val"][0][1],
+        "final_val_loss": history["val"][-1][1],
+        "training_time_s": round(time.perf_counter() - start, 1),
+        "base": base,
+        "mask_token_id": mask_token_id,
+        "shift_logits": True,
+        "lora_rank": rank,
+        "lora_alpha": alpha,
+    }
+    if accelerator.is_main_process:
+        (out / "history.json").write_text(json.dumps(history))
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        plot_losses(history, out / "loss.png", "SmolLM2 masked-diffusion adapter", "1/t-weighted masked CE")
+        from safetensors.torch import save_file
+
+        weights = {
+            k: v.detach().to(torch.float16).contiguous()
+            for k, v in get_peft_model_state_dict(accelerator.unwrap_model(model)).items()
+        }
+        meta = {"summary": json.dumps(summary), "recipe": json.dumps(recipe)}
+        save_file(weights, str(out / "smollm2-135m-dlm.safetensors"), metadata=meta)
+    return summary

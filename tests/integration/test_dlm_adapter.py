@@ -1,0 +1,62 @@
+"""The zoo diffusion LM's training recipe on the real SmolLM2: a smoke run (loss down, files, resume) and loading."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.dlm import zoo
+from decodekit.errors import ModelNotFoundError
+from decodekit.train.dlm_adapter import corpus_texts, masked_diffusion_loss, train
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_corpus_is_not_a_benchmark_source():
+    from decodekit.bench.stdlib_prompts import _SKIP_DIRS
+
+    assert {"test", "pydoc_data"} <= _SKIP_DIRS  # the stdlib task never mines these
+    assert len(corpus_texts()) > 100
+
+
+def test_smoke_run_lowers_the_loss_resumes_and_loads(tmp_path, monkeypatch):
+    small = dict(
+        seq_len=32, train_chunks=64, val_chunks=4, batch_size=4, eval_every=4, save_every=4, lr=3e-3, progress=False
+    )
+    summary = train(tmp_path, max_steps=8, **small)
+    assert summary["steps"] == 8 and summary["train_tokens"] == 8 * 4 * 32
+    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    for name in ("smollm2-135m-dlm.safetensors", "loss.png", "summary.json", "history.json"):
+        assert (tmp_path / name).is_file()
+    resumed = train(tmp_path, max_steps=12, resume=True, **small)
+    assert resumed["steps"] == 12 and len(json.loads((tmp_path / "history.json").read_text())["train"]) == 12
+
+    monkeypatch.setattr(zoo, "weights_path", lambda entry: tmp_path / entry.weights)
+    m = dk.dlm.load_model("smollm2-135m-dlm")
+    assert m.mask_token_id == 16 and m.shift_logits
+    out = dk.dlm.generate(m, ["def add(a, b):"], gen_length=8, block_length=4, steps=4)
+    assert len(out.sequences[0]) == 8 and 16 not in out.sequences[0]
+
+
+def test_missing_adapter_says_how_to_train_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(zoo, "weights_path", lambda entry: tmp_path / "absent.safetensors")
+    with pytest.raises(ModelNotFoundError, match="recipe=dlm_adapter"):
+        dk.dlm.load_model("smollm2-135m-dlm")
+
+
+def test_loss_masks_never_the_first_token():
+    class Echo(torch.nn.Module):  # logits that put all mass on the true next token: zero loss wherever masked
+        def __init__(self, tokens):
+            super().__init__()
+            self.tokens = tokens
+
+        def forward(self, input_ids, attention_mask):
+            nxt = torch.nn.functional.one_hot(torch.roll(self.tokens, -1, 1), 50).float() * 100
+            return type("Out", (), {"logits": nxt})()
+
+    tokens = torch.randint(0, 49, (4, 16))
+    loss = masked_diffusion_loss(Echo(tokens), tokens, 49, torch.Generator().manual_seed(0))
+    assert float(loss) == pytest.approx(0.0, abs=1e-6)
