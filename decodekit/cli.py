@@ -1,5 +1,6 @@
 """Command line: ``python -m decodekit bench [hydra overrides]`` (see ``decodekit/recipes/bench.yaml``),
-``python -m decodekit train recipe=<name> [hydra overrides]`` (``decodekit/recipes/train/<name>.yaml``);
+``python -m decodekit train recipe=<name> [hydra overrides]`` (``decodekit/recipes/train/<name>.yaml``),
+``python -m decodekit dlm-bench [hydra overrides]`` (``decodekit/recipes/dlm_bench.yaml``);
 ``python -m decodekit --help`` lists the commands."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from decodekit.checks import check_bool, check_int
 from decodekit.errors import ConfigError, ConfigTypeError, DecodeKitError, MissingDependencyError
 
 RECIPES = Path(__file__).parent / "recipes"
-COMMANDS = {"bench": "bench", "train": "train"}
+COMMANDS = {"bench": "bench", "train": "train", "dlm-bench": "dlm_bench"}
 TRAIN_RECIPES = RECIPES / "train"
 
 
@@ -219,6 +220,9 @@ commands:
                 python -m decodekit train recipe=threshold_head labels=sampled hydra.run.dir=results/my_head
                 python -m decodekit train recipe=threshold_head resume=true   (continue the last run)
 
+  dlm-bench  benchmark diffusion-LM samplers and caches against the base sampler (Hydra key=value overrides)
+           e.g. python -m decodekit dlm-bench gen_lengths=[128,256] num_prompts=8
+
 python -m decodekit <command> --help lists a command's config groups and options."""
 
 APP_NAME = "decodekit"
@@ -234,6 +238,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     if argv[0] == "train":
         train_main(argv[1:])
+        return
+    if argv[0] == "dlm-bench":
+        dlm_bench_main(argv[1:])
         return
     import hydra
     from hydra.core.hydra_config import HydraConfig
@@ -307,6 +314,23 @@ def train_main(args: list[str]) -> None:
         overrides = [*overrides, f"hydra.job.name={APP_NAME}"]
     sys.argv = [f"{sys.argv[0]} train recipe={name}", *overrides]
     _train()
+
+
+def dlm_bench_main(args: list[str]) -> None:
+    """``python -m decodekit dlm-bench [overrides]``: the diffusion-LM benchmark (``recipes/dlm_bench.yaml``)."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    @hydra.main(version_base="1.3", config_path=str(RECIPES), config_name="dlm_bench")
+    def _dlm_bench(cfg: Any) -> None:
+        out_dir = Path(HydraConfig.get().runtime.output_dir)
+        print(_or_exit(lambda: run_train(cfg, out_dir)))
+        print(f"results: {out_dir}/results.json, results.md")
+
+    if not any(arg.startswith("hydra.job.name=") for arg in args):
+        args = [*args, f"hydra.job.name={APP_NAME}"]
+    sys.argv = [f"{sys.argv[0]} dlm-bench", *args]
+    _dlm_bench()
 
 
 def _or_exit(call: Callable[[], Any]) -> Any:

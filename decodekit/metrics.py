@@ -154,10 +154,13 @@ class DLMStats:
         row_nfe: per row, the forwards in which it still had masked slots in its block.
         tokens: generated tokens (rows times ``gen_length``).
         block_steps: per block, the steps it took (the batch's).
+        cache_forwards: forwards a cache strategy ran besides the steps' own (the block-causal cache stores each
+            finished block once; not in ``nfe``).
         wall_time_s: wall time of the call.
     """
 
     nfe: int = 0
+    cache_forwards: int = 0
     row_nfe: list[int] = field(default_factory=list)
     tokens: int = 0
     block_steps: list[int] = field(default_factory=list)

@@ -101,14 +101,17 @@ def generate(
     check_instance("rule", rule, UnmaskRule, what="an unmasking rule with select(state, proposal, eligible)")
     cache = Recompute() if cache is None else cache
     check_instance("cache", cache, DLMCache, what="a cache strategy with logits(dlm, state)")
-    if cfg_scale and not isinstance(cache, Recompute):
+    if cfg_scale and (not isinstance(cache, Recompute) or cache.block_causal):
         raise ConfigError("classifier-free guidance runs with cache=None only (a cache strategy keeps one batch's K/V)")
     _check_context(dlm, rows, gen_length)
     seed = check_seed(seed, len(rows))
     state = DLMState.from_prompts(
         rows, gen_length, dlm.mask_token_id, steps, make_generator(seed, dlm.device), dlm.device
     )
+    state.block_length = block_length
     stats = DLMStats(row_nfe=state.row_steps, tokens=len(rows) * gen_length)
+    if hasattr(cache, "begin"):
+        cache.begin(state)
     for b in tqdm(range(num_blocks), desc="blocks", disable=not progress):
         state.block, state.block_steps, state.step = (b * block_length, (b + 1) * block_length), steps // num_blocks, 0
         if hasattr(rule, "begin_block"):
@@ -117,6 +120,7 @@ def generate(
         stats.block_steps.append(steps_taken)
         stats.nfe += steps_taken
     tokens = state.tokens.tolist()
+    stats.cache_forwards = getattr(cache, "forwards", 0)
     stats.wall_time_s = time.perf_counter() - start
     return DLMOutput(tokens, stats)
 

@@ -9,7 +9,7 @@ import torch
 from decodekit.cache import KVCache
 from decodekit.checks import check_bool, check_int
 from decodekit.errors import ConfigError, UnsupportedModelError
-from decodekit.masks import bidirectional_mask, staged_layout
+from decodekit.masks import bidirectional_mask, block_causal_mask, staged_layout
 from decodekit.models.base import LanguageModel
 
 
@@ -55,15 +55,24 @@ class DLMModel:
 
     @torch.no_grad()
     def forward(
-        self, canvas: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, width: int
+        self,
+        canvas: torch.Tensor,
+        lengths: torch.Tensor,
+        starts: torch.Tensor,
+        width: int,
+        block_causal: int | None = None,
     ) -> tuple[torch.Tensor, KVCache]:
-        """Run the whole canvas bidirectionally; return the generation region's logits and the staged cache.
+        """Run the whole canvas bidirectionally (or block-causally); return the generation region's logits and the
+        staged cache.
 
         Args:
             canvas: ``[B, T]`` token ids, row ``b`` real in ``[0, lengths[b])``.
             lengths: ``[B]`` real tokens per row (prompt + generation region).
             starts: ``[B]`` where each row's generation region starts (its prompt length).
             width: ``G``, the generation region's length.
+            block_causal: a block length: attention bidirectional within a block and causal across blocks, the
+                blocks counted from each row's generation start (:func:`~decodekit.masks.block_causal_mask`);
+                None = bidirectional over the whole canvas.
 
         Returns:
             ``[B, G, V]`` float32: for slot ``j`` of row ``b`` the logits at canvas position ``starts[b] + j``
@@ -75,7 +84,10 @@ class DLMModel:
         cache.set_host_lengths([0] * batch)
         kv_len = cache.stage(total)
         keys = staged_layout(torch.zeros_like(lengths), total, kv_len, counts=lengths)
-        mask, positions = bidirectional_mask(keys)
+        if block_causal is None:
+            mask, positions = bidirectional_mask(keys)
+        else:
+            mask, positions = block_causal_mask(keys, block_causal, origin=starts)
         at = starts[:, None] + torch.arange(width, device=canvas.device) - int(self.shift_logits)
         return self.lm.forward(canvas, positions, mask, cache, logits_at=at).logits.float(), cache
 

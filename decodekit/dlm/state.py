@@ -25,6 +25,7 @@ class DLMState:
         gen_length: ``G``.
         mask_token_id: the mask id.
         block: ``(start, end)`` of the current block in slot coordinates (the same for every row).
+        block_length: the length of every block.
         block_steps: the current block's step budget (``steps / number of blocks``; schedules spread commits over
             it; rules that stop on their own may use fewer steps, never more than the block's slots).
         step: steps taken in the current block.
@@ -42,6 +43,7 @@ class DLMState:
     total_steps: int
     generator: Generator = None
     block: tuple[int, int] = (0, 0)
+    block_length: int = 0
     block_steps: int = 0
     step: int = 0
     global_step: int = 0

@@ -1,13 +1,24 @@
-"""What the training recipes share: checkpoints (accelerate state, keep the last two, resume) and the loss plot."""
+"""What the training recipes share: the learning-rate schedule, checkpoints (accelerate state, keep the last two,
+resume) and the loss plot."""
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+
+
+def warmup_cosine(optimizer: torch.optim.Optimizer, total: int, warmup: float) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over the first ``warmup`` fraction of ``total`` steps, then cosine decay to 0."""
+    warm = max(1, round(warmup * total))
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))
+    )
 
 
 class Checkpoints:

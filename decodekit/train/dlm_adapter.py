@@ -20,7 +20,6 @@ safetensors metadata); copy that file to ``decodekit/weights/`` to ship it.
 from __future__ import annotations
 
 import json
-import math
 import random
 import sysconfig
 import time
@@ -32,7 +31,7 @@ from tqdm.auto import tqdm
 
 from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
-from decodekit.train.common import Checkpoints, plot_losses
+from decodekit.train.common import Checkpoints, plot_losses, warmup_cosine
 
 DATA_SOURCE = "Python standard library test-suite source (Lib/test/**/*.py) and pydoc_data topics"
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -171,10 +170,7 @@ def train(
     )
     total = min(len(loader), max_steps or len(loader))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
-    warm = max(1, round(warmup * total))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))
-    )
+    schedule = warmup_cosine(optimizer, total, warmup)
     model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
     checkpoints = Checkpoints(accelerator, out)
     step, history = (checkpoints.resume() if resume else None) or (0, {"train": [], "val": []})

@@ -26,7 +26,7 @@ from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.threshold_head import AcceptanceHead
 from decodekit.train.acceptance_data import DATA_SOURCE, generate_dataset, pydoc_prompts
-from decodekit.train.common import Checkpoints, plot_losses
+from decodekit.train.common import Checkpoints, plot_losses, warmup_cosine
 
 LABELS = ("greedy", "sampled", "both")
 
@@ -146,10 +146,7 @@ def train(
     head = AcceptanceHead(hidden.shape[1], blocks)
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     total = epochs * len(loader)
-    warm = max(1, round(warmup * total))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))
-    )
+    schedule = warmup_cosine(optimizer, total, warmup)
     head, optimizer, loader, schedule = accelerator.prepare(head, optimizer, loader, schedule)
     checkpoints = Checkpoints(accelerator, out)
     step, history = (checkpoints.resume() if resume else None) or (0, {"train": [], "val": []})

@@ -60,3 +60,18 @@ def test_loss_masks_never_the_first_token():
     tokens = torch.randint(0, 49, (4, 16))
     loss = masked_diffusion_loss(Echo(tokens), tokens, 49, torch.Generator().manual_seed(0))
     assert float(loss) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_dlm_bench_reports_speed_next_to_quality(tmp_path):
+    """The benchmark on the real model (an untrained wrapping of SmolLM2 stands in for the adapter): every method's
+    row, the base sampler agreeing with itself, a threshold rule taking fewer forwards."""
+    from decodekit.dlm.bench import run
+
+    m = dk.dlm.load_model("smollm2-135m-instruct", mask_token_id=16, shift_logits=True)
+    methods = {"threshold": {"rule": dk.dlm.ThresholdRule(0.0), "cache": dk.dlm.DualCache()}}
+    table = run(tmp_path, model=m, num_prompts=1, gen_lengths=[8], block_length=4, methods=methods, progress=False)
+    rows = {r["method"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+    assert rows["base"]["agreement"] == 1.0 and rows["base"]["nfe"] == 8 and rows["base"]["speedup"] == 1.0
+    assert rows["threshold"]["nfe"] == 2 and rows["threshold"]["tokens_per_forward"] == 4.0
+    assert rows["base"]["ar_nll"] > 0 and rows["base"]["parses"] in (0.0, 1.0)
+    assert "| threshold |" in table and (tmp_path / "results.md").read_text() == table

@@ -10,15 +10,25 @@ from decodekit.dlm.state import DLMState
 from decodekit.registry import register
 
 
-def full_forward(dlm: DLMModel, state: DLMState) -> tuple[torch.Tensor, KVCache]:
-    """The whole canvas, bidirectional: ``[B, G, V]`` logits and the staged cache (:meth:`DLMModel.forward`)."""
-    return dlm.forward(state.canvas, state.lengths, state.starts, state.gen_length)
+def full_forward(dlm: DLMModel, state: DLMState, block_causal: bool = False) -> tuple[torch.Tensor, KVCache]:
+    """The whole canvas, bidirectional (or block-causal over the call's blocks): ``[B, G, V]`` logits and the
+    staged cache (:meth:`DLMModel.forward`)."""
+    blocks = state.block_length if block_causal else None
+    return dlm.forward(state.canvas, state.lengths, state.starts, state.gen_length, block_causal=blocks)
 
 
 @register("dlm_cache", "recompute")
 class Recompute:
-    """No cache: every step recomputes the whole canvas (LLaDA's reference; exact). ``cache=None`` is this."""
+    """No cache: every step recomputes the whole canvas (LLaDA's reference; exact). ``cache=None`` is this.
+
+    Args:
+        block_causal: attend block-causally (bidirectional within a block, causal across the call's blocks: block
+            diffusion models); the reference that :class:`~decodekit.dlm.caches.BlockCausalCache` equals exactly.
+    """
+
+    def __init__(self, block_causal: bool = False) -> None:
+        self.block_causal = bool(block_causal)
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
         """``[B, G, V]`` float32 logits of the generation region for this step."""
-        return full_forward(dlm, state)[0]
+        return full_forward(dlm, state, self.block_causal)[0]
