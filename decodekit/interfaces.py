@@ -32,6 +32,8 @@ from decodekit.state import DecodeState
 from decodekit.types import SamplingParams, Verdict
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from decodekit.cache import KVCache
     from decodekit.dlm.model import DLMModel
     from decodekit.dlm.state import DLMState, Proposal
@@ -91,18 +93,37 @@ class UnmaskRule(Protocol):
 
     def select(self, state: DLMState, proposal: Proposal, eligible: torch.Tensor) -> torch.Tensor:
         """``[B, G]`` bool: the slots to commit with ``proposal.tokens``. ``eligible [B, G]``: the masked slots of
-        the current block; a rule may commit other masked slots too (Prophet fills them all), and must commit at
-        least one slot of every row that has an eligible one (the loop checks)."""
+        the current block; a rule may commit other masked slots too (Prophet fills them all; EoTStop fills the tail
+        after an end-of-text token, replacing those slots' ``proposal.tokens``), and must commit at least one slot of
+        every row that has an eligible one (the loop checks)."""
         ...
 
 
 @runtime_checkable
 class DLMCache(Protocol):
-    """How a diffusion sampler's step gets its logits: recompute, or reuse K/V kept from an earlier forward."""
+    """How a diffusion sampler's step gets its logits: recompute, or reuse K/V kept from an earlier forward.
+    Optional: ``begin(state)``, called when a :func:`decodekit.dlm.generate` call starts (drop an earlier call's
+    K/V)."""
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
         """``[B, G, V]`` float32 logits of the generation region for this step (``state.step == 0``: a block's
         first step). Slots a strategy does not recompute may hold anything: they are committed."""
+        ...
+
+
+@runtime_checkable
+class RegionSchedule(Protocol):
+    """Which slots of a diffusion LM's canvas a step may commit, and when a block ends (:func:`decodekit.dlm.generate`).
+    ``fixed_blocks``: whether every row is in the same block ``state.block`` (the K/V-keeping caches need it)."""
+
+    def rounds(self, dlm: DLMModel, state: DLMState) -> Iterator[None]:
+        """Prepare each block (``state.block`` or ``state.region``, ``block_steps``, ``step = 0``) and yield; the
+        loop then steps until no slot of ``state.in_block`` is masked."""
+        ...
+
+    def region(self, state: DLMState, proposal: Proposal) -> torch.Tensor:
+        """``[G]`` or ``[B, G]`` bool, called every step after the proposals: the slots this step may commit (the
+        masked ones among them are the rule's ``eligible``)."""
         ...
 
 

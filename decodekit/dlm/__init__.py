@@ -5,20 +5,26 @@ out = dk.dlm.generate(m, prompts, gen_length=128, block_length=32, steps=128)
 out.sequences, out.stats.nfe, out.stats.tokens_per_forward
 """
 
-from decodekit.dlm.caches import BlockCausalCache, DualCache, PrefixCache, Recompute
+from decodekit.dlm.caches import BlockCausalCache, DKVCache, DualCache, PrefixCache, Recompute
 from decodekit.dlm.generate import DLMOutput, generate
 from decodekit.dlm.model import DLMModel, load_model
-from decodekit.dlm.rules import FactorRule, LLaDARule, LocalLeapRule, ProphetRule, ThresholdRule
+from decodekit.dlm.rules import EoTStop, FactorRule, LLaDARule, LocalLeapRule, ProphetRule, ThresholdRule
+from decodekit.dlm.schedules import AdaBlock, DeferredWindow, FixedBlocks
 from decodekit.dlm.state import DLMState, Proposal, propose
 
 __all__ = [
+    "AdaBlock",
+    "DeferredWindow",
+    "FixedBlocks",
     "BlockCausalCache",
+    "DKVCache",
     "DLMModel",
     "DualCache",
     "PrefixCache",
     "Recompute",
     "DLMOutput",
     "DLMState",
+    "EoTStop",
     "FactorRule",
     "LLaDARule",
     "LocalLeapRule",

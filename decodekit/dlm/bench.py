@@ -7,11 +7,17 @@ alike. Reported per method:
 
 * ``nfe`` (forwards per prompt), ``tokens_per_forward``, wall time and ``speedup`` (the base's wall time over the
   method's, summed over the prompts);
-* ``agreement``: the fraction of generated tokens equal to the base sampler's at the same slot;
+* ``agreement``: the fraction of generated tokens equal to the base sampler's at the same slot; ``vs_uncached``: for
+  a method with a cache strategy and ``uncached: <method>`` in its spec, the same fraction against that method (the
+  same rule without the cache): what the cache alone changes;
 * ``ar_nll``: the mean negative log-likelihood per generated token under the autoregressive base model (the
   zoo's SmolLM2), a perplexity proxy for fluency: lower is better, compare with the base sampler's row;
 * ``parses``: for code prompts, the fraction whose prompt + completion, cut after its last complete line, is valid
   Python (``ast.parse``).
+
+A second table runs the synthetic tasks of :mod:`decodekit.dlm.synthetic` (copy, reverse, sort, join words), where
+parallel commits are known to break, for the same methods and for the autoregressive scorer (greedy; the reference
+the adapted model started from): accuracy per task and forwards per item.
 """
 
 from __future__ import annotations
@@ -26,7 +32,18 @@ from tqdm.auto import tqdm
 
 from decodekit.checks import check_int
 
-COLUMNS = ("method", "steps", "nfe", "tokens_per_forward", "wall_s", "speedup", "agreement", "ar_nll", "parses")
+COLUMNS = (
+    "method",
+    "steps",
+    "nfe",
+    "tokens_per_forward",
+    "wall_s",
+    "speedup",
+    "agreement",
+    "vs_uncached",
+    "ar_nll",
+    "parses",
+)
 
 
 def run(
@@ -41,6 +58,8 @@ def run(
     block_length: int = 32,
     methods: dict[str, dict[str, Any]] | None = None,
     seed: int = 0,
+    synthetic: int = 8,
+    synthetic_length: int = 32,
     progress: bool = True,
 ) -> str:
     """Run the benchmark; write ``results.json`` and ``results.md`` to ``out_dir``; return the markdown.
@@ -49,8 +68,12 @@ def run(
         model: the diffusion LM (:func:`decodekit.dlm.load_model` spec). scorer: the autoregressive model that scores
             the outputs (``ar_nll``). task: a prompt set of :func:`decodekit.bench.tasks.load_task`.
         gen_lengths, block_length: generation lengths to run, and the block length.
-        methods: name -> ``{rule: <dlm_rule object or None>, cache: <dlm_cache object or None>, tokens_per_step:
-            <int, default 1: steps = G / tokens_per_step>}``, already built (the recipe instantiates them).
+        methods: name -> ``{rule: <dlm_rule object or None>, cache: <dlm_cache object or None>, schedule:
+            <dlm_schedule object or None>, tokens_per_step: <int, default 1: steps = G / tokens_per_step>, uncached:
+            <the name of the same method without its cache, for vs_uncached>}``, already built (the recipe
+            instantiates them).
+        synthetic, synthetic_length: items per synthetic task (0 = skip that table) and their generation length
+            (one block).
     """
     import decodekit as dk
     from decodekit.bench.tasks import load_task
@@ -75,6 +98,7 @@ def run(
                     steps=steps[name],
                     rule=spec.get("rule"),
                     cache=spec.get("cache"),
+                    schedule=spec.get("schedule"),
                     seed=[seed],
                 )
                 out = dk.dlm.generate(dlm, [prompt], **kwargs)
@@ -84,11 +108,18 @@ def run(
         bar.close()
         base = runs["base"]
         for name, outs in runs.items():
-            results.append({**_row(name, gen, outs, base, prompts, texts, code, dlm, ar), "steps": steps[name]})
+            row = _row(name, gen, outs, base, prompts, texts, code, dlm, ar)
+            uncached = plan[name].get("uncached")
+            row["vs_uncached"] = _agreement(outs, runs[uncached]) if uncached else None
+            results.append({**row, "steps": steps[name]})
     table = _markdown(results)
+    synth: list[dict[str, Any]] = []
+    if synthetic:
+        synth = run_synthetic(dlm, ar, plan, synthetic, synthetic_length, seed, progress)
+        table += "\n" + _synthetic_markdown(synth)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.json").write_text(json.dumps({"methods": results, "synthetic": synth}, indent=1))
     (out / "results.md").write_text(table)
     return table
 
@@ -96,7 +127,6 @@ def run(
 def _row(name: str, gen: int, outs: list[Any], base: list[Any], prompts, texts, code, dlm, ar) -> dict[str, Any]:
     tokens = [o.sequences[0] for o in outs]
     wall, base_wall = sum(o.stats.wall_time_s for o in outs), sum(o.stats.wall_time_s for o in base)
-    agree = sum(sum(a == b for a, b in zip(t, o.sequences[0])) for t, o in zip(tokens, base))
     parsed = [_parses(text, dlm.tokenizer.decode(t)) for text, t, c in zip(texts, tokens, code) if c]
     return {
         "method": name,
@@ -105,10 +135,65 @@ def _row(name: str, gen: int, outs: list[Any], base: list[Any], prompts, texts, 
         "tokens_per_forward": sum(len(t) for t in tokens) / max(sum(o.stats.nfe for o in outs), 1),
         "wall_s": wall,
         "speedup": base_wall / wall if wall > 0 else None,
-        "agreement": agree / max(sum(len(t) for t in tokens), 1),
+        "agreement": _agreement(outs, base),
         "ar_nll": ar_nll(ar, prompts, tokens),
         "parses": sum(parsed) / len(parsed) if parsed else None,
     }
+
+
+def run_synthetic(
+    dlm: Any, ar: Any, plan: dict[str, dict[str, Any]], count: int, gen: int, seed: int, progress: bool = True
+) -> list[dict[str, Any]]:
+    """Accuracy of every method (and of ``ar``, greedy) on ``count`` items of each synthetic task, one batched call
+    per task and method: ``[{method, task, accuracy, nfe}]`` (``nfe``: forwards per item; ``None`` for ``ar``)."""
+    import decodekit as dk
+    from decodekit.dlm.synthetic import TASKS, correct, make_items
+
+    rows = []
+    bar = tqdm(total=len(TASKS) * (len(plan) + 1), desc=f"dlm-bench synthetic G={gen}", disable=not progress)
+    for task in TASKS:
+        items = make_items(task, count, seed=seed)
+        prompts = [dlm.tokenizer(i.prompt, add_special_tokens=False)["input_ids"] for i in items]
+        for name, spec in plan.items():
+            steps = gen // int(spec.get("tokens_per_step") or 1)
+            out = dk.dlm.generate(
+                dlm, prompts, gen_length=gen, block_length=gen, steps=steps, rule=spec.get("rule"),
+                cache=spec.get("cache"), schedule=spec.get("schedule"), seed=[seed] * len(prompts),
+            )  # fmt: skip
+            texts = [dlm.tokenizer.decode(t) for t in out.sequences]
+            ok = sum(correct(i, t) for i, t in zip(items, texts)) / count
+            rows.append({"method": name, "task": task, "accuracy": ok, "nfe": sum(out.stats.row_nfe) / count})
+            bar.update()
+        plain = dk.generate(ar, prompts, max_new_tokens=gen, temperature=0.0)
+        texts = [ar.tokenizer.decode(t) for t in plain.sequences]
+        ok = sum(correct(i, t) for i, t in zip(items, texts)) / count
+        rows.append({"method": "autoregressive", "task": task, "accuracy": ok, "nfe": None})
+        bar.update()
+    bar.close()
+    return rows
+
+
+def _synthetic_markdown(rows: list[dict[str, Any]]) -> str:
+    from decodekit.dlm.synthetic import TASKS
+
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    cell = {(r["method"], r["task"]): r for r in rows}
+    lines = ["**Synthetic tasks** (accuracy; forwards per item)", ""]
+    lines += ["| method | " + " | ".join(TASKS) + " |", "|---" * (len(TASKS) + 1) + "|"]
+    for m in methods:
+        cells = [cell[m, t] for t in TASKS]
+        lines.append(
+            f"| {m} | "
+            + " | ".join(_fmt(c["accuracy"]) + ("" if c["nfe"] is None else f" ({c['nfe']:.1f})") for c in cells)
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _agreement(outs: list[Any], reference: list[Any]) -> float:
+    """The fraction of generated tokens equal to the reference run's at the same slot (one-row outputs)."""
+    same = sum(sum(a == b for a, b in zip(o.sequences[0], r.sequences[0])) for o, r in zip(outs, reference))
+    return same / max(sum(len(o.sequences[0]) for o in outs), 1)
 
 
 @torch.no_grad()
@@ -154,4 +239,4 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["ar_nll", "run"]
+__all__ = ["ar_nll", "run", "run_synthetic"]

@@ -1,14 +1,15 @@
 """THE diffusion sampling loop: blocks of the generation region, one forward per step, a rule picks the commits.
 
 A call lays the rows out as ``[prompt, G mask ids]`` (:class:`~decodekit.dlm.state.DLMState`) and, block by block
-(semi-autoregressive: the region is cut into ``G / block_length`` blocks decoded left to right), repeats a step
-until the block has no masked slot:
+(the region schedule, :class:`~decodekit.interfaces.RegionSchedule`: by default ``G / block_length`` equal blocks
+left to right, semi-autoregressive), repeats a step until the block has no masked slot:
 
 1. one forward over the canvas (classifier-free guidance: the conditional and the prompt-masked rows in one batch);
    through the cache strategy (:class:`~decodekit.interfaces.DLMCache`: recompute, or reuse kept K/V);
 2. proposals for every slot (:func:`~decodekit.dlm.state.propose`: argmax, or float64 Gumbel-max);
-3. ``rule.select`` picks the slots to commit (:class:`~decodekit.interfaces.UnmaskRule`); committed slots are
-   never masked again.
+3. the schedule names the slots a step may commit (the block; AdaBlock cuts it at the block's first step, DCD slides
+   a window every step); ``rule.select`` picks the slots to commit among them
+   (:class:`~decodekit.interfaces.UnmaskRule`); committed slots are never masked again.
 
 One host read per step (whether the block is done, whether a row stalled). With ``rule=None`` the loop is LLaDA's
 reference sampler (:class:`~decodekit.dlm.rules.LLaDARule`).
@@ -27,9 +28,10 @@ from decodekit.checks import check_float, check_instance, check_int, check_seed
 from decodekit.dlm.caches import Recompute
 from decodekit.dlm.model import DLMModel, load_model
 from decodekit.dlm.rules import LLaDARule
+from decodekit.dlm.schedules import FixedBlocks
 from decodekit.dlm.state import DLMState, propose
 from decodekit.errors import ConfigError, ContextLengthError, NoProgressError
-from decodekit.interfaces import DLMCache, UnmaskRule
+from decodekit.interfaces import DLMCache, RegionSchedule, UnmaskRule
 from decodekit.metrics import DLMStats
 from decodekit.prompts import prompt_ids
 from decodekit.sampling import begin_round, make_generator
@@ -61,6 +63,7 @@ def generate(
     cache: Any = None,
     cfg_scale: float = 0.0,
     seed: Any = None,
+    schedule: Any = None,
     progress: bool = False,
 ) -> DLMOutput:
     """Generate ``gen_length`` tokens per prompt with a masked diffusion LM.
@@ -82,6 +85,8 @@ def generate(
             prompt masked (LLaDA's unsupervised CFG); 0 = off.
         seed: None (torch's global generator), an int (one generator for the batch), or one int per prompt (each
             row's randomness depends only on its own seed, not on its batch mates).
+        schedule: the region schedule (``dk.build("dlm_schedule", "adablock")``, ``"dcd"``;
+            :mod:`decodekit.dlm.schedules`); None = fixed blocks of ``block_length``.
         progress: show a progress bar over blocks.
     """
     start = time.perf_counter()
@@ -101,6 +106,13 @@ def generate(
     check_instance("rule", rule, UnmaskRule, what="an unmasking rule with select(state, proposal, eligible)")
     cache = Recompute() if cache is None else cache
     check_instance("cache", cache, DLMCache, what="a cache strategy with logits(dlm, state)")
+    schedule = FixedBlocks() if schedule is None else schedule
+    check_instance("schedule", schedule, RegionSchedule, what="a region schedule with rounds() and region()")
+    if getattr(cache, "fixed_blocks", False) and not getattr(schedule, "fixed_blocks", False):
+        raise ConfigError(
+            f"{type(cache).__name__} keeps K/V per block, which needs the same blocks in every row; "
+            f"{type(schedule).__name__} gives rows their own: use cache=None or the dkv cache"
+        )
     if cfg_scale and (not isinstance(cache, Recompute) or cache.block_causal):
         raise ConfigError("classifier-free guidance runs with cache=None only (a cache strategy keeps one batch's K/V)")
     _check_context(dlm, rows, gen_length)
@@ -108,15 +120,12 @@ def generate(
     state = DLMState.from_prompts(
         rows, gen_length, dlm.mask_token_id, steps, make_generator(seed, dlm.device), dlm.device
     )
-    state.block_length = block_length
+    state.block_length, state.eos_token_ids = block_length, tuple(getattr(dlm.lm, "eos_token_ids", ()))
     stats = DLMStats(row_nfe=state.row_steps, tokens=len(rows) * gen_length)
-    if hasattr(cache, "begin"):
+    if hasattr(cache, "begin"):  # optional hook: a new call (drop what an earlier call kept)
         cache.begin(state)
-    for b in tqdm(range(num_blocks), desc="blocks", disable=not progress):
-        state.block, state.block_steps, state.step = (b * block_length, (b + 1) * block_length), steps // num_blocks, 0
-        if hasattr(rule, "begin_block"):
-            rule.begin_block(state)
-        steps_taken = _decode_block(dlm, state, rule, cache, temperature, cfg_scale)
+    for _ in tqdm(schedule.rounds(dlm, state), desc="blocks", disable=not progress):
+        steps_taken = _decode_block(dlm, state, rule, schedule, cache, temperature, cfg_scale)
         stats.block_steps.append(steps_taken)
         stats.nfe += steps_taken
     tokens = state.tokens.tolist()
@@ -125,14 +134,18 @@ def generate(
     return DLMOutput(tokens, stats)
 
 
-def _decode_block(dlm: DLMModel, state: DLMState, rule: Any, cache: Any, temperature: float, cfg_scale: float) -> int:
+def _decode_block(
+    dlm: DLMModel, state: DLMState, rule: Any, schedule: Any, cache: Any, temperature: float, cfg_scale: float
+) -> int:
     """Steps until the current block has no masked slot; returns how many were taken."""
     live = (state.masked & state.in_block).any(1).tolist()
     while any(live):
         begin_round(state.generator, state.row_steps)
-        eligible = state.masked & state.in_block
         logits = cache.logits(dlm, state) if cfg_scale == 0 else _guided_logits(dlm, state, cfg_scale)
         proposal = propose(logits, temperature, state)
+        eligible = state.masked & schedule.region(state, proposal)
+        if state.step == 0 and hasattr(rule, "begin_block"):
+            rule.begin_block(state)
         commit = rule.select(state, proposal, eligible) & state.masked
         stalled = eligible.any(1) & ~commit.any(1)
         state.commit(commit, proposal.tokens)

@@ -24,8 +24,11 @@ class DLMState:
         starts: ``[B]`` each row's prompt length ``P_b`` (where its generation region starts).
         gen_length: ``G``.
         mask_token_id: the mask id.
-        block: ``(start, end)`` of the current block in slot coordinates (the same for every row).
-        block_length: the length of every block.
+        block: ``(start, end)`` of the current block in slot coordinates (the same for every row) under the fixed
+            schedule; ``(0, G)`` under an adaptive one (its rows' blocks are in ``region``).
+        block_length: the length of every block (an adaptive schedule's default).
+        region: ``[B, G]`` bool, each row's current block under an adaptive region schedule (AdaBlock, DCD); None
+            under the fixed one.
         block_steps: the current block's step budget (``steps / number of blocks``; schedules spread commits over
             it; rules that stop on their own may use fewer steps, never more than the block's slots).
         step: steps taken in the current block.
@@ -33,6 +36,7 @@ class DLMState:
         row_steps: ``[B]`` host ints: forwards in which each row still had masked slots in its block (its NFE).
         host_starts: ``[B]`` host ints, ``starts`` on the host (caches stage forwards without reading the device).
         generator: the call's randomness (:func:`~decodekit.sampling.make_generator`).
+        eos_token_ids: the model's end-of-sequence ids (:class:`~decodekit.dlm.rules.EoTStop`'s default).
     """
 
     canvas: torch.Tensor
@@ -44,11 +48,13 @@ class DLMState:
     generator: Generator = None
     block: tuple[int, int] = (0, 0)
     block_length: int = 0
+    region: torch.Tensor | None = None
     block_steps: int = 0
     step: int = 0
     global_step: int = 0
     row_steps: list[int] = field(default_factory=list)
     host_starts: list[int] = field(default_factory=list)
+    eos_token_ids: tuple[int, ...] = ()
 
     @classmethod
     def from_prompts(
@@ -96,7 +102,9 @@ class DLMState:
 
     @property
     def in_block(self) -> torch.Tensor:
-        """``[G]`` bool: slots of the current block."""
+        """``[G]`` bool: slots of the current block (``[B, G]``: each row's, under an adaptive schedule)."""
+        if self.region is not None:
+            return self.region
         j = torch.arange(self.gen_length, device=self.device)
         return (j >= self.block[0]) & (j < self.block[1])
 

@@ -64,14 +64,27 @@ def test_loss_masks_never_the_first_token():
 
 def test_dlm_bench_reports_speed_next_to_quality(tmp_path):
     """The benchmark on the real model (an untrained wrapping of SmolLM2 stands in for the adapter): every method's
-    row, the base sampler agreeing with itself, a threshold rule taking fewer forwards."""
+    row, the base sampler agreeing with itself, a threshold rule taking fewer forwards; the synthetic table has every
+    method (and the autoregressive reference) on every task."""
     from decodekit.dlm.bench import run
 
     m = dk.dlm.load_model("smollm2-135m-instruct", mask_token_id=16, shift_logits=True)
-    methods = {"threshold": {"rule": dk.dlm.ThresholdRule(0.0), "cache": dk.dlm.DualCache()}}
-    table = run(tmp_path, model=m, num_prompts=1, gen_lengths=[8], block_length=4, methods=methods, progress=False)
-    rows = {r["method"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+    rule = dk.dlm.ThresholdRule(0.0)
+    methods = {
+        "threshold": {"rule": rule},
+        "dual": {"rule": rule, "cache": dk.dlm.DualCache(), "uncached": "threshold"},
+    }
+    kwargs = dict(num_prompts=1, gen_lengths=[8], block_length=4, synthetic=1, synthetic_length=8, progress=False)
+    table = run(tmp_path, model=m, methods=methods, **kwargs)
+    report = json.loads((tmp_path / "results.json").read_text())
+    rows = {r["method"]: r for r in report["methods"]}
     assert rows["base"]["agreement"] == 1.0 and rows["base"]["nfe"] == 8 and rows["base"]["speedup"] == 1.0
     assert rows["threshold"]["nfe"] == 2 and rows["threshold"]["tokens_per_forward"] == 4.0
+    assert rows["base"]["vs_uncached"] is None and 0.0 <= rows["dual"]["vs_uncached"] <= 1.0
     assert rows["base"]["ar_nll"] > 0 and rows["base"]["parses"] in (0.0, 1.0)
     assert "| threshold |" in table and (tmp_path / "results.md").read_text() == table
+    synthetic = {(r["method"], r["task"]): r for r in report["synthetic"]}
+    assert (
+        len(synthetic) == 4 * 4 and synthetic["base", "sort"]["nfe"] == 8 and synthetic["threshold", "copy"]["nfe"] == 1
+    )
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in synthetic.values()) and "**Synthetic tasks**" in table

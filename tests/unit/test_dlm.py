@@ -220,7 +220,73 @@ def test_cached_step_equals_recompute_while_nothing_changed(hf, name, shift):
     torch.testing.assert_close(again[:, 4:], reference[:, 4:], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["prefix", "dual"])
+@pytest.mark.parametrize("shift", [False, True])
+def test_dkv_feeds_each_token_one_step_after_it_is_decoded(hf, shift):
+    """dKV-Cache-Decode: after the two full steps, a step recomputes exactly the positions undecoded at the previous
+    step's input (plus, shifted, the position before each); with no commit in between its logits equal a recompute."""
+    model = dk.dlm.load_model(hf, mask_token_id=MASK, shift_logits=shift)
+    state = DLMState.from_prompts(PROMPTS, 8, MASK, total_steps=8, generator=None, device="cpu")
+    state.block = (0, 4)
+    cache, fed = dk.build("dlm_cache", "dkv", refresh=100), {}
+    forward = model.lm.forward
+
+    def spy(tokens, positions, *args, **kwargs):
+        fed[state.step] = [sorted(set(row) - {0}) for row in positions.tolist()]  # padding sits at position 0
+        return forward(tokens, positions, *args, **kwargs)
+
+    model.lm.forward = spy
+    try:
+        for step in range(5):
+            state.step = step
+            logits = cache.logits(model, state)
+            if step == 2:  # nothing committed since the full step 1: the cached K/V are current
+                want = dk.dlm.Recompute().logits(model, state)
+                torch.testing.assert_close(logits[:, 1:], want[:, 1:], atol=1e-5, rtol=1e-5)
+            if step in (0, 2):  # commit slot 0 after step 0, slot 1 after step 2
+                state.commit(torch.arange(8)[None, :].expand(3, 8) == step // 2, logits.argmax(-1))
+    finally:
+        model.lm.forward = forward
+    for row, prompt in enumerate(PROMPTS):
+        start, length = len(prompt), len(prompt) + 8
+        assert fed[3][row] == list(range(start + 1 - shift, length))  # slot 1: fed once more after its commit
+        assert fed[4][row] == list(range(start + 2 - shift, length))  # then read from the cache
+
+
+def test_dkv_refreshing_every_step_is_the_uncached_sampler(dlm):
+    """refresh=1: every step runs the whole canvas, so the call is the uncached one token for token; with a longer
+    interval (cached steps) the call still fills every slot."""
+    kwargs = dict(gen_length=8, block_length=4, steps=8, temperature=0.8, seed=[3, 1, 2])
+    exact = dk.dlm.generate(dlm, PROMPTS, cache=dk.dlm.DKVCache(refresh=1), **kwargs)
+    assert exact.sequences == dk.dlm.generate(dlm, PROMPTS, **kwargs).sequences
+    approx = dk.dlm.generate(dlm, PROMPTS, cache=dk.dlm.DKVCache(refresh=3), **kwargs)
+    assert all(MASK not in row for row in approx.sequences)
+
+
+def test_eot_stop_fills_the_tail_after_a_committed_end_of_text(dlm):
+    """EoTStop: a slot committed as end-of-text (this step or earlier) turns every later masked slot into
+    end-of-text at once, in later blocks too, so they cost no forward; slots before it decode as usual."""
+    state = DLMState.from_prompts(PROMPTS[:2], 8, MASK, total_steps=8, generator=None, device="cpu")
+    state.block = (0, 4)
+    state.commit(torch.tensor([[False] * 8, [False, False, False, True] + [False] * 4]), torch.full((2, 8), 50))
+    tokens = torch.tensor([[7, 50, 8, 9, 10, 11, 12, 13], [7] * 8])
+    proposal = Proposal(tokens, torch.ones(2, 8), torch.zeros(2, 8, 128))
+    pick_slot_1 = type("Pick", (), {"select": lambda self, st, pr, el: torch.arange(8).expand(2, 8) == 1})()
+    commit = dk.dlm.EoTStop(pick_slot_1, eot_token_ids=[50, 51]).select(state, proposal, state.masked & state.in_block)
+    assert commit.tolist() == [[False, True] + [True] * 6, [False, True, False, False] + [True] * 4]
+    assert proposal.tokens.tolist() == [[7, 50] + [50] * 6, [7] * 4 + [50] * 4]
+
+    kwargs = dict(gen_length=8, block_length=2, steps=8)
+    base = dk.dlm.generate(dlm, PROMPTS, **kwargs)
+    eot = base.sequences[0][1]  # call row 0's second token "end of text"
+    out = dk.dlm.generate(dlm, PROMPTS, rule=dk.dlm.EoTStop(eot_token_ids=eot), **kwargs)
+    for row in out.sequences:
+        assert eot not in row or all(t == eot for t in row[row.index(eot) :])
+    assert eot in out.sequences[0] and out.stats.row_nfe[0] <= 2 < base.stats.row_nfe[0] == 8  # one block, not four
+    with pytest.raises(ConfigError, match="end-of-sequence"):
+        dk.dlm.generate(dlm, PROMPTS, rule=dk.dlm.EoTStop(), **kwargs)
+
+
+@pytest.mark.parametrize("name", ["prefix", "dual", "dkv"])
 def test_cached_sampling_fills_the_canvas_and_refreshes_per_block(dlm, name):
     """A whole call with a cache: no mask left, one refresh per block counted in the forwards, rows independent of
     their batch mates; one step per block means every step is a refresh, so the output is the uncached one."""
@@ -265,3 +331,83 @@ def test_block_causal_logits_match_at_every_step(hf, shift):
             slots = torch.zeros(3, 8, dtype=torch.bool)
             slots[:, lo + 2 * step : lo + 2 * step + 2] = True
             state.commit(slots, want.argmax(-1))
+
+
+@pytest.mark.parametrize("kind", ["dlm_rule", "dlm_cache", "dlm_schedule"])
+def test_every_rule_cache_and_schedule_has_a_recipe_that_builds_it(kind):
+    """One recipe per registered rule, cache and schedule, named as registered, instantiating the registered class."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from decodekit.cli import RECIPES
+    from decodekit.registry import available
+
+    recipes = {p.stem: p for p in (RECIPES / kind).glob("*.yaml")}
+    assert set(recipes) == set(available(kind))
+    for name, path in recipes.items():
+        built = instantiate(OmegaConf.load(path))
+        assert type(built) is type(dk.build(kind, name)), name
+
+
+def test_adablock_ends_each_rows_block_at_its_confident_delimiter(dlm):
+    """AdaBlock's first step of a block: a row whose most confident predicted delimiter in the window reaches the
+    threshold ends its block there (inclusive); another row falls back to block_length; the next block starts
+    where each row's ended."""
+    state = DLMState.from_prompts(PROMPTS[:2], 8, MASK, total_steps=8, generator=None, device="cpu")
+    state.block_length = 4
+    schedule = dk.dlm.AdaBlock(delimiters=[9], threshold=0.5, window=0.5)
+    rounds = schedule.rounds(dlm, state)
+    next(rounds)
+    tokens = torch.tensor([[1, 9, 9, 2, 2, 9, 2, 2], [9, 2, 2, 2, 2, 2, 9, 2]])
+    confidence = torch.tensor([[0.9, 0.4, 0.7, 0.9, 0.9, 0.95, 0.9, 0.9], [0.3] * 8])
+    region = schedule.region(state, Proposal(tokens, confidence, torch.zeros(2, 8, 128)))
+    assert region.long().tolist() == [[1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0]]  # slot 5 is past the window
+    state.commit(region, tokens)
+    next(rounds)
+    assert state.region.long().tolist() == [[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1, 1]]
+
+
+def test_adaptive_schedules_fill_every_slot_rows_alone_or_batched(dlm):
+    """AdaBlock and DCD calls: no mask left, a row's tokens independent of its batch mates (rows cut their own
+    blocks); AdaBlock that never trusts a delimiter is the fixed schedule; DCD with a one-slot window decodes left
+    to right, one slot per step."""
+    kwargs = dict(gen_length=8, block_length=4, steps=8, rule=dk.dlm.ThresholdRule(0.3), temperature=0.8)
+    for schedule in (dk.dlm.AdaBlock(delimiters=[5, 9], threshold=0.0), dk.dlm.DeferredWindow(size=3, max_masked=2)):
+        out = dk.dlm.generate(dlm, PROMPTS, schedule=schedule, seed=[1, 2, 3], **kwargs)
+        assert all(MASK not in row for row in out.sequences)
+        alone = dk.dlm.generate(dlm, PROMPTS[2:], schedule=schedule, seed=[3], **kwargs)
+        assert alone.sequences[0] == out.sequences[2]
+    never = dk.dlm.AdaBlock(delimiters=[5], threshold=1.01)
+    fixed = dk.dlm.generate(dlm, PROMPTS, seed=[1, 2, 3], **kwargs)
+    assert dk.dlm.generate(dlm, PROMPTS, schedule=never, seed=[1, 2, 3], **kwargs).sequences == fixed.sequences
+    one = dk.dlm.generate(dlm, PROMPTS, schedule=dk.dlm.DeferredWindow(size=1), **kwargs)
+    assert one.stats.nfe == 8 and one.stats.block_steps == [1] * 8
+    with pytest.raises(ConfigError, match="same blocks in every row"):
+        dk.dlm.generate(dlm, PROMPTS, schedule=dk.dlm.AdaBlock(delimiters=[5]), cache=dk.dlm.DualCache(), **kwargs)
+
+
+def test_dcd_window_starts_at_the_leftmost_mask_and_caps_its_masks():
+    """DCD's region: from each row's leftmost masked slot, at most ``size`` slots and ``max_masked`` masked ones."""
+    state = DLMState.from_prompts(PROMPTS[:2], 8, MASK, total_steps=8, generator=None, device="cpu")
+    state.block_length = 4
+    done = torch.tensor([[1, 1, 0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    state.commit(done, torch.full((2, 8), 3))
+    region = dk.dlm.DeferredWindow(size=5, max_masked=2).region(state, None)
+    assert region.long().tolist() == [[0, 0, 1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("task", ["copy", "reverse", "sort", "join"])
+def test_synthetic_items_are_true_python_and_scored_on_the_first_line(task):
+    """Every few-shot line and every answer is a true Python statement (the tasks' answers are known exactly);
+    the score reads the completion's first line only."""
+    from decodekit.dlm.synthetic import correct, make_items
+
+    items = make_items(task, 5, seed=1)
+    assert len({i.prompt for i in items}) == 5 and items == make_items(task, 5, seed=1)
+    env = {"copy": list, "reverse": lambda xs: xs[::-1]}
+    for item in items:
+        for line in (item.prompt + " " + item.answer).split("\n"):
+            assert eval(line, env) is True, line  # noqa: S307 (our own generated lines)
+        assert correct(item, f" {item.answer}\nanything after") and not correct(item, item.answer[:-1] + "9]")
+    with pytest.raises(ValueError, match="unknown synthetic task"):
+        make_items("spell", 1)

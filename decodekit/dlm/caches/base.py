@@ -7,6 +7,7 @@ import torch
 from decodekit.cache import KVCache
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
+from decodekit.masks import bidirectional_mask, write_at_layout
 from decodekit.registry import register
 
 
@@ -15,6 +16,15 @@ def full_forward(dlm: DLMModel, state: DLMState, block_causal: bool = False) -> 
     staged cache (:meth:`DLMModel.forward`)."""
     blocks = state.block_length if block_causal else None
     return dlm.forward(state.canvas, state.lengths, state.starts, state.gen_length, block_causal=blocks)
+
+
+def rewrite_forward(dlm: DLMModel, cache: KVCache, state: DLMState, slots: torch.Tensor) -> torch.Tensor:
+    """Run the canvas tokens at ``slots [B, M]`` (canvas indices, ``-1`` = padding) bidirectionally against the
+    kept K/V of the whole canvas, overwriting their K/V in place; returns their ``[B, M, V]`` float32 logits."""
+    tokens = state.canvas.gather(1, slots.clamp(min=0))
+    kv_len = cache.write_at(slots, kv_len=state.canvas.shape[1])
+    mask, positions = bidirectional_mask(write_at_layout(slots, cache.key_mask(kv_len)))
+    return dlm.lm.forward(tokens, positions, mask, cache).logits.float()
 
 
 @register("dlm_cache", "recompute")

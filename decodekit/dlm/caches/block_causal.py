@@ -28,6 +28,8 @@ class BlockCausalCache:
     ephemerally), with blocks counted from each row's generation start rather than on an absolute grid.
     """
 
+    fixed_blocks = True  # reads state.block: every row in the same block
+
     def __init__(self) -> None:
         self.cache: KVCache | None = None
         self.stored: list[int] = []  # host: each row's cached length

@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.dlm.caches.base import full_forward
+from decodekit.dlm.caches.base import full_forward, rewrite_forward
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
-from decodekit.masks import bidirectional_mask, write_at_layout
 from decodekit.registry import register
 
 
@@ -26,6 +25,8 @@ class DualCache:
     Faithfulness: the reference scheme; per-row ragged prompts are ours.
     """
 
+    fixed_blocks = True  # reads state.block: every row in the same block
+
     def __init__(self) -> None:
         self.cache: KVCache | None = None
 
@@ -38,10 +39,7 @@ class DualCache:
         lo, hi = state.block
         shift = int(dlm.shift_logits)
         slots = state.starts[:, None] + torch.arange(lo - shift, hi - shift, device=state.device)
-        tokens = state.canvas.gather(1, slots)
-        kv_len = self.cache.write_at(slots, kv_len=state.canvas.shape[1])
-        mask, positions = bidirectional_mask(write_at_layout(slots, self.cache.key_mask(kv_len)))
-        fresh = dlm.lm.forward(tokens, positions, mask, self.cache).logits.float()
+        fresh = rewrite_forward(dlm, self.cache, state, slots)
         out = fresh.new_zeros(state.batch_size, state.gen_length, fresh.shape[-1])
         out[:, lo:hi] = fresh
         return out

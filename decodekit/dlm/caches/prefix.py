@@ -27,6 +27,8 @@ class PrefixCache:
     commits only in the block); per-row ragged prompts are ours.
     """
 
+    fixed_blocks = True  # reads state.block: every row in the same block
+
     def __init__(self) -> None:
         self.cache: KVCache | None = None
 

@@ -1,9 +1,10 @@
 """Unmasking rules for :func:`decodekit.dlm.generate` (one file each, registered as ``dlm_rule``)."""
 
+from decodekit.dlm.rules.eot_stop import EoTStop
 from decodekit.dlm.rules.factor import FactorRule
 from decodekit.dlm.rules.llada import LLaDARule
 from decodekit.dlm.rules.local_leap import LocalLeapRule
 from decodekit.dlm.rules.prophet import ProphetRule
 from decodekit.dlm.rules.threshold import ThresholdRule
 
-__all__ = ["FactorRule", "LLaDARule", "LocalLeapRule", "ProphetRule", "ThresholdRule"]
+__all__ = ["EoTStop", "FactorRule", "LLaDARule", "LocalLeapRule", "ProphetRule", "ThresholdRule"]

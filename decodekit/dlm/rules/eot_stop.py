@@ -1,0 +1,58 @@
+"""EoT early stop: once a row commits an end-of-text token, the rest of its region is padding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from decodekit.dlm.rules.llada import LLaDARule
+from decodekit.dlm.state import DLMState, Proposal
+from decodekit.errors import ConfigError
+from decodekit.registry import register
+
+
+@register("dlm_rule", "eot_stop")
+class EoTStop:
+    """Wrap a rule: when a row has an end-of-text token committed at slot ``j`` (this step or earlier), every
+    masked slot after ``j`` is committed as end-of-text in the same step, in every later block too, so the row's
+    remaining blocks cost no forward (Learn2PD's EoTP; LLaDA's instruct models pad their answers with end-of-text
+    ids, so the base sampler spends its last steps writing them one by one). Slots before ``j`` are decoded as usual.
+
+    **Lossy** unless the model would have padded anyway: the base sampler may write text after an end-of-text token
+    (a model trained on packed documents continues with the next one). Stats show the saving in ``nfe`` and in each
+    row's ``row_nfe``.
+
+    Faithfulness: the EoTP rule as the Learn2PD paper states it (stop at the end-of-text token, fill the tail);
+    the paper's learned filter is not part of it.
+
+    Args:
+        rule: the rule that picks commits (None = the baseline :class:`~decodekit.dlm.rules.LLaDARule`).
+        eot_token_ids: the ids that end a text; the first one fills the tail. None = the model's end-of-sequence ids
+            (``DLMState.eos_token_ids``).
+    """
+
+    def __init__(self, rule: Any = None, eot_token_ids: int | list[int] | tuple[int, ...] | None = None) -> None:
+        self.rule = LLaDARule() if rule is None else rule
+        ids = [eot_token_ids] if isinstance(eot_token_ids, int) else eot_token_ids
+        self.eot_token_ids = None if ids is None else tuple(int(i) for i in ids)
+        if self.eot_token_ids == ():
+            raise ConfigError("EoTStop needs at least one end-of-text id (eot_token_ids=[...]) or None for the model's")
+
+    def begin_block(self, state: DLMState) -> None:
+        if hasattr(self.rule, "begin_block"):
+            self.rule.begin_block(state)
+
+    def select(self, state: DLMState, proposal: Proposal, eligible: torch.Tensor) -> torch.Tensor:
+        """The wrapped rule's commits, plus every masked slot after a committed end-of-text token (its proposal
+        replaced by the first end-of-text id)."""
+        ids = self.eot_token_ids or state.eos_token_ids
+        if not ids:
+            raise ConfigError("EoTStop: the model declares no end-of-sequence id; pass eot_token_ids=[...]")
+        commit = self.rule.select(state, proposal, eligible)
+        masked = state.masked
+        after_step = torch.where(commit & masked, proposal.tokens, state.tokens)
+        ended = torch.isin(after_step, torch.tensor(ids, device=state.device)) & (commit | ~masked)
+        fill = ((ended.long().cumsum(1) - ended.long()) > 0) & masked
+        proposal.tokens = proposal.tokens.masked_fill(fill, ids[0])
+        return commit | fill

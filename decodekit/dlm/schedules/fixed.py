@@ -1,0 +1,30 @@
+"""The semi-autoregressive baseline: the region cut into equal blocks, the same for every row, left to right."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from decodekit.dlm.model import DLMModel
+from decodekit.dlm.state import DLMState, Proposal
+from decodekit.registry import register
+
+
+@register("dlm_schedule", "fixed")
+class FixedBlocks:
+    """``G / block_length`` blocks of ``block_length`` slots, decoded left to right, each with ``steps / blocks``
+    steps of budget (LLaDA's ``generate.py``; ``schedule=None``). Every row is in the same block, so the cache
+    strategies that keep a block's K/V (``prefix``, ``dual``, ``block_causal``) can read ``state.block``."""
+
+    fixed_blocks = True
+
+    def rounds(self, dlm: DLMModel, state: DLMState) -> Iterator[None]:
+        count = state.gen_length // state.block_length
+        for b in range(count):
+            state.block = (b * state.block_length, (b + 1) * state.block_length)
+            state.block_steps, state.step = state.total_steps // count, 0
+            yield
+
+    def region(self, state: DLMState, proposal: Proposal) -> torch.Tensor:
+        return state.in_block

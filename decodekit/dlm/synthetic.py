@@ -1,0 +1,68 @@
+"""Synthetic tasks with known answers where parallel decoding is known to break (after ParallelBench, Kim et al.
+2025): each answer's tokens depend on one another, so committing several of them from their marginals in one step
+can pick an incoherent combination even when each marginal is right.
+
+Every item is a few-shot prompt of Python-like lines (the zoo DLM was adapted on Python source), answered on the
+next line; the first line of the completion is compared with the known answer exactly.
+
+| task | line | dependency |
+|---|---|---|
+| ``copy`` | ``copy([4, 1, 7]) == [4, 1, 7]`` | none beyond the input: the easy control |
+| ``reverse`` | ``reverse([4, 1, 7]) == [7, 1, 4]`` | each slot reads a different input position |
+| ``sort`` | ``sorted([4, 1, 7]) == [1, 4, 7]`` | each slot depends on the whole list and on the slots before it |
+| ``join`` | ``" ".join(["the", "cat", "sat"]) == "the cat sat"`` | words to sentence, order given (a known answer) |
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+TASKS = ("copy", "reverse", "sort", "join")
+_SENTENCE = (
+    "the cat sat on a mat while old dogs ran past green trees near one small red house by the river and two birds "
+    "sang all day long under blue sky"
+)
+WORDS = tuple(_SENTENCE.split())
+
+
+@dataclass(frozen=True)
+class Item:
+    """One question: ``prompt`` (few-shot lines, ending where the answer starts) and its ``answer``."""
+
+    task: str
+    prompt: str
+    answer: str
+
+
+def _case(task: str, rng: random.Random) -> tuple[str, str]:
+    """``(question, answer)`` of one random case; the line is ``question + " " + answer``."""
+    if task == "join":
+        words = rng.sample(WORDS, rng.randint(3, 6))
+        quoted = ", ".join(f'"{w}"' for w in words)
+        return f'" ".join([{quoted}]) ==', '"' + " ".join(words) + '"'
+    values = [rng.randint(0, 9) for _ in range(rng.randint(4, 7))]
+    answer = {"copy": values, "reverse": values[::-1], "sort": sorted(values)}[task]
+    name = {"copy": "copy", "reverse": "reverse", "sort": "sorted"}[task]
+    return f"{name}({values}) ==", str(answer)
+
+
+def make_items(task: str, count: int, seed: int = 0, shots: int = 4) -> list[Item]:
+    """``count`` items of ``task`` (one of :data:`TASKS`), each with ``shots`` solved examples before it."""
+    if task not in TASKS:
+        raise ValueError(f"unknown synthetic task {task!r}; choose one of {TASKS}")
+    rng = random.Random(f"{task}-{seed}")
+    items = []
+    for _ in range(count):
+        lines = [" ".join(_case(task, rng)) for _ in range(shots)]
+        question, answer = _case(task, rng)
+        items.append(Item(task, "\n".join(lines) + "\n" + question, answer))
+    return items
+
+
+def correct(item: Item, completion: str) -> bool:
+    """Whether the completion's first line is exactly the item's answer (surrounding spaces ignored)."""
+    return completion.split("\n", 1)[0].strip() == item.answer
+
+
+__all__ = ["TASKS", "Item", "correct", "make_items"]
