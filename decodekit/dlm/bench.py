@@ -85,8 +85,18 @@ def run(
     prompts, texts = [list(r["input_ids"]) for r in rows], [r["prompt"] for r in rows]
     code = [r.get("category") == "code" for r in rows]
     results: list[dict[str, Any]] = []
+    synth: list[dict[str, Any]] = []
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> str:  # after every section: a long run stopped midway keeps what it measured
+        table = _markdown(results) + ("\n" + _synthetic_markdown(synth) if synth else "")
+        (out / "results.json").write_text(json.dumps({"methods": results, "synthetic": synth}, indent=1))
+        (out / "results.md").write_text(table)
+        return table
+
+    plan = {"base": {"rule": None, "cache": None}, **(methods or {})}
     for gen in gen_lengths:
-        plan = {"base": {"rule": None, "cache": None}, **(methods or {})}
         steps = {name: gen // int(spec.get("tokens_per_step") or 1) for name, spec in plan.items()}
         runs: dict[str, list[Any]] = {name: [] for name in plan}
         bar = tqdm(total=len(plan) * (len(prompts) + 1), desc=f"dlm-bench G={gen}", disable=not progress)
@@ -112,16 +122,10 @@ def run(
             uncached = plan[name].get("uncached")
             row["vs_uncached"] = _agreement(outs, runs[uncached]) if uncached else None
             results.append({**row, "steps": steps[name]})
-    table = _markdown(results)
-    synth: list[dict[str, Any]] = []
+        save()
     if synthetic:
         synth = run_synthetic(dlm, ar, plan, synthetic, synthetic_length, seed, progress)
-        table += "\n" + _synthetic_markdown(synth)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"methods": results, "synthetic": synth}, indent=1))
-    (out / "results.md").write_text(table)
-    return table
+    return save()
 
 
 def _row(name: str, gen: int, outs: list[Any], base: list[Any], prompts, texts, code, dlm, ar) -> dict[str, Any]:
