@@ -86,13 +86,13 @@ def run(
     code = [r.get("category") == "code" for r in rows]
     results: list[dict[str, Any]] = []
     synth: list[dict[str, Any]] = []
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
 
     def save() -> str:  # after every section: a long run stopped midway keeps what it measured
         table = _markdown(results) + ("\n" + _synthetic_markdown(synth) if synth else "")
-        (out / "results.json").write_text(json.dumps({"methods": results, "synthetic": synth}, indent=1))
-        (out / "results.md").write_text(table)
+        (folder / "results.json").write_text(json.dumps({"methods": results, "synthetic": synth}, indent=1))
+        (folder / "results.md").write_text(table)
         return table
 
     plan = {"base": {"rule": None, "cache": None}, **(methods or {})}
