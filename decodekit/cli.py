@@ -281,56 +281,60 @@ def train_recipe(args: list[str]) -> tuple[str, list[str]]:
     return given[0].split("=", 1)[1], [a for a in args if a not in given]
 
 
-def run_train(cfg: Any, out_dir: Path) -> Any:
-    """Call the recipe's ``_target_`` training function with its keys and ``out_dir``; returns what it returns."""
+def run_recipe(cfg: Any, out_dir: Path, command: str = "train") -> Any:
+    """Call the recipe's ``_target_`` function with its keys and ``out_dir``; returns what it returns (a bad key's
+    error names it, or ``command`` for the recipe's own arguments)."""
     from hydra.errors import InstantiationException
     from hydra.utils import call
 
     try:
         return call(cfg, out_dir=str(out_dir), _convert_="all")
     except InstantiationException as error:
-        raise _keyed_error("train", cfg, error) from error
+        raise _keyed_error(command, cfg, error) from error
+
+
+def _hydra_run(
+    config_path: Path, config_name: str, command: str, overrides: list[str], body: Callable[[Any, Path], None]
+) -> None:
+    """Run ``body(cfg, run_dir)`` under Hydra with the recipe ``config_path/config_name`` and ``overrides``
+    (``command`` is what Hydra's messages show as the program)."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    @hydra.main(version_base="1.3", config_path=str(config_path), config_name=config_name)
+    def _main(cfg: Any) -> None:
+        body(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+    if not any(arg.startswith("hydra.job.name=") for arg in overrides):
+        overrides = [*overrides, f"hydra.job.name={APP_NAME}"]
+    sys.argv = [f"{sys.argv[0]} {command}", *overrides]
+    _main()
 
 
 def train_main(args: list[str]) -> None:
     """``python -m decodekit train recipe=<name> [overrides]``: one training run in the recipe's ``hydra.run.dir``."""
-    import hydra
-    from hydra.core.hydra_config import HydraConfig
-
     if any(a in ("-h", "--help") for a in args) and not any(a.startswith("recipe=") for a in args):
         print(USAGE)
         return
     name, overrides = _or_exit(lambda: train_recipe(args))
 
-    @hydra.main(version_base="1.3", config_path=str(TRAIN_RECIPES), config_name=name)
-    def _train(cfg: Any) -> None:
-        out_dir = Path(HydraConfig.get().runtime.output_dir)
-        result = _or_exit(lambda: run_train(cfg, out_dir))
+    def train(cfg: Any, out_dir: Path) -> None:
+        result = _or_exit(lambda: run_recipe(cfg, out_dir))
         if isinstance(result, Mapping):
             print("\n".join(f"{key}: {value}" for key, value in result.items()))
         print(f"results: {out_dir}")
 
-    if not any(arg.startswith("hydra.job.name=") for arg in overrides):
-        overrides = [*overrides, f"hydra.job.name={APP_NAME}"]
-    sys.argv = [f"{sys.argv[0]} train recipe={name}", *overrides]
-    _train()
+    _hydra_run(TRAIN_RECIPES, name, f"train recipe={name}", overrides, train)
 
 
 def dlm_bench_main(args: list[str]) -> None:
     """``python -m decodekit dlm-bench [overrides]``: the diffusion-LM benchmark (``recipes/dlm_bench.yaml``)."""
-    import hydra
-    from hydra.core.hydra_config import HydraConfig
 
-    @hydra.main(version_base="1.3", config_path=str(RECIPES), config_name="dlm_bench")
-    def _dlm_bench(cfg: Any) -> None:
-        out_dir = Path(HydraConfig.get().runtime.output_dir)
-        print(_or_exit(lambda: run_train(cfg, out_dir)))
+    def bench(cfg: Any, out_dir: Path) -> None:
+        print(_or_exit(lambda: run_recipe(cfg, out_dir, "dlm-bench")))
         print(f"results: {out_dir}/results.json, results.md")
 
-    if not any(arg.startswith("hydra.job.name=") for arg in args):
-        args = [*args, f"hydra.job.name={APP_NAME}"]
-    sys.argv = [f"{sys.argv[0]} dlm-bench", *args]
-    _dlm_bench()
+    _hydra_run(RECIPES, "dlm_bench", "dlm-bench", args, bench)
 
 
 def _or_exit(call: Callable[[], Any]) -> Any:

@@ -97,21 +97,12 @@ def run(
 
     plan = {"base": {"rule": None, "cache": None}, **(methods or {})}
     for gen in gen_lengths:
-        steps = {name: gen // int(spec.get("tokens_per_step") or 1) for name, spec in plan.items()}
+        steps = {name: _steps(spec, gen) for name, spec in plan.items()}
         runs: dict[str, list[Any]] = {name: [] for name in plan}
         bar = tqdm(total=len(plan) * (len(prompts) + 1), desc=f"dlm-bench G={gen}", disable=not progress)
         for i, prompt in enumerate([prompts[0], *prompts]):  # the first call of each method warms up
             for name, spec in plan.items():
-                kwargs = dict(
-                    gen_length=gen,
-                    block_length=min(block_length, gen),
-                    steps=steps[name],
-                    rule=spec.get("rule"),
-                    cache=spec.get("cache"),
-                    schedule=spec.get("schedule"),
-                    seed=[seed],
-                )
-                out = dk.dlm.generate(dlm, [prompt], **kwargs)
+                out = _generate(dlm, [prompt], spec, gen, min(block_length, gen), seed)
                 if i:
                     runs[name].append(out)
                 bar.update()
@@ -145,13 +136,28 @@ def _row(name: str, gen: int, outs: list[Any], base: list[Any], prompts, texts, 
     }
 
 
+def _steps(spec: dict[str, Any], gen: int) -> int:
+    """A method's step budget at generation length ``gen``: ``gen / tokens_per_step`` (default 1)."""
+    return gen // int(spec.get("tokens_per_step") or 1)
+
+
+def _generate(dlm: Any, prompts: list[list[int]], spec: dict[str, Any], gen: int, block: int, seed: int) -> Any:
+    """One :func:`decodekit.dlm.generate` call of a method ``spec``, every row seeded with ``seed``."""
+    import decodekit as dk
+
+    return dk.dlm.generate(
+        dlm, prompts, gen_length=gen, block_length=block, steps=_steps(spec, gen), rule=spec.get("rule"),
+        cache=spec.get("cache"), schedule=spec.get("schedule"), seed=[seed] * len(prompts),
+    )  # fmt: skip
+
+
 def run_synthetic(
     dlm: Any, ar: Any, plan: dict[str, dict[str, Any]], count: int, gen: int, seed: int, progress: bool = True
 ) -> list[dict[str, Any]]:
     """Accuracy of every method (and of ``ar``, greedy) on ``count`` items of each synthetic task, one batched call
     per task and method: ``[{method, task, accuracy, nfe}]`` (``nfe``: forwards per item; ``None`` for ``ar``)."""
     import decodekit as dk
-    from decodekit.dlm.synthetic import TASKS, correct, make_items
+    from decodekit.dlm.synthetic import TASKS, accuracy, make_items
 
     rows = []
     bar = tqdm(total=len(TASKS) * (len(plan) + 1), desc=f"dlm-bench synthetic G={gen}", disable=not progress)
@@ -159,18 +165,12 @@ def run_synthetic(
         items = make_items(task, count, seed=seed)
         prompts = [dlm.tokenizer(i.prompt, add_special_tokens=False)["input_ids"] for i in items]
         for name, spec in plan.items():
-            steps = gen // int(spec.get("tokens_per_step") or 1)
-            out = dk.dlm.generate(
-                dlm, prompts, gen_length=gen, block_length=gen, steps=steps, rule=spec.get("rule"),
-                cache=spec.get("cache"), schedule=spec.get("schedule"), seed=[seed] * len(prompts),
-            )  # fmt: skip
-            texts = [dlm.tokenizer.decode(t) for t in out.sequences]
-            ok = sum(correct(i, t) for i, t in zip(items, texts)) / count
+            out = _generate(dlm, prompts, spec, gen, gen, seed)
+            ok = accuracy(items, [dlm.tokenizer.decode(t) for t in out.sequences])
             rows.append({"method": name, "task": task, "accuracy": ok, "nfe": sum(out.stats.row_nfe) / count})
             bar.update()
         plain = dk.generate(ar, prompts, max_new_tokens=gen, temperature=0.0)
-        texts = [ar.tokenizer.decode(t) for t in plain.sequences]
-        ok = sum(correct(i, t) for i, t in zip(items, texts)) / count
+        ok = accuracy(items, [ar.tokenizer.decode(t) for t in plain.sequences])
         rows.append({"method": "autoregressive", "task": task, "accuracy": ok, "nfe": None})
         bar.update()
     bar.close()

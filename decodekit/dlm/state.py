@@ -109,6 +109,11 @@ class DLMState:
         return (j >= self.block[0]) & (j < self.block[1])
 
     @property
+    def steps_per_block(self) -> int:
+        """A block's step budget: ``total_steps / (G / block_length)`` (an adaptive schedule's rounds get the same)."""
+        return self.total_steps // (self.gen_length // self.block_length)
+
+    @property
     def progress(self) -> float:
         """``global_step / total_steps``: how far through its step budget the call is."""
         return self.global_step / max(self.total_steps, 1)

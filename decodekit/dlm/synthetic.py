@@ -65,4 +65,9 @@ def correct(item: Item, completion: str) -> bool:
     return completion.split("\n", 1)[0].strip() == item.answer
 
 
-__all__ = ["TASKS", "Item", "correct", "make_items"]
+def accuracy(items: list[Item], completions: list[str]) -> float:
+    """The fraction of ``items`` whose completion (same order) is :func:`correct`."""
+    return sum(correct(i, c) for i, c in zip(items, completions, strict=True)) / max(len(items), 1)
+
+
+__all__ = ["TASKS", "Item", "accuracy", "correct", "make_items"]

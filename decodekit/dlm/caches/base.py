@@ -18,6 +18,14 @@ def full_forward(dlm: DLMModel, state: DLMState, block_causal: bool = False) -> 
     return dlm.forward(state.canvas, state.lengths, state.starts, state.gen_length, block_causal=blocks)
 
 
+def full_forward_kept(dlm: DLMModel, state: DLMState) -> tuple[torch.Tensor, KVCache]:
+    """:func:`full_forward` keeping every real position's K/V (a refresh that :func:`rewrite_forward` then
+    updates in place)."""
+    logits, cache = full_forward(dlm, state)
+    cache.keep(state.lengths, host_counts=[s + state.gen_length for s in state.host_starts])
+    return logits, cache
+
+
 def rewrite_forward(dlm: DLMModel, cache: KVCache, state: DLMState, slots: torch.Tensor) -> torch.Tensor:
     """Run the canvas tokens at ``slots [B, M]`` (canvas indices, ``-1`` = padding) bidirectionally against the
     kept K/V of the whole canvas, overwriting their K/V in place; returns their ``[B, M, V]`` float32 logits."""

@@ -6,7 +6,7 @@ import torch
 
 from decodekit.cache import KVCache
 from decodekit.checks import check_int
-from decodekit.dlm.caches.base import full_forward, rewrite_forward
+from decodekit.dlm.caches.base import full_forward_kept, rewrite_forward
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
 from decodekit.registry import register
@@ -54,15 +54,15 @@ class DKVCache:
         fed = ~self.before if self.before is not None else None
         self.before = decoded
         if state.step < 2 or state.step % self.refresh == 0 or self.cache is None:
-            logits, self.cache = full_forward(dlm, state)
-            self.cache.keep(state.lengths, host_counts=[s + state.gen_length for s in state.host_starts])
+            logits, self.cache = full_forward_kept(dlm, state)
             return logits
         if dlm.shift_logits:  # position p predicts slot p + 1: keep feeding it while p + 1 is undecoded
             fed = fed | torch.cat([fed[:, 1:], fed.new_zeros(state.batch_size, 1)], 1)
         fed &= real
-        width = max(int(fed.sum(1).max()), 1)  # the step's one extra host read
+        counts = fed.sum(1, keepdim=True)
+        width = max(int(counts.max()), 1)  # the step's one extra host read
         order = (~fed).to(torch.int8).sort(dim=1, stable=True).indices[:, :width]  # fed positions first, in order
-        slots = order.where(torch.arange(width, device=state.device) < fed.sum(1, keepdim=True), -1)
+        slots = order.where(torch.arange(width, device=state.device) < counts, -1)
         fresh = rewrite_forward(dlm, self.cache, state, slots)
         target = (slots - state.starts[:, None] + int(dlm.shift_logits)).where(slots >= 0, state.gen_length)
         target = target.where((target >= 0) & (target < state.gen_length), state.gen_length)

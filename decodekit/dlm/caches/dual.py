@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.dlm.caches.base import full_forward, rewrite_forward
+from decodekit.dlm.caches.base import full_forward_kept, rewrite_forward
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
 from decodekit.registry import register
@@ -32,9 +32,7 @@ class DualCache:
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
         if state.step == 0 or self.cache is None:
-            logits, cache = full_forward(dlm, state)
-            cache.keep(state.lengths, host_counts=[s + state.gen_length for s in state.host_starts])
-            self.cache = cache
+            logits, self.cache = full_forward_kept(dlm, state)
             return logits
         lo, hi = state.block
         shift = int(dlm.shift_logits)

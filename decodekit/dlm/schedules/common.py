@@ -16,12 +16,11 @@ def next_rounds(state: DLMState, start: Callable[[], torch.Tensor]) -> Iterator[
     schedule narrows it at the round's first step); one host read per round. The step budget of a round is that of
     a fixed block (``steps / (G / block_length)``)."""
     j = torch.arange(state.gen_length, device=state.device)
-    count = state.gen_length // state.block_length
     while True:
         state.region = j[None, :] >= start()[:, None]
         if not bool((state.masked & state.region).any()):
             return
-        state.block, state.block_steps, state.step = (0, state.gen_length), state.total_steps // count, 0
+        state.block, state.block_steps, state.step = (0, state.gen_length), state.steps_per_block, 0
         yield
 
 

@@ -20,10 +20,9 @@ class FixedBlocks:
     fixed_blocks = True
 
     def rounds(self, dlm: DLMModel, state: DLMState) -> Iterator[None]:
-        count = state.gen_length // state.block_length
-        for b in range(count):
+        for b in range(state.gen_length // state.block_length):
             state.block = (b * state.block_length, (b + 1) * state.block_length)
-            state.block_steps, state.step = state.total_steps // count, 0
+            state.block_steps, state.step = state.steps_per_block, 0
             yield
 
     def region(self, state: DLMState, proposal: Proposal) -> torch.Tensor:
