@@ -33,7 +33,7 @@ from decodekit.interfaces import (
     SelectsRows,
     Verifier,
 )
-from decodekit.models.base import LanguageModel
+from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.round import Round, check_needs
 from decodekit.state import DecodeState
 from decodekit.types import SamplingParams, Verdict
@@ -86,7 +86,7 @@ class Components:
         self.hidden_layers = tuple(sorted(layers))
         self.observers = [c for c in self.all if isinstance(c, Observes)]
         self.row_selectors = [c for c in self.all if isinstance(c, SelectsRows)]
-        self.host_row_selectors = {id(c) for c in self.row_selectors if _takes_host_rows(c)}
+        self.host_row_selectors = {id(c) for c in self.row_selectors if _takes_keyword(c.select_rows, "host_rows")}
         self.vocab_size = model.vocab_size
         self.unchecked = drafter is not None  # until the first non-empty draft has been validated
         self.tree_verifier = tree_verifier  # generate()'s default for tree drafts at temperature > 0
@@ -118,10 +118,16 @@ class Components:
         return bool(getattr(self.drafter, "shares_target", False))
 
     # ---------------------------------------------------------------------------------------------- hooks
-    def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache) -> None:
+    def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache, prefill: ModelOutput) -> None:
+        """Call every ``begin`` hook; a target-sharing drafter whose ``begin`` takes a ``prefill`` keyword also gets
+        the prefill's :class:`~decodekit.models.base.ModelOutput` (hidden states of every prompt token when
+        ``needs`` has ``"hidden"``: feature-level heads need the prompt's)."""
         for component in self.all:
             if component is self.drafter and self.shares_target:
-                component.begin(state, target, cache)
+                if _takes_keyword(component.begin, "prefill"):
+                    component.begin(state, target, cache, prefill=prefill)
+                else:
+                    component.begin(state, target, cache)
             elif isinstance(component, Begins):
                 component.begin(state)
 
@@ -265,9 +271,10 @@ def _one_edit(a: str, b: str) -> bool:
     return short[i:] == long[i + 1 :]
 
 
-def _takes_host_rows(component: object) -> bool:
-    """Whether ``component.select_rows`` accepts a ``host_rows`` keyword (a subclass may override it without)."""
+def _takes_keyword(method: Any, name: str) -> bool:
+    """Whether ``method`` accepts a keyword ``name`` (``select_rows(host_rows=)``, ``begin(prefill=)``; a subclass
+    may override the method without it)."""
     try:
-        return "host_rows" in inspect.signature(component.select_rows).parameters  # type: ignore[attr-defined]
+        return name in inspect.signature(method).parameters
     except (TypeError, ValueError):
         return False

@@ -182,12 +182,19 @@ def _loop(
     timer.start()
     cache = model.new_cache(state.batch_size, state.tokens.shape[1])
     width = max(state.host_lengths)
-    logits = model.extend(cache, state.tokens[:, :width], state.lengths, host_counts=state.host_lengths).logits
+    prefill = model.extend(
+        cache,
+        state.tokens[:, :width],
+        state.lengths,
+        host_counts=state.host_lengths,
+        hidden_layers=parts.hidden_layers,
+        return_hidden="hidden" in parts.needs,
+    )
     begin_round(generator, state.host_lengths)
-    first = next_token(process_next(state, logits), sampling, generator)
+    first = next_token(process_next(state, prefill.logits), sampling, generator)
     out.commit(state, first[:, None], torch.ones_like(first))
     out.sync(state, cache)
-    parts.begin(state, model, cache)
+    parts.begin(state, model, cache, prefill)
     timer.mark("prefill")
     timer.end_round()
     index = 0

@@ -146,6 +146,9 @@ class SharesTarget(Protocol):
 
         The drafter may stage draft tokens into this cache past each row's committed length
         (``cache.stage(n, offset=j)``); the verification forward stages at offset 0 and overwrites them.
+        A ``begin`` that also takes a ``prefill`` keyword gets the prefill's
+        :class:`~decodekit.models.base.ModelOutput` (with ``needs`` "hidden": ``last_hidden [B, T, H]`` of every
+        prompt token, and the ``hidden_layers`` asked for).
         """
         ...
 

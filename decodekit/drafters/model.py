@@ -6,20 +6,18 @@ from typing import Any
 
 import torch
 
-from decodekit.budget import DraftBudget, DraftStep
+from decodekit.budget import DraftBudget
 from decodekit.checks import check_float, check_model_spec
-from decodekit.draft import Draft, DraftKind
+from decodekit.draft import Draft
+from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.models import LanguageModel, load_model
-from decodekit.processors import process_next
 from decodekit.registry import register
 from decodekit.round import Round
-from decodekit.sampling import probs_from_logits, sample
 from decodekit.state import DecodeState
-from decodekit.types import SamplingParams
 
 
 @register("drafter", "model")
-class ModelDrafter:
+class ModelDrafter(SamplesLikeTheTarget):
     """Draft with a separate causal LM (speculative sampling's classic drafter).
 
     The drafter keeps its own :class:`~decodekit.cache.KVCache`. Each round it first feeds the tokens it has not
@@ -52,15 +50,6 @@ class ModelDrafter:
     def vocab_size(self) -> int:
         return self.model.vocab_size
 
-    def sampling(self, target: SamplingParams) -> SamplingParams:
-        """The sampling parameters the drafter uses when the target uses ``target``."""
-        if self.temperature is None:
-            return target
-        return SamplingParams(self.temperature, target.top_k, target.top_p)
-
-    def draft_kind(self, sampling: SamplingParams) -> DraftKind:
-        return DraftKind.DETERMINISTIC if self.sampling(sampling).greedy else DraftKind.SAMPLED
-
     def begin(self, state: DecodeState) -> None:
         """Prefill the draft model with each row's prompt (everything but the pending token)."""
         self.cache = self.model.new_cache(state.batch_size, state.tokens.shape[1])
@@ -68,42 +57,18 @@ class ModelDrafter:
         self.model.extend(self.cache, state.tokens[:, : max(seen)], state.lengths - 1, host_counts=seen)
 
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
-        sampling = self.sampling(state.sampling)
-        k = budget.max_len
         needs_hidden = budget.stop is not None and bool(getattr(budget.stop, "needs_hidden", False))
         logits, hidden = self.feed_unseen_hidden(state, needs_hidden)
-        if k == 0:
+        if budget.max_len == 0:
             return Draft.empty(state.batch_size, state.device)
-        report = sampling.greedy and "kl" in state.needs
-        alive = budget.lengths > 0
-        tokens, valid, qs = [], [], []
-        for j in range(k):
-            logits = process_next(state, logits, torch.stack(tokens, 1) if tokens else None)
-            if sampling.greedy:
-                x, probs = logits.argmax(-1), (logits.float().softmax(-1) if report else None)
-            else:
-                probs = probs_from_logits(logits, sampling)
-                x = sample(probs, state.generator, key=("draft", j))  # keyed by step: per-row seeds
-            tokens.append(x)
-            valid.append(alive)
-            qs.append(probs)
-            alive = alive & (j + 1 < budget.lengths)
-            if budget.stop is not None:
-                conf = probs if probs is not None else logits.float().softmax(-1)
-                step = DraftStep(j, x, conf.gather(1, x[:, None])[:, 0], conf, hidden)
-                alive = alive & ~budget.stop(step)
-                if not bool(alive.any()):
-                    break
-            if j + 1 < k:
-                out = self.model.extend(
-                    self.cache, x[:, None], torch.ones_like(x), host_counts=1, return_hidden=needs_hidden
-                )
-                logits, hidden = out.logits, (out.last_hidden[:, 0] if needs_hidden else None)
-        probs = torch.stack(qs, 1) if qs[0] is not None else None
-        tokens_t, valid_t = torch.stack(tokens, 1), torch.stack(valid, 1)
-        if sampling.greedy:
-            return Draft.chain(tokens_t, valid=valid_t, draft_probs=probs)
-        return Draft.chain(tokens_t, valid=valid_t, q=probs)
+
+        def advance(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+            out = self.model.extend(
+                self.cache, x[:, None], torch.ones_like(x), host_counts=1, return_hidden=needs_hidden
+            )
+            return out.logits, (out.last_hidden[:, 0] if needs_hidden else None)
+
+        return draft_chain(state, budget, self.sampling(state.sampling), logits, hidden, advance)
 
     def feed_unseen(self, state: DecodeState) -> torch.Tensor:
         """Commit to the draft cache the tokens it has not seen (the pending token, plus any accepted draft tokens

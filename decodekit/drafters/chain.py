@@ -1,0 +1,93 @@
+"""The autoregressive draft loop every step-wise chain drafter shares (a draft model, a feature head).
+
+A drafter supplies the logits after each row's pending token and an ``advance(x)`` that feeds the drafted token
+and returns the next logits; :func:`draft_chain` does the rest the same way for all of them: the call's logits
+processors, argmax or sampling (keyed per step, so per-row seeds hold), the budget's lengths and stop rule, and
+the draft's ``q`` (sampled) or reported probabilities (greedy, when a component needs ``"kl"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from decodekit.budget import DraftBudget, DraftStep
+from decodekit.draft import Draft, DraftKind
+from decodekit.processors import process_next
+from decodekit.sampling import probs_from_logits, sample
+from decodekit.state import DecodeState
+from decodekit.types import SamplingParams
+
+Advance = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+"""``advance(x [B]) -> (logits [B, V], hidden [B, H] or None)``: feed the drafted tokens, return what follows."""
+
+
+def draft_chain(
+    state: DecodeState,
+    budget: DraftBudget,
+    sampling: SamplingParams,
+    logits: torch.Tensor,
+    hidden: torch.Tensor | None,
+    advance: Advance,
+) -> Draft:
+    """Draft ``budget.max_len`` tokens per row (fewer where the budget's stop rule stops every row).
+
+    Args:
+        state: the call's state (pending tokens, processors, generator, needs).
+        budget: per-row lengths and the optional stop rule.
+        sampling: the drafter's sampling parameters (greedy: argmax drafts, a deterministic draft).
+        logits: ``[B, V]`` the drafter's logits after each row's pending token (``-inf`` outside a trimmed
+            vocabulary: such tokens get probability 0 and are never drafted).
+        hidden: ``[B, H]`` the drafter's hidden state that produced ``logits`` (for a stop rule that asks for it),
+            or None.
+        advance: feeds one drafted token per row (not called after the last).
+
+    Host syncs: one per step when the budget has a stop rule (to stop once every row stopped), none otherwise.
+    """
+    k = budget.max_len
+    report = sampling.greedy and "kl" in state.needs
+    alive = budget.lengths > 0
+    tokens: list[torch.Tensor] = []
+    valid: list[torch.Tensor] = []
+    qs: list[torch.Tensor | None] = []
+    for j in range(k):
+        logits = process_next(state, logits, torch.stack(tokens, 1) if tokens else None)
+        if sampling.greedy:
+            x, probs = logits.argmax(-1), (logits.float().softmax(-1) if report else None)
+        else:
+            probs = probs_from_logits(logits, sampling)
+            x = sample(probs, state.generator, key=("draft", j))  # keyed by step: per-row seeds
+        tokens.append(x)
+        valid.append(alive)
+        qs.append(probs)
+        alive = alive & (j + 1 < budget.lengths)
+        if budget.stop is not None:
+            conf = probs if probs is not None else logits.float().softmax(-1)
+            step = DraftStep(j, x, conf.gather(1, x[:, None])[:, 0], conf, hidden)
+            alive = alive & ~budget.stop(step)
+            if not bool(alive.any()):
+                break
+        if j + 1 < k:
+            logits, hidden = advance(x)
+    probs_t = torch.stack(qs, 1) if qs[0] is not None else None  # type: ignore[arg-type]
+    tokens_t, valid_t = torch.stack(tokens, 1), torch.stack(valid, 1)
+    if sampling.greedy:
+        return Draft.chain(tokens_t, valid=valid_t, draft_probs=probs_t)
+    return Draft.chain(tokens_t, valid=valid_t, q=probs_t)
+
+
+class SamplesLikeTheTarget:
+    """For step-wise drafters with a ``temperature`` attribute (None = the call's sampling parameters): the
+    drafter's sampling parameters and the kind of draft they give (argmax at temperature 0, else sampled)."""
+
+    temperature: float | None
+
+    def sampling(self, target: SamplingParams) -> SamplingParams:
+        """The sampling parameters the drafter uses when the target uses ``target``."""
+        if self.temperature is None:
+            return target
+        return SamplingParams(self.temperature, target.top_k, target.top_p)
+
+    def draft_kind(self, sampling: SamplingParams) -> DraftKind:
+        return DraftKind.DETERMINISTIC if self.sampling(sampling).greedy else DraftKind.SAMPLED
