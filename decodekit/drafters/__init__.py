@@ -1,6 +1,8 @@
 """Drafters: one file per algorithm, each registered under ``build("drafter", name)``."""
 
 from decodekit.drafters.delayed import DelayedTreeDrafter
+from decodekit.drafters.eagle import EagleDrafter, EagleHead
+from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
 from decodekit.drafters.model import ModelDrafter
 from decodekit.drafters.model_tree import ModelTreeDrafter
 from decodekit.drafters.ngram import NGramDrafter
@@ -9,6 +11,10 @@ from decodekit.drafters.suffix import SuffixDrafter
 
 __all__ = [
     "DelayedTreeDrafter",
+    "EagleDrafter",
+    "EagleHead",
+    "MedusaDrafter",
+    "MedusaHeads",
     "ModelDrafter",
     "ModelTreeDrafter",
     "NGramDrafter",

@@ -1,0 +1,255 @@
+"""EAGLE (Li, Wei, Zhang, Zhang; ICML'24, arXiv 2401.15077): a feature-level draft head on the target's own hidden
+states, sharing the target's embedding and output head.
+
+The head predicts the target's next final hidden state from the current one and the token that follows it:
+
+    g_t = norm(layer(fc([embed(x_{t+1}) ; f_t])))  ~  f_{t+1},     draft logits = head(g_t)
+
+where ``f_t [H]`` is the target's final (normed) hidden state at position ``t`` (the output head's input),
+``layer`` is one decoder layer of the target's own architecture (built from its config by transformers) and
+``norm`` a copy of its final norm. Committed positions are fed the target's ``f_t`` (from the prefill and from
+each round's verification forward: ``Round.hidden``); draft positions are fed the head's own ``g``. The head
+keeps its own :class:`~decodekit.cache.KVCache`, one entry per position, cropped back to the committed entries
+after every round, so a position's entry is written once with the target's features and never recomputed.
+
+Vocabulary trimming (FR-Spec, and EAGLE-3's reduced draft vocabulary; the seed "Balancing Coverage and Draft
+Latency in Vocabulary Trimming"): the head scores only ``V_d`` frequent tokens (``EagleHead.vocab``), the rows of
+the target's output matrix for those ids. Draft logits outside ``V_d`` are ``-inf``: such tokens are never
+drafted and have ``q = 0``, so rejection sampling stays exact (the residual keeps their full target mass) and
+greedy output equals plain decoding; the cost is an acceptance ceiling ``p(V_d)``.
+
+Faithfulness: EAGLE-1's architecture and loss (feature regression plus cross-entropy to the target's
+distribution, uniform feature noise; :mod:`decodekit.train.eagle`). Differences: the decoder layer keeps its input
+norm (EAGLE-1 drops it in its first layer) and ends in a copy of the target's final norm, so ``g`` lives where
+``f`` does; the cross-entropy is to the target's distribution renormalised over ``V_d`` (EAGLE-3's trimmed-head
+loss). Chains only for now: EAGLE-1's static tree and EAGLE-2's dynamic tree are not built yet.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from decodekit.budget import DraftBudget
+from decodekit.cache import KVCache
+from decodekit.checks import check_float
+from decodekit.draft import Draft
+from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
+from decodekit.drafters.head_files import dense, packaged, read_head, save_head
+from decodekit.errors import ConfigError
+from decodekit.masks import chain_mask
+from decodekit.models.base import LanguageModel, ModelOutput
+from decodekit.registry import register
+from decodekit.round import Round
+from decodekit.state import DecodeState
+
+DEFAULT_WEIGHTS = "eagle_smollm2-135m-instruct.safetensors"  # the zoo target's head (docs/training.md)
+RETRAIN = "python -m decodekit train recipe=eagle (docs/training.md)"
+
+
+def default_weights() -> Path:
+    """The head shipped for the zoo's ``smollm2-135m-instruct``."""
+    return packaged(DEFAULT_WEIGHTS)
+
+
+class EagleHead(nn.Module):
+    """The draft head: ``fc [2H -> H]``, one decoder layer of the target's architecture, the final norm.
+
+    Args:
+        config: the target's transformers config (the layer's sizes, attention and RoPE settings come from it).
+        vocab: ``[V_d]`` the token ids the head scores (ascending), or None for the full vocabulary.
+    """
+
+    def __init__(self, config: Any, vocab: torch.Tensor | None = None) -> None:
+        super().__init__()
+        from transformers import AutoModel
+
+        from decodekit.models.hf_support import cache_argument
+
+        cfg = copy.deepcopy(config)
+        cfg.num_hidden_layers, cfg.vocab_size, cfg.pad_token_id = 1, 1, None  # no token embedding table
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = list(cfg.layer_types[-1:])
+        hidden = int(config.hidden_size)
+        self.fc = nn.Linear(2 * hidden, hidden)
+        self.decoder = AutoModel.from_config(cfg)
+        self._cache_arg = cache_argument(self.decoder)
+        vocab = torch.arange(int(config.vocab_size)) if vocab is None else vocab.long()
+        self.register_buffer("vocab", vocab)
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        feats: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """``embeds [B, N, H]`` (of the tokens ``x_{t+1}``) and ``feats [B, N, H]`` (``f_t``) -> ``g [B, N, H]``.
+
+        Without a cache, causal attention over the ``N`` positions (training); with one, ``positions [B, N]`` and a
+        4-D bool ``mask [B, 1, N, S]`` against the staged cache, as :meth:`LanguageModel.forward`."""
+        x = self.fc(torch.cat([embeds, feats], -1))
+        kwargs: dict[str, Any] = {}
+        if cache is not None:
+            kwargs = {self._cache_arg: cache, "use_cache": True}
+        return self.decoder(inputs_embeds=x, position_ids=positions, attention_mask=mask, **kwargs).last_hidden_state
+
+    def init_from(self, target: LanguageModel) -> None:
+        """Start from the target: the layer is a copy of its last decoder layer, the norm of its final norm, and
+        ``fc`` passes ``f_t`` through (``[0 | I]`` plus small noise on the embedding half)."""
+        layers = getattr(target, "layers", None)
+        if layers is not None:
+            self.decoder.layers[0].load_state_dict(layers[-1].state_dict())
+        norm = getattr(target, "_norm", None)
+        if norm is not None and hasattr(self.decoder, "norm"):
+            self.decoder.norm.load_state_dict(norm.state_dict())
+        hidden = self.fc.out_features
+        with torch.no_grad():
+            self.fc.weight.normal_(0, 0.02)
+            self.fc.weight[:, hidden:] = torch.eye(hidden)
+            self.fc.bias.zero_()
+
+    def save(self, path: str | Path, metadata: dict[str, Any]) -> None:
+        """Write the weights (float16) and ``metadata`` (:func:`~decodekit.drafters.head_files.head_metadata`)."""
+        save_head(self, path, metadata, skip="embed_tokens")
+
+
+def load_head(path: str | Path, target: LanguageModel) -> tuple[EagleHead, dict[str, Any]]:
+    """The head in ``path`` for ``target`` (on its device and dtype) and its metadata; refuses a head trained
+    for another target."""
+    config = getattr(getattr(target, "hf", None), "config", None)
+    if config is None:
+        raise ConfigError(f"the eagle drafter needs a transformers target (its config builds the head); got {target!r}")
+    meta, tensors = read_head(path, target, "an EAGLE head", RETRAIN)
+    head = EagleHead(config, tensors["vocab"])
+    missing, unexpected = head.load_state_dict(tensors, strict=False)
+    if unexpected or any("embed_tokens" not in k for k in missing):
+        raise ConfigError(f"{path} does not match the head's layout: missing {missing}, unexpected {unexpected}")
+    return head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval(), meta
+
+
+@register("drafter", "eagle")
+class EagleDrafter(SamplesLikeTheTarget):
+    """Draft chains with an EAGLE head on the target's hidden states (see the module docstring).
+
+    The head drafts autoregressively at the feature level: step 0 feeds the pending token with the target's
+    feature of the last committed token, step ``j`` the previous draft token with the head's own output. Greedy:
+    argmax drafts (deterministic, lossless with greedy and traversal verification). Sampling: drafts sampled from
+    the head's distribution at the call's temperature / top-k / top-p, reported as ``q`` (exact with rejection
+    sampling). Logits processors of the call apply to the draft logits, as for a draft model.
+
+    Host syncs: none of its own per round (one per draft step with a stop rule in the budget).
+
+    Args:
+        weights: a head file (:meth:`EagleHead.save`); None = the head shipped for the zoo target
+            ``smollm2-135m-instruct``. A head trained for another target is refused in ``begin``.
+        temperature: the drafter's sampling temperature; None = the call's (which maximises acceptance).
+        target: optionally the target (a :class:`LanguageModel`, transformers model or zoo name) to load the head
+            for now, so a head that does not fit it is refused here rather than at the first call.
+    """
+
+    shares_target = True
+    needs = frozenset({"hidden"})
+
+    def __init__(self, weights: str | Path | None = None, temperature: float | None = None, target: Any = None) -> None:
+        self.weights = default_weights() if weights is None else Path(weights)
+        if not self.weights.is_file():
+            raise ConfigError(f"no EAGLE head at {self.weights}; train one with {RETRAIN} and pass weights=<its file>")
+        self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")
+        self.head: EagleHead | None = None
+        self.metadata: dict[str, Any] = {}
+        self._for: int | None = None  # id of the target the head was loaded for
+        if target is not None:
+            from decodekit.models import load_model
+
+            self._load(load_model(target))
+
+    def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache, prefill: ModelOutput) -> None:
+        """Load the head for ``target`` (once per target) and queue the prompt's features for the first round."""
+        self._load(target)
+        self.cache = target.new_cache(state.batch_size, state.tokens.shape[1])
+        self.feats = prefill.last_hidden  # [B, T, H]: features of positions cache.lengths .. committed - 1
+        self._committed: tuple[torch.Tensor, list[int]] | None = None  # set by propose: the target-fed entries
+
+    def _load(self, target: LanguageModel) -> None:
+        """Load the head for ``target`` (once per target object)."""
+        if self._for != id(target):
+            self.head, self.metadata = load_head(self.weights, target)
+            self._for = id(target)
+            self._head_matrix(target)
+        self.target = target
+
+    def _head_matrix(self, target: LanguageModel) -> None:
+        """The output head's rows for the head's vocabulary (``[V_d, H]``) and bias; None when the target's head
+        is not a plain linear map (then the full head runs and is sliced)."""
+        lm_head = getattr(target, "lm_head", None)
+        weight, bias = dense(getattr(lm_head, "weight", None)), dense(getattr(lm_head, "bias", None))
+        ids = self.head.vocab  # type: ignore[union-attr]
+        self._w = weight[ids].detach() if weight is not None and weight.dim() == 2 else None
+        self._b = bias[ids].detach() if self._w is not None and bias is not None else None
+        self._softcap = getattr(target, "softcap", None)
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        """``g [B, H]`` -> ``[B, V]`` float32 draft logits, ``-inf`` outside the head's vocabulary."""
+        ids = self.head.vocab  # type: ignore[union-attr]
+        if self._w is None:
+            scores = self.target.head(g).float()[:, ids]
+        else:
+            scores = nn.functional.linear(g, self._w, self._b).float()
+            if self._softcap:
+                scores = torch.tanh(scores / self._softcap) * self._softcap
+        full = torch.full((g.shape[0], self.target.vocab_size), float("-inf"), device=g.device)
+        return full.index_copy_(1, ids, scores)
+
+    def _run(self, tokens: torch.Tensor, feats: torch.Tensor, counts: torch.Tensor, host: int | list[int]) -> Any:
+        """Feed ``tokens [B, N]`` / ``feats [B, N, H]`` (row ``b``: the first ``counts[b]``) as the next entries;
+        returns ``g [B, H]`` at each row's last one."""
+        kv_len = self.cache.stage(tokens.shape[1])
+        mask, positions = chain_mask(self.cache.lengths, tokens.shape[1], kv_len)
+        g = self.head(self.target.embed(tokens), feats.to(self.head.fc.weight.dtype), positions, mask, self.cache)  # type: ignore[misc,union-attr]
+        self.cache.keep(counts, host_counts=host)
+        return g.gather(1, (counts - 1).clamp(min=0)[:, None, None].expand(-1, 1, g.shape[-1]))[:, 0]
+
+    def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
+        # the unseen entries: positions cache.lengths .. committed - 1, tokens x_{t+1} (the last is the pending one)
+        seen = self.cache.host_lengths()
+        unseen = [n - 1 - s for n, s in zip(state.host_lengths, seen)]
+        idx = self.cache.lengths[:, None] + 1 + torch.arange(max(unseen), device=state.device)
+        tokens = state.tokens.gather(1, idx.clamp(max=state.tokens.shape[1] - 1))
+        counts = state.lengths - 1 - self.cache.lengths
+        g = self._run(tokens, self.feats[:, : max(unseen)], counts, unseen)
+        self._committed = (self.cache.lengths.clone(), self.cache.host_lengths())  # the entries with target features
+        if budget.max_len == 0:
+            return Draft.empty(state.batch_size, state.device)
+
+        def advance(x: torch.Tensor) -> tuple[torch.Tensor, None]:
+            nonlocal g
+            g = self._run(x[:, None], g[:, None], torch.ones_like(x), 1)
+            return self.logits(g), None
+
+        return draft_chain(state, budget, self.sampling(state.sampling), self.logits(g), None, advance)
+
+    def observe(self, state: DecodeState, round: Round) -> None:
+        """Drop the draft entries; queue the target's features of the tokens this round committed (after those
+        still queued when the loop did not ask for a draft this round)."""
+        if self._committed is not None:
+            lengths, host = self._committed
+            self.cache.crop(lengths, host_lengths=host)
+            self.feats, self._committed = round.hidden, None
+            return
+        # no draft this round: the queue still holds positions cache.lengths .. (committed before the round) - 1
+        queued = state.lengths - 1 - round.counts - self.cache.lengths  # [B]
+        new = round.hidden  # [B, M, H]
+        width = self.feats.shape[1] + new.shape[1]
+        feats = torch.cat([self.feats, new.new_zeros(new.shape[0], width - self.feats.shape[1], new.shape[2])], 1)
+        at = (queued[:, None] + torch.arange(new.shape[1], device=new.device))[..., None].expand_as(new)
+        self.feats = feats.scatter(1, at, new)
+
+    def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
+        self.cache.select_rows(rows, host_rows=host_rows)
+        self.feats = self.feats.index_select(0, rows)

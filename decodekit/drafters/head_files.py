@@ -1,0 +1,89 @@
+"""Trained draft heads on disk: one safetensors file per head, its metadata saying which target it was trained for.
+
+Shared by :mod:`decodekit.drafters.eagle` and :mod:`decodekit.drafters.medusa`. A file holds the head's weights
+(float16, plus an integer ``vocab`` buffer) and JSON-encoded metadata: :func:`head_metadata` (the target's hidden
+size, vocabulary and :func:`fingerprint`) and whatever the training run adds (recipe, data, numbers). Loading
+refuses a head written for another target: a head trained on other features drafts garbage silently.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from decodekit.errors import ConfigError
+from decodekit.models.base import LanguageModel
+
+
+def packaged(name: str) -> Path:
+    """The path of ``name`` among the weights shipped in the package (``decodekit/weights/``)."""
+    return Path(str(resources.files("decodekit") / "weights" / name))
+
+
+def fingerprint(target: LanguageModel) -> float:
+    """A number that tells targets apart: the sum of the first 16 tokens' input embeddings (float64)."""
+    with torch.no_grad():
+        return float(target.embed(torch.arange(min(16, target.vocab_size), device=target.device)[None]).double().sum())
+
+
+def head_metadata(target: LanguageModel, **extra: Any) -> dict[str, Any]:
+    """What :func:`read_head` checks a head against, for ``target``, plus ``extra`` (recipe, numbers)."""
+    config = target.hf.config  # type: ignore[attr-defined]
+    return {
+        "hidden_size": int(config.hidden_size),
+        "vocab_size": target.vocab_size,
+        "fingerprint": fingerprint(target),
+        **extra,
+    }
+
+
+def save_head(module: nn.Module, path: str | Path, metadata: dict[str, Any], skip: str | None = None) -> None:
+    """Write ``module``'s state (float16; ``vocab`` as is; keys containing ``skip`` left out) and ``metadata``."""
+    from safetensors.torch import save_file
+
+    tensors = {
+        k: (v if k == "vocab" else v.half()).detach().cpu().clone()
+        for k, v in module.state_dict().items()
+        if skip is None or skip not in k
+    }
+    save_file(tensors, str(path), metadata={k: json.dumps(v) for k, v in metadata.items()})
+
+
+def read_head(
+    path: str | Path, target: LanguageModel, what: str, retrain: str
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The metadata and tensors of the head file ``path`` (``what``: "an EAGLE head", for messages), checked
+    against ``target``; a missing, unreadable or foreign file is a :class:`ConfigError` naming ``retrain``."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no {what} at {path}; train one with {retrain} and pass weights=<its file>")
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    except Exception as error:
+        raise ConfigError(f"{path} is not {what} file decodekit wrote: {error}") from None
+    want = (meta.get("hidden_size"), meta.get("vocab_size"), meta.get("fingerprint"))
+    hidden = getattr(getattr(getattr(target, "hf", None), "config", None), "hidden_size", None)
+    have = (hidden, target.vocab_size, fingerprint(target))
+    if want[:2] != have[:2] or want[2] is None or abs(want[2] - have[2]) > 1e-3 * max(1.0, abs(have[2])):
+        raise ConfigError(
+            f"{what} {path.name} was trained for {meta.get('base', 'another target')!r} (hidden size "
+            f"{want[0]}, vocabulary {want[1]}); this target differs (hidden size {have[0]}, vocabulary {have[1]}"
+            f"{'' if want[:2] != have[:2] else ', other weights'}). Train one for it with {retrain} base=<it>"
+        )
+    return meta, tensors
+
+
+def dense(value: Any) -> torch.Tensor | None:
+    """A tensor as a plain dense one (``kernels="onednn"`` keeps prepacked MKL-DNN copies), else None."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    return value.to_dense() if value.is_mkldnn else value

@@ -1,0 +1,180 @@
+"""The EAGLE drafter: a feature head trained here on tiny targets with the training recipe's own loss, then
+greedy output equal to plain decoding, the exact output law under rejection sampling (full and trimmed draft
+vocabulary; a drafter that misreports q fails the same test), and the refusals (missing weights, another target)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.drafters.eagle import EagleDrafter, EagleHead
+from decodekit.drafters.head_files import head_metadata
+from decodekit.errors import ConfigError
+from decodekit.policies import FixedLength
+from decodekit.train.eagle import head_loss
+from decodekit.train.feature_heads import target_features
+from decodekit.verifiers import RejectionVerifier
+from tests.conftest import assert_greedy_twice, tiny_llama
+from tests.unit.test_lossless import MisreportsQ, assert_detected, assert_matches, sample_counts
+
+
+def sequences(lm: dk.LanguageModel, n: int, length: int, seed: int) -> list[list[int]]:
+    """``n`` sequences the target samples (temperature 1) from random 3-8 token prompts."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [
+        torch.randint(0, lm.vocab_size, (int(torch.randint(3, 9, (1,), generator=gen)),), generator=gen).tolist()
+        for _ in range(n)
+    ]
+    out = dk.generate(lm, prompts, max_new_tokens=length, temperature=1.0, eos_token_id=(), seed=seed)
+    return [p + s for p, s in zip(prompts, out.sequences)]
+
+
+def train_head(lm: dk.LanguageModel, steps: int, vocab: torch.Tensor | None = None, seed: int = 0) -> EagleHead:
+    """A head trained with :func:`decodekit.train.eagle.head_loss` on the target's own samples."""
+    data = target_features(lm, sequences(lm, 96, 40, seed), seq_len=48, batch_size=32, progress=False)
+    torch.manual_seed(seed)
+    head = EagleHead(lm.hf.config, vocab)
+    head.init_from(lm)
+    w_d = lm.lm_head.weight[head.vocab].detach()
+    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        idx = torch.randint(0, len(data["lengths"]), (16,), generator=gen)
+        batch = (data["tokens"][idx], data["feats"][idx], data["lengths"][idx], torch.zeros(16, dtype=torch.long))
+        loss, _ = head_loss(head, lm.embed, w_d, *batch, 0.0, 1.0)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return head.eval()
+
+
+def head_file(tmp_path_factory, lm: dk.LanguageModel, head: EagleHead, name: str):
+    path = tmp_path_factory.mktemp("eagle") / f"{name}.safetensors"
+    head.save(path, head_metadata(lm, base=name))
+    return path
+
+
+@pytest.fixture(scope="module")
+def greedy_setup(tmp_path_factory):
+    lm = dk.load_model(tiny_llama(0))
+    return lm, head_file(tmp_path_factory, lm, train_head(lm, 150), "tiny")
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    lm = dk.load_model(tiny_llama(0, vocab=8, hidden=32, init=0.3))
+    full = head_file(tmp_path_factory, lm, train_head(lm, 100), "tiny8")
+    trimmed = head_file(tmp_path_factory, lm, train_head(lm, 100, vocab=torch.tensor([1, 2, 4, 6, 7])), "tiny8_trim")
+    return lm, full, trimmed
+
+
+def test_training_fits_its_data():
+    """The recipe's loss trains the head (on a random tiny target only the training data can be fitted; the
+    held-out agreement of the real recipe is tests/integration/test_eagle_recipe.py's)."""
+    lm = dk.load_model(tiny_llama(3))
+    data = target_features(lm, sequences(lm, 96, 40, seed=0), seq_len=48, batch_size=32, progress=False)
+    batch = (data["tokens"][:32], data["feats"][:32], data["lengths"][:32], torch.zeros(32, dtype=torch.long))
+    stats = []
+    for steps in (0, 150):
+        head = train_head(lm, steps, seed=0)
+        with torch.no_grad():
+            loss, numbers = head_loss(head, lm.embed, lm.lm_head.weight, *batch, 0.0, 1.0)
+        stats.append((float(loss), numbers["acc"]))
+    assert stats[1][0] < 0.9 * stats[0][0] and stats[1][1] > stats[0][1] + 0.1, stats
+
+
+def test_greedy_equals_plain_decoding(greedy_setup, ragged_prompts):
+    lm, path = greedy_setup
+    reference = dk.generate(lm, ragged_prompts, max_new_tokens=40, eos_token_id=()).sequences
+    assert_greedy_twice(lm, ragged_prompts, EagleDrafter(path), FixedLength(3), reference, 40)
+
+
+def test_rows_finishing_at_different_times(greedy_setup, ragged_prompts):
+    lm, path = greedy_setup
+    lengths = [5, 17, 9, 30]
+    reference = [
+        dk.generate(lm, [p], max_new_tokens=n, eos_token_id=()).sequences[0] for p, n in zip(ragged_prompts, lengths)
+    ]
+    out = dk.generate(lm, ragged_prompts, EagleDrafter(path), max_new_tokens=30, eos_token_id=(), debug=True)
+    assert [s[:n] for s, n in zip(out.sequences, lengths)] == reference
+    eos = dk.generate(lm, ragged_prompts, max_new_tokens=30, eos_token_id=[7, 9]).sequences
+    assert (
+        dk.generate(
+            lm, ragged_prompts, EagleDrafter(path), max_new_tokens=30, eos_token_id=[7, 9], debug=True
+        ).sequences
+        == eos
+    )
+
+
+@pytest.mark.parametrize("trimmed", [False, True])
+def test_sampling_is_lossless(small_vocab, trimmed):
+    lm, full, trim = small_vocab
+    drafter = EagleDrafter(trim if trimmed else full)
+    counts, stats = sample_counts(lm, drafter, RejectionVerifier(), FixedLength(2), "T1", seed=21)
+    assert_matches(lm.hf, counts, "T1")
+    assert 0.05 < stats.draft_acceptance_rate < 0.95
+
+
+def test_trimmed_head_drafts_only_its_vocabulary(small_vocab):
+    lm, _, trim = small_vocab
+    drafter = EagleDrafter(trim)
+    seen = []
+
+    class Spy:
+        def plan(self, state):
+            return FixedLength(3).plan(state)
+
+    out = dk.generate(
+        lm, [[1, 2, 3]] * 64, drafter, policy=Spy(), max_new_tokens=12, temperature=1.0, seed=3, eos_token_id=()
+    )
+    seen = drafter.head.vocab.tolist()
+    assert seen == [1, 2, 4, 6, 7] and out.stats.drafted > 0
+    logits = drafter.logits(torch.randn(2, lm.hf.config.hidden_size))
+    assert torch.isinf(logits[:, [0, 3, 5]]).all() and torch.isfinite(logits[:, [1, 2, 4, 6, 7]]).all()
+
+
+def test_a_drafter_that_misreports_q_is_detected(small_vocab):
+    lm, full, _ = small_vocab
+    counts, _ = sample_counts(lm, MisreportsQ(EagleDrafter(full)), RejectionVerifier(), FixedLength(2), "T1", seed=22)
+    assert_detected(lm.hf, counts, "T1")
+
+
+def test_missing_weights_say_how_to_train_them(tmp_path):
+    with pytest.raises(ConfigError, match="recipe=eagle"):
+        EagleDrafter(tmp_path / "absent.safetensors")
+
+
+def test_a_head_for_another_target_is_refused(greedy_setup, ragged_prompts):
+    _, path = greedy_setup
+    other = dk.load_model(tiny_llama(5))  # same shapes, other weights
+    with pytest.raises(ConfigError, match="trained for 'tiny'.*other weights"):
+        dk.generate(other, ragged_prompts, EagleDrafter(path), max_new_tokens=4)
+    with pytest.raises(ConfigError, match="other weights"):
+        EagleDrafter(path, target=other)  # given the target, the head is checked when the drafter is built
+    wider = dk.load_model(tiny_llama(0, hidden=32))
+    with pytest.raises(ConfigError, match="hidden size 64"):
+        dk.generate(wider, ragged_prompts, EagleDrafter(path), max_new_tokens=4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_at_most_two_host_syncs_per_round(tmp_path, temperature):
+    """Like a draft model: the loop's own read of the row lengths and the draft's used width, nothing more (the
+    head's host lengths are kept from the loop's)."""
+    from tests.unit.test_host_syncs import syncs_per_round
+
+    lm = dk.load_model(tiny_llama(0))
+    path = tmp_path / "head.safetensors"
+    head = EagleHead(lm.hf.config)
+    head.init_from(lm)
+    head.save(path, head_metadata(lm, base="tiny"))
+    assert syncs_per_round(lm, EagleDrafter(path), FixedLength(3), temperature) <= 2
+
+
+def test_runs_on_a_target_with_onednn_kernels(greedy_setup, ragged_prompts):
+    """kernels="onednn" keeps the output head prepacked: the head reads a dense copy of its rows."""
+    lm, path = greedy_setup
+    packed = dk.load_model(lm, kernels="onednn")
+    reference = dk.generate(packed, ragged_prompts, max_new_tokens=20, eos_token_id=()).sequences
+    out = dk.generate(packed, ragged_prompts, EagleDrafter(path), max_new_tokens=20, eos_token_id=(), debug=True)
+    assert out.sequences == reference and out.stats.drafted > 0
