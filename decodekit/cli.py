@@ -145,14 +145,16 @@ def check_bench_config(cfg: Any) -> None:
         check_int(f"methods.{name}.max_batch", spec.get("max_batch"), low=1, optional=True)
     baselines = cfg.get("baselines") or {}
     if not isinstance(baselines, Mapping):
-        raise ConfigTypeError(f"baselines must map names to {{kind, k, max_ngram, assistant_from}}, got {baselines!r}")
+        raise ConfigTypeError(
+            f"baselines must map names to {{kind, k, max_ngram, exit_layer, assistant_from}}, got {baselines!r}"
+        )
     for name, spec in baselines.items():
         if not isinstance(spec, Mapping):
-            raise ConfigTypeError(f"baselines.{name} must be a mapping (kind: greedy | prompt_lookup | assisted)")
+            raise ConfigTypeError(f"baselines.{name} must be a mapping (kind: {' | '.join(_BASELINE_KINDS)})")
         kind = spec.get("kind", "greedy")
         if kind not in _BASELINE_KINDS:
             raise ConfigError(f"baselines.{name}.kind must be one of {', '.join(_BASELINE_KINDS)}, got {kind!r}")
-        for field in ("k", "max_ngram"):
+        for field in ("k", "max_ngram", "exit_layer"):
             check_int(f"baselines.{name}.{field}", spec.get(field), low=1, optional=True)
         source = spec.get("assistant_from")
         if source is not None and methods.get(source) is None:
@@ -166,7 +168,7 @@ def _is_list(value: Any) -> bool:
 COMPONENTS = ("drafter", "verifier", "policy")
 _SETTING_KEYS = {"name", "temperature", "top_k", "top_p"}
 _METHOD_KEYS = {"drafter", "verifier", "policy", "max_batch"}
-_BASELINE_KINDS = ("greedy", "prompt_lookup", "assisted")
+_BASELINE_KINDS = ("greedy", "prompt_lookup", "assisted", "early_exit")
 
 
 def run_bench(cfg: Any, out_dir: Path) -> str:

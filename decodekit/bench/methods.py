@@ -75,18 +75,20 @@ class Method:
 
 @dataclass
 class TransformersBaseline:
-    """transformers' own ``generate``: plain, prompt lookup (``prompt_lookup_num_tokens``) or assisted generation
-    (``assistant_model``). Prompt lookup and assisted generation are batch-1 only in transformers.
+    """transformers' own ``generate``: plain, prompt lookup (``prompt_lookup_num_tokens``), assisted generation
+    (``assistant_model``) or its early-exit assistant (``assistant_early_exit=exit_layer``: the target's first
+    ``exit_layer`` layers and its head draft; no KV reuse). All but plain are batch-1 only in transformers.
 
     Rows of a batch are left-padded (as transformers requires); prefill time is measured by a separate
     ``max_new_tokens=1`` call on the same batch.
     """
 
     name: str
-    kind: Literal["greedy", "prompt_lookup", "assisted"] = "greedy"
+    kind: Literal["greedy", "prompt_lookup", "assisted", "early_exit"] = "greedy"
     k: int = 4
     assistant: Any = None
     max_ngram: int = 3
+    exit_layer: int = 8
 
     @property
     def max_batch(self) -> int | None:
@@ -106,12 +108,13 @@ class TransformersBaseline:
             kwargs.update(temperature=setting.temperature, top_k=setting.top_k or 0, top_p=setting.top_p or 1.0)
         if self.kind == "prompt_lookup":
             kwargs.update(prompt_lookup_num_tokens=self.k, max_matching_ngram_size=self.max_ngram)
+        elif self.kind == "early_exit":  # the target's first exit_layer layers draft (EarlyExitCandidateGenerator)
+            kwargs.update(assistant_early_exit=self.exit_layer)
+            _constant_draft_length(hf.generation_config, self.k)
         elif self.kind == "assisted":
             assistant = self.assistant.hf if isinstance(self.assistant, LanguageModel) else self.assistant
             kwargs.update(assistant_model=assistant)
-            assistant.generation_config.num_assistant_tokens = self.k
-            assistant.generation_config.num_assistant_tokens_schedule = "constant"
-            assistant.generation_config.assistant_confidence_threshold = 0.0
+            _constant_draft_length(assistant.generation_config, self.k)
         torch.manual_seed(seed)
         _, prefill = timed_call(lambda: hf.generate(ids, max_new_tokens=1, **kwargs), model.device)
         torch.manual_seed(seed)
@@ -120,6 +123,13 @@ class TransformersBaseline:
         # separate calls: a burst in the first may make it look as long as the whole (tiny models, where both are
         # mostly Python overhead); the decode part is then floored at one of the max_new_tokens tokens' share
         return Run(rows, wall, min(prefill, wall * (1 - 1 / max(max_new_tokens, 2))))
+
+
+def _constant_draft_length(config: Any, k: int) -> None:
+    """Make transformers' assisted generation draft exactly ``k`` tokens a round (no schedule, no early stop)."""
+    config.num_assistant_tokens = k
+    config.num_assistant_tokens_schedule = "constant"
+    config.assistant_confidence_threshold = 0.0
 
 
 def _strip(tokens: list[int], eos: tuple[int, ...]) -> list[int]:

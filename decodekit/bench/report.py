@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -63,8 +64,33 @@ def speedup(result: Result) -> str:
     return f"{result.speedup:.2f}x{spread}"
 
 
-def markdown(results: Sequence[Result], title: str = "", info: dict[str, Any] | None = None) -> str:
-    """One table per (setting, batch size), methods as rows; under it, each greedy difference explained."""
+def task_speedups(results: Sequence[Result], tasks: Sequence[str]) -> list[str]:
+    """Markdown rows of each method's batch-1 speedup per task (``tasks[i]``: prompt ``i``'s task), for a setting's
+    ``results`` (the first is the reference): per pass, the method's decode tokens/s on that task's prompts over
+    the reference's on the same prompts in the same pass; the median over passes."""
+    names = list(dict.fromkeys(tasks))
+    reference = results[0]
+
+    def rate(result: Result, pass_index: int, task: str) -> float:
+        calls = [c for c in result.calls if c.pass_index == pass_index and tasks[c.batch] == task]
+        return sum(c.tokens - c.rows for c in calls) / max(sum(c.wall_s - c.prefill_s for c in calls), 1e-9)
+
+    passes = sorted({c.pass_index for c in reference.calls})
+    lines = ["| method | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for r in results[1:]:
+        cells = []
+        for task in names:
+            ratios = [rate(r, p, task) / rate(reference, p, task) for p in passes if rate(reference, p, task) > 0]
+            cells.append(f"{statistics.median(ratios):.2f}x" if ratios else "-")
+        lines.append(f"| {r.method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(
+    results: Sequence[Result], title: str = "", info: dict[str, Any] | None = None, tasks: Sequence[str] | None = None
+) -> str:
+    """One table per (setting, batch size), methods as rows; under it, each greedy difference explained. With
+    ``tasks`` (each prompt's task) naming more than one task, batch-1 tables get a speedup-per-task table too."""
     lines = [f"## {title}"] if title else []
     if info:
         lines.append(", ".join(f"{k}: {v}" for k, v in info.items()))
@@ -98,6 +124,9 @@ def markdown(results: Sequence[Result], title: str = "", info: dict[str, Any] | 
                 f"{r.prefill_s:.1f} | {greedy_match(r)} |"
                 + (f" {_fmt(r.oracle, suffix='x')} | {_fmt(s.rejected_per_token if s else None)} |" if oracle else "")
             )
+        if tasks is not None and batch == 1 and len(set(tasks)) > 1:
+            lines += ["", f"Speedup per task ({setting}, batch 1; median of per-pass ratios):", ""]
+            lines += task_speedups(rows, tasks)
         warnings = list(dict.fromkeys(f"- WARNING {r.method}: {w}" for r in rows for w in r.warnings))
         if warnings:
             lines += ["", *warnings]
@@ -160,12 +189,18 @@ def plot(results: Sequence[Result], path: Path) -> None:
     plt.close(fig)
 
 
-def save(results: Sequence[Result], out_dir: Path, info: dict[str, Any], config: dict[str, Any] | None = None) -> str:
+def save(
+    results: Sequence[Result],
+    out_dir: Path,
+    info: dict[str, Any],
+    config: dict[str, Any] | None = None,
+    tasks: Sequence[str] | None = None,
+) -> str:
     """Write ``results.json``, ``results.md`` and ``speedup.png`` to ``out_dir``; return the markdown.
 
     Of several processes (``accelerate launch``, :mod:`decodekit.bench.distributed`) only rank 0 writes; every
     process returns the table (each holds the merged results)."""
-    table = markdown(results, "decodekit benchmark", info)
+    table = markdown(results, "decodekit benchmark", info, tasks)
     if not current_world().main:
         return table
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -107,7 +107,8 @@ def measure(cfg: Any, methods: Sequence[Method | TransformersBaseline], out_dir:
         progress=cfg.progress,
         prompt_ids=list(data["id"]),
     )
-    return save(results, out_dir, info, config)
+    tasks = list(data["task"]) if "task" in data.column_names else None
+    return save(results, out_dir, info, config, tasks)
 
 
 def add_oracle_costs(

@@ -207,3 +207,26 @@ def test_oracle_costs_are_profiled_once_per_drafter_and_cached(tmp_path, monkeyp
     with pytest.raises(pytest.fail.Exception, match="profiled again"):
         measured_costs(model, NGramDrafter(), prompts, 2, [1, 2], {"cpu": "other"}, tmp_path)
     assert len(list(tmp_path.glob("*.json"))) == 1 and not list(tmp_path.glob("*.tmp"))
+
+
+def test_speedup_per_task_is_a_ratio_within_each_pass():
+    """Two tasks, two passes: the method is 2x on task a and 1x on task b in pass 0, 4x / 1x in pass 1 (a slow
+    pass for the reference on task a); per task, the median of the per-pass ratios."""
+    from decodekit.bench.report import task_speedups
+    from decodekit.bench.runner import Call, Result
+
+    def result(name, seconds):  # seconds[pass][prompt]: decode time of 11 tokens (+1 from prefill) per prompt
+        calls = [
+            Call("greedy", 1, name, p, i, 0, 1, 12, s + 0.5, 0.5)
+            for p, row in enumerate(seconds)
+            for i, s in enumerate(row)
+        ]
+        return Result(name, "greedy", 1, 3, 36, 1.0, 0.1, [], calls=calls)
+
+    ref = result("autoregressive", [[2.0, 2.0, 1.0], [4.0, 4.0, 1.0]])
+    fast = result("fast", [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    lines = task_speedups([ref, fast], ["a", "a", "b"])
+    assert lines[0] == "| method | a | b |" and lines[2] == "| fast | 3.00x | 1.00x |"
+    table = markdown([ref, fast], tasks=["a", "a", "b"])
+    assert "Speedup per task (greedy, batch 1" in table and "| fast | 3.00x | 1.00x |" in table
+    assert "Speedup per task" not in markdown([ref, fast], tasks=["a", "a", "a"])
