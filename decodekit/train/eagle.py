@@ -1,0 +1,126 @@
+"""Train an EAGLE head for a target (``python -m decodekit train recipe=eagle``, docs/training.md): the zoo's
+``eagle`` drafter (:mod:`decodekit.drafters.eagle`).
+
+Self-distillation on the target's own features (:mod:`decodekit.train.feature_heads`: its greedy responses and
+continuations of offline prompts, no benchmark prompts). EAGLE-1's objective:
+``SmoothL1(g_t, f_{t+1}) + ce_weight * CE(softmax(W_d f_{t+1}), W_d g_t)`` with uniform noise on the input
+features, where ``W_d`` is the output head's rows for the ``train_vocab`` most frequent tokens of the data (the
+distillation target renormalised over them, as EAGLE-3 trains its trimmed head).
+
+Vocabulary trimming is then picked from data (:func:`decodekit.train.eagle_vocab.pick_vocab`): for each candidate
+size, the held-out top-1 agreement with the target's argmax and the measured draft-step time give a modelled chain
+speedup; the best size ships.
+
+Writes to ``out_dir``: ``data/`` (cached sequences and features), ``checkpoints/step_*`` (``resume=true``),
+``history.json``, ``summary.json``, ``loss.png`` and ``eagle_<base>.safetensors``; copy it to
+``decodekit/weights/`` to ship it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from decodekit.checks import check_int
+from decodekit.train.common import plot_losses
+
+
+def head_loss(
+    head: Any,
+    embed: Any,
+    w_d: torch.Tensor,
+    tokens: torch.Tensor,
+    feats: torch.Tensor,
+    lengths: torch.Tensor,
+    starts: torch.Tensor,
+    noise: float,
+    ce_weight: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """EAGLE-1's loss on a batch: ``tokens [B, L]``, target features ``feats [B, L, H]``, ``lengths [B]``;
+    ``w_d [V_d, H]`` the output head's rows scored by the head. Position ``t`` reads ``(x_{t+1}, f_t)`` and predicts
+    ``f_{t+1}`` (regression) and the target's distribution at ``t + 1`` (soft cross-entropy over ``V_d``), i.e.
+    the token ``x_{t+2}``; only positions with ``t + 2 >= starts`` count (a prompted sequence's response).
+    Returns the loss and ``reg``, ``ce``, ``acc`` (top-1 agreement with the target over ``V_d``)."""
+    f_in, f_out = feats[:, :-1].float(), feats[:, 1:].float()
+    if noise:
+        f_in = f_in + (torch.rand_like(f_in) * 2 - 1) * noise
+    with torch.no_grad():
+        emb = embed(tokens[:, 1:])
+        p = (f_out @ w_d.T).softmax(-1)
+    g = head(emb, f_in)
+    t = torch.arange(tokens.shape[1] - 1, device=tokens.device)[None]
+    valid = (t + 1 < lengths[:, None]) & (t + 2 >= starts[:, None])
+    reg = torch.nn.functional.smooth_l1_loss(g, f_out, reduction="none").mean(-1)[valid].mean()
+    logq = (g @ w_d.T).log_softmax(-1)
+    ce = -(p * logq).sum(-1)[valid].mean()
+    acc = (logq.argmax(-1) == p.argmax(-1))[valid].float().mean()
+    return reg + ce_weight * ce, {"reg": float(reg.detach()), "ce": float(ce.detach()), "acc": float(acc)}
+
+
+def train(
+    out_dir: str | Path,
+    *,
+    base: str = "smollm2-135m-instruct",
+    chat_prompts: int = 256,
+    code_prompts: int = 256,
+    text_chunks: int = 1024,
+    max_prompt_tokens: int = 320,
+    max_new_tokens: int = 128,
+    seq_len: int = 384,
+    gen_batch_size: int = 8,
+    train_vocab: int = 16384,
+    vocab_sizes: tuple[int, ...] = (2048, 4096, 8192, 16384),
+    draft_len: int = 4,
+    val_fraction: float = 0.05,
+    epochs: int = 3,
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    warmup: float = 0.03,
+    noise: float = 0.1,
+    ce_weight: float = 0.1,
+    save_every: int = 200,
+    resume: bool = False,
+    init: str | None = None,
+    data_dir: str | None = None,
+    threads: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
+    ``decodekit/recipes/train/eagle.yaml`` for what each argument does."""
+    from decodekit.drafters.eagle import EagleHead
+    from decodekit.drafters.head_files import head_metadata
+    from decodekit.train.eagle_vocab import pick_vocab
+    from decodekit.train.feature_heads import fit, start_run
+
+    check_int("draft_len", draft_len, low=1)
+    recipe, out, target, data = start_run(locals())
+    w_d = target.lm_head.weight[data.vocab].detach()
+    head = EagleHead(target.hf.config, data.vocab)
+    head.init_from(target)
+    if init is not None:  # continue from a trained head (its layer and fc; the vocabulary is this run's)
+        from safetensors.torch import load_file
+
+        head.load_state_dict({k: v.float() for k, v in load_file(init).items() if k != "vocab"}, strict=False)
+
+    def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        return head_loss(head, target.embed, w_d, *data.batch(idx), noise, ce_weight)
+
+    trained, history, numbers = fit(
+        head, batch_loss, data, out, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+        warmup=warmup, save_every=save_every, resume=resume, seed=seed, progress=progress, desc="training EAGLE head",
+    )  # fmt: skip
+    val = data.subset(data.held)
+    sizes = sorted({s for s in vocab_sizes if s <= len(data.vocab)} or {len(data.vocab)})
+    choice = pick_vocab(trained, target, val, sizes, draft_len)
+    trained.vocab = data.vocab[: choice["picked"]].clone()
+    summary = {**data.summary(), **numbers, "vocab": choice, "base": base}
+    (out / "history.json").write_text(json.dumps(history))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_losses(history, out / "loss.png", f"EAGLE head for {base}", f"SmoothL1 + {ce_weight} CE")
+    trained.save(out / f"eagle_{base}.safetensors", head_metadata(target, base=base, summary=summary, recipe=recipe))
+    return summary

@@ -1,0 +1,156 @@
+"""Train Medusa heads for a target (``python -m decodekit train recipe=medusa``, docs/training.md): the zoo's
+``medusa`` drafter (:mod:`decodekit.drafters.medusa`).
+
+Medusa-1 with self-distillation, on the same cached features as the EAGLE head
+(:mod:`decodekit.train.feature_heads`; point ``data_dir`` at an EAGLE run's ``data`` to reuse them): head ``k``
+reads the target's feature ``f_t`` and learns the target's own distribution at ``t + k`` (``softmax(W_d f_{t+k})``,
+the token after ``x_{t+k}``) by soft cross-entropy over the ``train_vocab`` most frequent tokens, weighted
+``0.8^(k-1)``; the backbone and output head are frozen.
+
+The draft vocabulary is picked from data as for EAGLE (:mod:`decodekit.train.eagle_vocab`): per candidate size,
+each head's held-out agreement with the target's argmax ``a_k`` gives a chain of ``tau = 1 + sum_j prod_{k<=j} a_k``
+tokens per round at the measured cost of drafting (every head's scores over ``s`` tokens) plus verifying
+``K + 1`` tokens; the best modelled speedup ships.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from decodekit.checks import check_int
+from decodekit.train.common import plot_losses
+
+
+def medusa_loss(
+    heads: Any,
+    w_d: torch.Tensor,
+    feats: torch.Tensor,
+    lengths: torch.Tensor,
+    starts: torch.Tensor | None = None,
+    decay: float = 0.8,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Medusa-1's weighted loss on ``feats [B, L, H]`` (``lengths [B]``; only predictions of tokens at or after
+    ``starts [B]`` count); ``w_d [V_d, H]``. Returns the loss and ``acc`` (head 1's top-1 agreement with the target
+    over ``V_d``) and ``accs`` (every head's)."""
+    starts = torch.zeros_like(lengths) if starts is None else starts
+    f = feats.float()
+    width = f.shape[1]
+    h = heads(f[:, : width - 1])  # [B, L - 1, K, H]
+    total, accs = f.new_zeros(()), []
+    for k in range(1, h.shape[2] + 1):
+        n = width - k  # positions t with a target distribution at t + k
+        logq = (h[:, :n, k - 1] @ w_d.T).log_softmax(-1)
+        with torch.no_grad():
+            p = (f[:, k : k + n] @ w_d.T).softmax(-1)
+        t = torch.arange(n, device=f.device)[None]
+        valid = (t + k < lengths[:, None]) & (t + k + 1 >= starts[:, None])
+        total = total + decay ** (k - 1) * -(p * logq).sum(-1)[valid].mean()
+        accs.append(float((logq.argmax(-1) == p.argmax(-1))[valid].float().mean()))
+    return total, {"acc": accs[0], "accs": accs}
+
+
+@torch.no_grad()
+def pick_vocab(heads: Any, target: Any, val: Any, sizes: Sequence[int]) -> dict[str, Any]:
+    """The draft vocabulary size with the best modelled chain speedup (module docstring), with every size's
+    numbers."""
+    from decodekit.train.eagle_vocab import median_ms, target_ms
+
+    num_heads = len(heads.blocks)
+    hits = {s: [0] * num_heads for s in sizes}
+    totals = [0] * num_heads
+    w = target.lm_head.weight[heads.vocab[: max(sizes)]]
+    for i in range(0, len(val.lengths), 8):
+        _, f, lengths, starts = val.batch(torch.arange(i, min(i + 8, len(val.lengths))))
+        f = f.float()
+        width = f.shape[1]
+        h = heads(f[:, : width - 1])
+        for k in range(1, num_heads + 1):
+            n = width - k
+            t = torch.arange(n)[None]
+            valid = (t + k < lengths[:, None]) & (t + k + 1 >= starts[:, None])
+            want = target.head(f[:, k : k + n][valid]).argmax(-1)
+            scores = h[:, :n, k - 1][valid] @ w.T
+            totals[k - 1] += int(valid.sum())
+            for s in sizes:
+                hits[s][k - 1] += int((heads.vocab[scores[:, :s].argmax(-1)] == want).sum())
+    times = target_ms(target, (1, num_heads + 1))
+    f1 = torch.randn(1, heads.blocks[0].in_features)
+    rows = {}
+    for s in sizes:
+        acc = [hits[s][k] / max(totals[k], 1) for k in range(num_heads)]
+        draft = median_ms(lambda s=s: (heads(f1) @ w[:s].T).argmax(-1))
+        tau, run = 1.0, 1.0
+        for a in acc:
+            run *= a
+            tau += run
+        rows[s] = {
+            "agreement": acc,
+            "draft_ms": draft,
+            "modelled_speedup": tau * times[1] / (times[num_heads + 1] + draft),
+        }
+    picked = max(rows, key=lambda s: rows[s]["modelled_speedup"])
+    return {"picked": picked, "target_ms": times, "sizes": rows}
+
+
+def train(
+    out_dir: str | Path,
+    *,
+    base: str = "smollm2-135m-instruct",
+    num_heads: int = 3,
+    chat_prompts: int = 256,
+    code_prompts: int = 256,
+    text_chunks: int = 1024,
+    max_prompt_tokens: int = 320,
+    max_new_tokens: int = 128,
+    seq_len: int = 384,
+    gen_batch_size: int = 8,
+    train_vocab: int = 4096,
+    vocab_sizes: tuple[int, ...] = (1024, 2048, 4096),
+    val_fraction: float = 0.05,
+    epochs: int = 1,
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    warmup: float = 0.03,
+    decay: float = 0.8,
+    save_every: int = 200,
+    resume: bool = False,
+    data_dir: str | None = None,
+    threads: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train the heads; returns the summary numbers (also in ``summary.json``). See the module docstring and
+    ``decodekit/recipes/train/medusa.yaml`` for what each argument does."""
+    from decodekit.drafters.head_files import head_metadata
+    from decodekit.drafters.medusa import MedusaHeads
+    from decodekit.train.feature_heads import fit, start_run
+
+    check_int("num_heads", num_heads, low=1)
+    recipe, out, target, data = start_run(locals())
+    w_d = target.lm_head.weight[data.vocab].detach()
+    heads = MedusaHeads(target.hf.config.hidden_size, num_heads, data.vocab)
+
+    def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        _, feats, lengths, starts = data.batch(idx)
+        return medusa_loss(heads, w_d, feats, lengths, starts, decay)
+
+    trained, history, numbers = fit(
+        heads, batch_loss, data, out, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+        warmup=warmup, save_every=save_every, resume=resume, seed=seed, progress=progress, desc="training Medusa heads",
+    )  # fmt: skip
+    val = data.subset(data.held)
+    sizes = sorted({s for s in vocab_sizes if s <= len(data.vocab)} or {len(data.vocab)})
+    choice = pick_vocab(trained, target, val, sizes)
+    trained.vocab = data.vocab[: choice["picked"]].clone()
+    summary = {**data.summary(), **numbers, "vocab": choice, "base": base, "num_heads": num_heads}
+    (out / "history.json").write_text(json.dumps(history))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_losses(history, out / "loss.png", f"Medusa heads for {base}", "weighted soft CE")
+    trained.save(out / f"medusa_{base}.safetensors", head_metadata(target, base=base, summary=summary, recipe=recipe))
+    return summary
