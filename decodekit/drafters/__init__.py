@@ -2,6 +2,7 @@
 
 from decodekit.drafters.delayed import DelayedTreeDrafter
 from decodekit.drafters.eagle import EagleDrafter, EagleHead
+from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
 from decodekit.drafters.model import ModelDrafter
 from decodekit.drafters.model_tree import ModelTreeDrafter
@@ -12,6 +13,7 @@ from decodekit.drafters.suffix import SuffixDrafter
 __all__ = [
     "DelayedTreeDrafter",
     "EagleDrafter",
+    "EarlyExitDrafter",
     "EagleHead",
     "MedusaDrafter",
     "MedusaHeads",

@@ -4,7 +4,7 @@ On a GPU every ``.item() / .tolist() / .cpu() / bool(t) / int(t) / t.nonzero()``
 host until the queued kernels finish. On the CPU they are cheap, but counting them here tells what a GPU user
 pays. Budgets (docs/concepts.md): plain decoding 1 per round, n-gram chain rounds 2, model-drafter rounds 2, plus
 1 per draft step when the policy has a stop rule (and, for a draft model, 1 each time rows leave the batch).
-Counted as the difference between a long and a short run, so the per-call constant (prefill, read-out) cancels.
+The per-call syncs (prefill, first-round validation, stats, read-out: :data:`OVERHEAD`) are taken off.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def count_syncs() -> Iterator[list[int]]:
             setattr(torch.Tensor, name, method)
 
 
-OVERHEAD = 8  # per call: the read after prefill, the first round's draft check, 3 to flush stats, 3 to read out
+OVERHEAD = 9  # per call: the read after prefill, round 1's budget and draft checks, 3 to flush stats, 3 to read out
 
 
 class CountingModelDrafter(ModelDrafter):
@@ -61,7 +61,8 @@ class CountingModelDrafter(ModelDrafter):
 
 
 def syncs_per_round(target, drafter, policy, temperature=0.0, max_new_tokens=40) -> float:
-    """Host syncs of one call per round, after taking off the per-call overhead and the row-leaving reads."""
+    """Host syncs of one call per round, after taking off the per-call ones (:data:`OVERHEAD`) and the reads when
+    rows left the batch."""
     dk.generate(target, PROMPTS, drafter=drafter, policy=policy, max_new_tokens=4, temperature=temperature)
     leaves = getattr(drafter, "leaves", 0)
     with count_syncs() as counter:
