@@ -1,6 +1,7 @@
 """Drafters: one file per algorithm, each registered under ``build("drafter", name)``."""
 
 from decodekit.drafters.delayed import DelayedTreeDrafter
+from decodekit.drafters.dynamic_exit import DynamicExitDrafter
 from decodekit.drafters.eagle import EagleDrafter, EagleHead
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
@@ -13,6 +14,7 @@ from decodekit.drafters.suffix import SuffixDrafter
 __all__ = [
     "DelayedTreeDrafter",
     "EagleDrafter",
+    "DynamicExitDrafter",
     "EarlyExitDrafter",
     "EagleHead",
     "MedusaDrafter",
