@@ -107,7 +107,8 @@ def test_recipe_names_are_registry_names(kind):
 def test_every_registered_component_prints_readably(kind, name):
     cls = registry.resolve(kind, name)
     needs_model = name in ("model", "model_tree", "delayed")
-    parts = (dk.build("policy", "fixed"),) if name == "stack" else ()  # a Stack of nothing is refused
+    required = {"stack": (dk.build("policy", "fixed"),), "dynamic_exit": ([1],)}  # a Stack of nothing is refused
+    parts = required.get(name, ())
     component = cls(dk.load_model(tiny_llama(0))) if needs_model else dk.build(kind, name, *parts)
     text = repr(component)
     assert text.startswith(f"{cls.__name__}(") and text.endswith(")")
