@@ -16,7 +16,7 @@ from decodekit.checks import check_int
 from decodekit.draft import Draft, DraftKind
 from decodekit.drafters.model import ModelDrafter
 from decodekit.drafters.model_template import template_tree
-from decodekit.drafters.staged import StagedTree, process_paths
+from decodekit.drafters.staged import StagedTree, dynamic_tree, process_paths
 from decodekit.errors import ConfigError
 from decodekit.registry import register
 from decodekit.round import Round
@@ -124,7 +124,7 @@ class ModelTreeDrafter(ModelDrafter):
         logits = self.feed_unseen(state)[:, None]  # [B, 1, V]
         if budget.max_len == 0 or budget.width == 0:
             return Draft.empty(state.batch_size, state.device)
-        tree = StagedTree(self, state.batch_size, state.device)
+        tree = StagedTree.of_model(self, state.batch_size, state.device)
         if self.shape == "dynamic":
             return self._dynamic(state, budget, tree, logits)
         if self.shape == "template":
@@ -229,56 +229,9 @@ class ModelTreeDrafter(ModelDrafter):
 
     # ----------------------------------------------------------------------------------------------- dynamic
     def _dynamic(self, state: DecodeState, budget: DraftBudget, tree: StagedTree, logits: torch.Tensor) -> Draft:
-        """EAGLE-2's expand-then-rerank tree; candidates are numbered level by level, so parents come first."""
-        sampling, vocab = self.sampling(state.sampling), logits.shape[-1]
-        report = "kl" in state.needs
-        top_k = self.top_k or 4
-        c = min(top_k, budget.width or top_k, vocab)
-        levels = min(budget.max_depth, budget.max_nodes)
-        batch, device = state.batch_size, state.device
-        f_idx = torch.full((batch, 1), -1, dtype=torch.long, device=device)
-        f_score, f_slot = torch.zeros(batch, 1, device=device), f_idx
-        paths = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)
-        tokens, parents, scores, slots, prow, rows = [], [], [], [], [], []
-        n = 0
-        for d in range(1, levels + 1):
-            logits = process_paths(state, logits, paths)
-            conf = logits.float().softmax(-1) if sampling.greedy else probs_from_logits(logits, sampling)
-            top = conf.topk(c, -1)  # [B, F, c]
-            f = logits.shape[1]
-            score = f_score[..., None] + top.values.log().clamp(max=0)
-            score = score.masked_fill((d > budget.depth_or_nodes)[:, None, None], float("-inf")).flatten(1)
-            tok = top.indices.flatten(1)
-            tokens.append(tok), parents.append(f_idx.repeat_interleave(c, 1)), scores.append(score)
-            if report:
-                prow.append(sum(r.shape[1] for r in rows) + torch.arange(f, device=device).repeat_interleave(c))
-                rows.append(conf)
-            level_slots = torch.full_like(tok, -1)
-            if d < levels:
-                best = score.topk(min(top_k, f * c), -1)
-                sel = best.indices
-                f_tok = tok.gather(1, sel)
-                logits, f_slot = tree.forward(f_tok, f_slot.gather(1, sel // c))
-                level_slots.scatter_(1, sel, f_slot)
-                f_idx, f_score = n + sel, best.values
-                paths = torch.cat([paths.gather(1, (sel // c)[..., None].expand(-1, -1, d - 1)), f_tok[..., None]], 2)
-            slots.append(level_slots)
-            n += f * c
-        score, ar = torch.cat(scores, 1), torch.arange(n, device=device)
-        order = torch.sort(score, dim=-1, descending=True, stable=True).indices  # ties: parents (lower index) first
-        rank = torch.empty_like(order).scatter_(1, order, ar.expand(batch, n))
-        keep = (rank < budget.nodes[:, None]) & (score > float("-inf"))
-        width = min(budget.max_nodes, n)
-        pick = torch.sort(torch.where(keep, ar, n + ar), -1).indices[:, :width]  # kept candidates, in index order
-        valid = keep.gather(1, pick)
-        new = torch.full_like(order, -1).scatter_(1, pick, torch.arange(width, device=device).expand(batch, -1))
-        parent = torch.cat(parents, 1).gather(1, pick)
-        parent = torch.where(valid & (parent >= 0), new.gather(1, parent.clamp(min=0)), -1)
+        """EAGLE-2's expand-then-rerank tree (:func:`~decodekit.drafters.staged.dynamic_tree`)."""
+        sampling = self.sampling(state.sampling)
+        draft, slots, levels = dynamic_tree(state, budget, sampling, self.top_k or 4, tree, logits)
         # every level-1 candidate is expanded (c <= top_k), so an accepted path's first node always has K/V
-        self._staged = (torch.cat(slots, 1).gather(1, pick), min(1, levels - 1))
-        probs = None
-        if report:
-            index = torch.cat(prow).expand(batch, -1).gather(1, pick)
-            probs = torch.cat(rows, 1).gather(1, index[..., None].expand(-1, -1, vocab))
-        tokens_t = torch.cat(tokens, 1).gather(1, pick)
-        return Draft.tree(tokens_t, parent, valid, kind=DraftKind.DETERMINISTIC, draft_probs=probs)
+        self._staged = (slots, min(1, levels - 1))
+        return draft
