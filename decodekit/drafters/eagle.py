@@ -22,7 +22,7 @@ Faithfulness: EAGLE-1's architecture and loss (feature regression plus cross-ent
 distribution, uniform feature noise; :mod:`decodekit.train.eagle`). Differences: the decoder layer keeps its input
 norm (EAGLE-1 drops it in its first layer) and ends in a copy of the target's final norm, so ``g`` lives where
 ``f`` does; the cross-entropy is to the target's distribution renormalised over ``V_d`` (EAGLE-3's trimmed-head
-loss). Chains only for now: EAGLE-1's static tree and EAGLE-2's dynamic tree are not built yet.
+loss). Chains and EAGLE-2's dynamic tree; not EAGLE-1's static tree.
 """
 
 from __future__ import annotations
@@ -36,17 +36,20 @@ from torch import nn
 
 from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
-from decodekit.checks import check_float
-from decodekit.draft import Draft
+from decodekit.checks import check_float, check_int
+from decodekit.draft import Draft, DraftKind
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.head_files import dense, packaged, read_head, save_head
+from decodekit.drafters.staged import StagedTree, dynamic_tree
 from decodekit.errors import ConfigError
 from decodekit.masks import chain_mask
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.registry import register
 from decodekit.round import Round
 from decodekit.state import DecodeState
+from decodekit.types import SamplingParams
 
+SHAPES = ("chain", "dynamic")
 DEFAULT_WEIGHTS = "eagle_smollm2-135m-instruct.safetensors"  # the zoo target's head (docs/training.md)
 RETRAIN = "python -m decodekit train recipe=eagle (docs/training.md)"
 
@@ -135,15 +138,21 @@ def load_head(path: str | Path, target: LanguageModel) -> tuple[EagleHead, dict[
 
 @register("drafter", "eagle")
 class EagleDrafter(SamplesLikeTheTarget):
-    """Draft chains with an EAGLE head on the target's hidden states (see the module docstring).
+    """Draft chains or EAGLE-2 dynamic trees with an EAGLE head on the target's hidden states (module docstring).
 
-    The head drafts autoregressively at the feature level: step 0 feeds the pending token with the target's
-    feature of the last committed token, step ``j`` the previous draft token with the head's own output. Greedy:
-    argmax drafts (deterministic, lossless with greedy and traversal verification). Sampling: drafts sampled from
-    the head's distribution at the call's temperature / top-k / top-p, reported as ``q`` (exact with rejection
-    sampling). Logits processors of the call apply to the draft logits, as for a draft model.
+    Chains (``shape="chain"``): the head drafts autoregressively at the feature level: step 0 feeds the pending
+    token with the target's feature of the last committed token, step ``j`` the previous draft token with the head's
+    own output. Greedy: argmax drafts (deterministic). Sampling: drafts sampled from the head's distribution at the
+    call's temperature / top-k / top-p, reported as ``q`` (exact with rejection sampling). Logits processors of the
+    call apply to the draft logits, as for a draft model.
 
-    Host syncs: none of its own per round (one per draft step with a stop rule in the budget).
+    Trees (``shape="dynamic"``, EAGLE-2): :func:`~decodekit.drafters.staged.dynamic_tree` on the head: each level
+    expands the ``top_k`` most probable frontier nodes (cumulative draft probability) into their ``top_k`` most
+    likely children in one tree-masked head forward (each node fed its token and its parent's head output), and
+    the budget's ``nodes`` best candidates form the draft. Deterministic at every temperature (EAGLE-2's point-mass
+    rule: verify with ``greedy``, ``traversal`` or ``specinfer``; ``generate`` picks a tree verifier by default).
+
+    Host syncs: none of its own per round (one per draft step with a stop rule in a chain's budget).
 
     Args:
         weights: a head file (:meth:`EagleHead.save`); None = the head shipped for the zoo target
@@ -151,12 +160,27 @@ class EagleDrafter(SamplesLikeTheTarget):
         temperature: the drafter's sampling temperature; None = the call's (which maximises acceptance).
         target: optionally the target (a :class:`LanguageModel`, transformers model or zoo name) to load the head
             for now, so a head that does not fit it is refused here rather than at the first call.
+        shape: ``"chain"`` or ``"dynamic"``.
+        top_k: ``"dynamic"`` only: children per expanded node and nodes expanded per level (None = 4).
     """
 
     shares_target = True
     needs = frozenset({"hidden"})
 
-    def __init__(self, weights: str | Path | None = None, temperature: float | None = None, target: Any = None) -> None:
+    def __init__(
+        self,
+        weights: str | Path | None = None,
+        temperature: float | None = None,
+        target: Any = None,
+        shape: str = "chain",
+        top_k: int | None = None,
+    ) -> None:
+        if shape not in SHAPES:
+            raise ConfigError(f"shape must be one of {', '.join(map(repr, SHAPES))}, got {shape!r}")
+        if top_k is not None and shape != "dynamic":
+            raise ConfigError(f"top_k is for shape='dynamic' (got shape={shape!r}); pass shape='dynamic' or drop top_k")
+        self.shape = shape
+        self.top_k = check_int("top_k", top_k, low=1, optional=True, hint=" (children per expanded node)")
         self.weights = default_weights() if weights is None else Path(weights)
         if not self.weights.is_file():
             raise ConfigError(f"no EAGLE head at {self.weights}; train one with {RETRAIN} and pass weights=<its file>")
@@ -194,17 +218,20 @@ class EagleDrafter(SamplesLikeTheTarget):
         self._b = bias[ids].detach() if self._w is not None and bias is not None else None
         self._softcap = getattr(target, "softcap", None)
 
+    def draft_kind(self, sampling: SamplingParams) -> DraftKind:
+        return DraftKind.DETERMINISTIC if self.shape == "dynamic" else super().draft_kind(sampling)
+
     def logits(self, g: torch.Tensor) -> torch.Tensor:
-        """``g [B, H]`` -> ``[B, V]`` float32 draft logits, ``-inf`` outside the head's vocabulary."""
+        """``g [..., H]`` -> ``[..., V]`` float32 draft logits, ``-inf`` outside the head's vocabulary."""
         ids = self.head.vocab  # type: ignore[union-attr]
         if self._w is None:
-            scores = self.target.head(g).float()[:, ids]
+            scores = self.target.head(g).float()[..., ids]
         else:
             scores = nn.functional.linear(g, self._w, self._b).float()
             if self._softcap:
                 scores = torch.tanh(scores / self._softcap) * self._softcap
-        full = torch.full((g.shape[0], self.target.vocab_size), float("-inf"), device=g.device)
-        return full.index_copy_(1, ids, scores)
+        full = torch.full((*g.shape[:-1], self.target.vocab_size), float("-inf"), device=g.device)
+        return full.index_copy_(full.dim() - 1, ids, scores)
 
     def _run(self, tokens: torch.Tensor, feats: torch.Tensor, counts: torch.Tensor, host: int | list[int]) -> Any:
         """Feed ``tokens [B, N]`` / ``feats [B, N, H]`` (row ``b``: the first ``counts[b]``) as the next entries;
@@ -224,8 +251,10 @@ class EagleDrafter(SamplesLikeTheTarget):
         counts = state.lengths - 1 - self.cache.lengths
         g = self._run(tokens, self.feats[:, : max(unseen)], counts, unseen)
         self._committed = (self.cache.lengths.clone(), self.cache.host_lengths())  # the entries with target features
-        if budget.max_len == 0:
+        if budget.max_len == 0 or budget.width == 0:
             return Draft.empty(state.batch_size, state.device)
+        if self.shape == "dynamic":
+            return self._tree(state, budget, g)
 
         def advance(x: torch.Tensor) -> tuple[torch.Tensor, None]:
             nonlocal g
@@ -233,6 +262,26 @@ class EagleDrafter(SamplesLikeTheTarget):
             return self.logits(g), None
 
         return draft_chain(state, budget, self.sampling(state.sampling), self.logits(g), None, advance)
+
+    def _tree(self, state: DecodeState, budget: DraftBudget, g: torch.Tensor) -> Draft:
+        """EAGLE-2's dynamic tree from the root's head output ``g [B, H]``, staged in the head's cache."""
+        if budget.stop is not None:
+            raise ConfigError(
+                "EagleDrafter(shape='dynamic') drafts trees level by level; the policy's per-step stop rule "
+                "(budget.stop) is for chains: use a policy without one (e.g. FixedLength)"
+            )
+        outputs = g[:, None]  # [B, 1 + T, H]: the head's output at the root, then at each staged slot
+
+        def run(tokens: torch.Tensor, parents: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> Any:
+            nonlocal outputs
+            parent = outputs.gather(1, (parents + 1)[..., None].expand(-1, -1, g.shape[1]))  # slot -1: the root
+            out = self.head(self.target.embed(tokens), parent, positions, mask, self.cache)  # type: ignore[misc]
+            outputs = torch.cat([outputs, out], 1)
+            return self.logits(out)
+
+        tree = StagedTree(self.cache, run, state.batch_size, state.device)
+        sampling = self.sampling(state.sampling)
+        return dynamic_tree(state, budget, sampling, self.top_k or 4, tree, self.logits(g)[:, None])[0]
 
     def observe(self, state: DecodeState, round: Round) -> None:
         """Drop the draft entries; queue the target's features of the tokens this round committed (after those

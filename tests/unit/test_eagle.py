@@ -14,7 +14,7 @@ from decodekit.errors import ConfigError
 from decodekit.policies import FixedLength
 from decodekit.train.eagle import head_loss
 from decodekit.train.feature_heads import target_features
-from decodekit.verifiers import RejectionVerifier
+from decodekit.verifiers import RejectionVerifier, TraversalVerifier
 from tests.conftest import assert_greedy_twice, tiny_llama
 from tests.unit.test_lossless import MisreportsQ, assert_detected, assert_matches, sample_counts
 
@@ -178,3 +178,42 @@ def test_runs_on_a_target_with_onednn_kernels(greedy_setup, ragged_prompts):
     reference = dk.generate(packed, ragged_prompts, max_new_tokens=20, eos_token_id=()).sequences
     out = dk.generate(packed, ragged_prompts, EagleDrafter(path), max_new_tokens=20, eos_token_id=(), debug=True)
     assert out.sequences == reference and out.stats.drafted > 0
+
+
+# ------------------------------------------------------------------------------------------- EAGLE-2 trees
+def test_dynamic_tree_greedy_equals_plain_decoding(greedy_setup, ragged_prompts):
+    lm, path = greedy_setup
+    reference = dk.generate(lm, ragged_prompts, max_new_tokens=40, eos_token_id=()).sequences
+    drafter = EagleDrafter(path, shape="dynamic", top_k=3)
+    assert_greedy_twice(lm, ragged_prompts, drafter, FixedLength(8, depth=4), reference, 40)
+
+
+def test_dynamic_tree_accepts_more_than_its_chain(greedy_setup, ragged_prompts):
+    """The same head and depth: the tree's best path is at least the chain's (the chain is the tree's argmax
+    path), and its other branches add acceptances where the argmax missed."""
+    lm, path = greedy_setup
+    lengths = []
+    for drafter, policy in (
+        (EagleDrafter(path), FixedLength(3)),
+        (EagleDrafter(path, shape="dynamic"), FixedLength(10, depth=3)),
+    ):
+        out = dk.generate(lm, ragged_prompts, drafter, policy=policy, max_new_tokens=40, eos_token_id=())
+        lengths.append(out.stats.mean_acceptance_length)
+    assert lengths[1] > lengths[0], lengths
+
+
+def test_dynamic_tree_is_lossless_when_sampling(small_vocab):
+    lm, full, trim = small_vocab
+    for path, seed in ((full, 23), (trim, 24)):
+        drafter = EagleDrafter(path, shape="dynamic", top_k=2)
+        counts, stats = sample_counts(lm, drafter, TraversalVerifier(), FixedLength(4, depth=2), "T0.7-p0.9", seed)
+        assert_matches(lm.hf, counts, "T0.7-p0.9")
+        assert stats.accepted > 0
+
+
+def test_tree_settings_are_checked(greedy_setup, ragged_prompts):
+    _, path = greedy_setup
+    with pytest.raises(ConfigError, match="shape must be one of 'chain', 'dynamic'"):
+        EagleDrafter(path, shape="static")
+    with pytest.raises(ConfigError, match="top_k is for shape='dynamic'"):
+        EagleDrafter(path, top_k=3)
