@@ -1,7 +1,7 @@
 """Train an EAGLE head for a target (``python -m decodekit train recipe=eagle``, docs/training.md): the zoo's
 ``eagle`` drafter (:mod:`decodekit.drafters.eagle`).
 
-Self-distillation on the target's own features (:mod:`decodekit.train.feature_heads`: its greedy responses and
+Self-distillation on the target's own features (:mod:`decodekit.train.feature_data`: its greedy responses and
 continuations of offline prompts, no benchmark prompts). EAGLE-1's objective:
 ``SmoothL1(g_t, f_{t+1}) + ce_weight * CE(softmax(W_d f_{t+1}), W_d g_t)`` with uniform noise on the input
 features, where ``W_d`` is the output head's rows for the ``train_vocab`` most frequent tokens of the data (the
@@ -18,14 +18,12 @@ Writes to ``out_dir``: ``data/`` (cached sequences and features), ``checkpoints/
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from decodekit.checks import check_int
-from decodekit.train.common import plot_losses
 
 
 def head_loss(
@@ -93,9 +91,8 @@ def train(
     """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/eagle.yaml`` for what each argument does."""
     from decodekit.drafters.eagle import EagleHead
-    from decodekit.drafters.head_files import head_metadata
     from decodekit.train.eagle_vocab import pick_vocab
-    from decodekit.train.feature_heads import fit, start_run
+    from decodekit.train.feature_heads import finish_run, fit, start_run
 
     check_int("draft_len", draft_len, low=1)
     recipe, out, target, data = start_run(locals())
@@ -115,12 +112,8 @@ def train(
         warmup=warmup, save_every=save_every, resume=resume, seed=seed, progress=progress, desc="training EAGLE head",
     )  # fmt: skip
     val = data.subset(data.held)
-    sizes = sorted({s for s in vocab_sizes if s <= len(data.vocab)} or {len(data.vocab)})
-    choice = pick_vocab(trained, target, val, sizes, draft_len)
-    trained.vocab = data.vocab[: choice["picked"]].clone()
-    summary = {**data.summary(), **numbers, "vocab": choice, "base": base}
-    (out / "history.json").write_text(json.dumps(history))
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_losses(history, out / "loss.png", f"EAGLE head for {base}", f"SmoothL1 + {ce_weight} CE")
-    trained.save(out / f"eagle_{base}.safetensors", head_metadata(target, base=base, summary=summary, recipe=recipe))
-    return summary
+    return finish_run(
+        trained, data, out, target, recipe, pick=lambda sizes: pick_vocab(trained, target, val, sizes, draft_len),
+        vocab_sizes=vocab_sizes, history=history, numbers=numbers, name="eagle", title="EAGLE head",
+        loss_label=f"SmoothL1 + {ce_weight} CE",
+    )  # fmt: skip

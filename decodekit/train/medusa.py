@@ -2,7 +2,7 @@
 ``medusa`` drafter (:mod:`decodekit.drafters.medusa`).
 
 Medusa-1 with self-distillation, on the same cached features as the EAGLE head
-(:mod:`decodekit.train.feature_heads`; point ``data_dir`` at an EAGLE run's ``data`` to reuse them): head ``k``
+(:mod:`decodekit.train.feature_data`; point ``data_dir`` at an EAGLE run's ``data`` to reuse them): head ``k``
 reads the target's feature ``f_t`` and learns the target's own distribution at ``t + k`` (``softmax(W_d f_{t+k})``,
 the token after ``x_{t+k}``) by soft cross-entropy over the ``train_vocab`` most frequent tokens, weighted
 ``0.8^(k-1)``; the backbone and output head are frozen.
@@ -15,7 +15,6 @@ tokens per round at the measured cost of drafting (every head's scores over ``s`
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ from typing import Any
 import torch
 
 from decodekit.checks import check_int
-from decodekit.train.common import plot_losses
 
 
 def medusa_loss(
@@ -127,9 +125,8 @@ def train(
 ) -> dict[str, Any]:
     """Train the heads; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/medusa.yaml`` for what each argument does."""
-    from decodekit.drafters.head_files import head_metadata
     from decodekit.drafters.medusa import MedusaHeads
-    from decodekit.train.feature_heads import fit, start_run
+    from decodekit.train.feature_heads import finish_run, fit, start_run
 
     check_int("num_heads", num_heads, low=1)
     recipe, out, target, data = start_run(locals())
@@ -145,12 +142,8 @@ def train(
         warmup=warmup, save_every=save_every, resume=resume, seed=seed, progress=progress, desc="training Medusa heads",
     )  # fmt: skip
     val = data.subset(data.held)
-    sizes = sorted({s for s in vocab_sizes if s <= len(data.vocab)} or {len(data.vocab)})
-    choice = pick_vocab(trained, target, val, sizes)
-    trained.vocab = data.vocab[: choice["picked"]].clone()
-    summary = {**data.summary(), **numbers, "vocab": choice, "base": base, "num_heads": num_heads}
-    (out / "history.json").write_text(json.dumps(history))
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_losses(history, out / "loss.png", f"Medusa heads for {base}", "weighted soft CE")
-    trained.save(out / f"medusa_{base}.safetensors", head_metadata(target, base=base, summary=summary, recipe=recipe))
-    return summary
+    return finish_run(
+        trained, data, out, target, recipe, pick=lambda sizes: pick_vocab(trained, target, val, sizes),
+        vocab_sizes=vocab_sizes, history=history, numbers=numbers, name="medusa", title="Medusa heads",
+        loss_label="weighted soft CE", num_heads=num_heads,
+    )  # fmt: skip

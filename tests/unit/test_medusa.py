@@ -11,7 +11,7 @@ from decodekit.drafters.head_files import head_metadata
 from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
 from decodekit.errors import ConfigError
 from decodekit.policies import FixedLength
-from decodekit.train.feature_heads import target_features
+from decodekit.train.feature_data import target_features
 from decodekit.train.medusa import medusa_loss
 from decodekit.verifiers import RejectionVerifier
 from tests.conftest import assert_greedy_twice, tiny_llama

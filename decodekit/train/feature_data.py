@@ -1,0 +1,200 @@
+"""The data of the heads trained on the target's own hidden states (``eagle``, ``medusa``): the self-distilled
+sequences, the target's features computed once and cached, and the draft vocabulary by frequency (the training
+loop is :mod:`decodekit.train.feature_heads`).
+
+The sequences (offline, no benchmark prompts):
+
+- chat: questions about snippets of the Python reference documentation (``pydoc_data``, through the chat template)
+  with the target's own greedy responses;
+- code: code-completion prompts cut from the standard library's test suite (``Lib/test``) with the target's own
+  greedy continuations;
+- text: plain ``Lib/test`` source chunks.
+
+The ``stdlib`` benchmark task mines ``Lib`` outside ``test``; HumanEval and MT-Bench are never read. Each sequence is
+cut to ``seq_len`` tokens; the target's final (normed) hidden states ``f [N, L, H]`` are stored in float16 in
+``<data_dir>/features.pt`` (the token sequences in ``sequences.json`` first), which a later run (``resume=true``, or
+another head's recipe with ``data_dir``) reuses.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from decodekit.checks import check_float, check_int
+from decodekit.errors import ConfigError
+
+DATA_SOURCE = (
+    "self-distilled: SmolLM2's greedy responses to questions about pydoc_data snippets and its greedy "
+    "continuations of Lib/test code prompts, plus Lib/test source chunks"
+)
+
+
+def code_prompts(tokenizer: Any, num: int, max_prompt_tokens: int, seed: int = 0) -> list[list[int]]:
+    """``num`` code-completion prompts: up to 30 lines of a ``Lib/test`` file ending at a ``def`` line."""
+    from decodekit.train.dlm_adapter import corpus_texts
+
+    rng, prompts = random.Random(seed), []
+    for text in corpus_texts(seed):
+        lines = text.splitlines(keepends=True)
+        starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("def ")]
+        if not starts:
+            continue
+        end = rng.choice(starts) + 1
+        ids = tokenizer("".join(lines[max(0, end - 30) : end]))["input_ids"][-max_prompt_tokens:]
+        prompts.append(list(ids))
+        if len(prompts) == num:
+            break
+    return prompts
+
+
+def training_prompts(tokenizer: Any, cfg: dict[str, int], seed: int) -> list[list[int]]:
+    """The chat prompts, then the code prompts, that the target answers."""
+    from decodekit.train.acceptance_data import pydoc_prompts
+
+    prompts = pydoc_prompts(tokenizer, cfg["chat_prompts"], cfg["max_prompt_tokens"], seed)
+    return prompts + code_prompts(tokenizer, cfg["code_prompts"], cfg["max_prompt_tokens"], seed + 1)
+
+
+def build_sequences(target: Any, cfg: dict[str, int], seed: int, progress: bool) -> list[list[int]]:
+    """The training sequences (token ids): prompts with the target's greedy responses, then text chunks."""
+    import decodekit as dk
+    from decodekit.train.dlm_adapter import corpus_texts, token_chunks
+
+    tok = target.tokenizer
+    prompts = training_prompts(tok, cfg, seed)
+    seqs = []
+    bar = tqdm(total=len(prompts), desc="target responses", unit="prompt", disable=not progress)
+    for i in range(0, len(prompts), cfg["gen_batch_size"]):
+        batch = prompts[i : i + cfg["gen_batch_size"]]
+        out = dk.generate(target, batch, max_new_tokens=cfg["max_new_tokens"])
+        seqs += [p + s for p, s in zip(batch, out.sequences)]
+        bar.update(len(batch))
+    bar.close()
+    texts = corpus_texts(seed + 2)
+    chunks = token_chunks(tok, texts, cfg["seq_len"], cfg["text_chunks"], target.eos_token_ids[0])
+    return seqs + chunks.tolist()
+
+
+@torch.no_grad()
+def target_features(target: Any, seqs: list[list[int]], seq_len: int, batch_size: int, progress: bool) -> dict:
+    """``tokens [N, L]`` (0-padded), ``lengths [N]`` and the target's final hidden states ``feats [N, L, H]``
+    (float16) of the sequences, each cut to ``L = seq_len`` tokens."""
+    from decodekit.train.acceptance_data import _forward
+
+    seqs = [s[:seq_len] for s in seqs if len(s) >= 3]
+    lengths = torch.tensor([len(s) for s in seqs])
+    tokens = torch.zeros(len(seqs), seq_len, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        tokens[i, : len(s)] = torch.tensor(s)
+    feats = []
+    for i in tqdm(range(0, len(seqs), batch_size), desc="target features", unit="batch", disable=not progress):
+        batch = tokens[i : i + batch_size]
+        feats.append(_forward(target, batch, torch.zeros(len(batch), 1, dtype=torch.long), True).last_hidden.half())
+    return {"tokens": tokens, "lengths": lengths, "feats": torch.cat(feats)}
+
+
+@dataclass
+class FeatureData:
+    """The cached sequences: ``tokens [N, L]`` (0-padded), ``lengths [N]``, ``feats [N, L, H]`` float16, ``starts
+    [N]`` the first token a loss predicts (the response of a prompted sequence: EAGLE's loss mask; 0 for plain
+    text); ``held [N]`` the validation split; ``vocab [V_train]`` the most frequent training tokens, most frequent
+    first."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    feats: torch.Tensor
+    starts: torch.Tensor
+    held: torch.Tensor
+    vocab: torch.Tensor
+    seconds: float
+
+    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``tokens``, ``feats``, ``lengths`` and ``starts`` of the sequences ``idx``."""
+        idx = idx.cpu()
+        return self.tokens[idx], self.feats[idx], self.lengths[idx], self.starts[idx]
+
+    def subset(self, rows: torch.Tensor) -> FeatureData:
+        """The sequences ``rows`` (a bool mask or indices), e.g. ``data.subset(data.held)``: the validation split."""
+        return FeatureData(
+            self.tokens[rows],
+            self.lengths[rows],
+            self.feats[rows],
+            self.starts[rows],
+            self.held[rows],
+            self.vocab,
+            self.seconds,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "data_source": DATA_SOURCE,
+            "sequences": len(self.lengths),
+            "train_tokens": int(self.lengths[~self.held].sum()),
+            "val_tokens": int(self.lengths[self.held].sum()),
+            "data_time_s": round(self.seconds, 1),
+        }
+
+
+DATA_KEYS = ("chat_prompts", "code_prompts", "text_chunks", "max_prompt_tokens", "max_new_tokens", "seq_len")
+
+
+def prepare(
+    target: Any,
+    cfg: dict[str, Any],
+    data_dir: Path,
+    *,
+    train_vocab: int,
+    val_fraction: float,
+    seed: int,
+    progress: bool,
+) -> FeatureData:
+    """Build (or load from ``data_dir/features.pt``) the sequences and features, split off the validation
+    sequences and count the training vocabulary. ``cfg`` holds :data:`DATA_KEYS` and ``gen_batch_size``."""
+    for name in DATA_KEYS + ("gen_batch_size",):
+        check_int(name, cfg[name], low=0 if name.endswith(("prompts", "chunks")) else 1)
+    check_int("train_vocab", train_vocab, low=1)
+    check_float("val_fraction", val_fraction, low=0, high=1, low_open=True, high_open=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    cached, began = data_dir / "features.pt", time.perf_counter()
+    if cached.is_file():
+        data = torch.load(cached)
+    else:
+        written = data_dir / "sequences.json"  # the responses took the longest: kept for a rerun
+        if written.is_file():
+            seqs = json.loads(written.read_text())
+        else:
+            seqs = build_sequences(target, cfg, seed, progress)
+            written.write_text(json.dumps(seqs))
+        data = target_features(target, seqs, cfg["seq_len"], cfg["gen_batch_size"], progress)
+        torch.save(data, cached)
+    if "starts" not in data:  # where each sequence's loss starts: its response (0 for plain text)
+        prompts = [len(p) for p in training_prompts(target.tokenizer, cfg, seed)]
+        data["starts"] = torch.tensor(prompts + [0] * (len(data["lengths"]) - len(prompts)))
+        torch.save(data, cached)
+    n, width = data["tokens"].shape
+    held = torch.rand(n, generator=torch.Generator().manual_seed(seed)) < val_fraction
+    if held.all() or not held.any():
+        raise ConfigError(f"too little data to hold out a validation split: {n} sequences; raise the data sizes")
+    real = torch.arange(width)[None] < data["lengths"][:, None]
+    counts = torch.bincount(data["tokens"][real & ~held[:, None]], minlength=target.vocab_size)
+    vocab = counts.argsort(descending=True)[: min(train_vocab, target.vocab_size)].clone()  # a view would not save
+    data = FeatureData(
+        data["tokens"], data["lengths"], data["feats"], data["starts"], held, vocab, time.perf_counter() - began
+    )
+    data = data if cfg["text_chunks"] else data.subset(data.starts > 0)  # text_chunks=0: the responses only
+    scored = data.lengths - 1 - data.starts  # predictions the loss counts, per sequence
+    for split, rows in (("training", ~data.held), ("validation", data.held)):
+        if int(scored[rows].clamp(min=0).sum()) == 0:
+            raise ConfigError(
+                f"the {split} split has no tokens the loss counts ({len(data.lengths)} sequences, "
+                f"val_fraction={val_fraction}); raise chat_prompts / code_prompts / text_chunks or change val_fraction"
+            )
+    return data

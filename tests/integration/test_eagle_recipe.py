@@ -1,0 +1,63 @@
+"""The EAGLE recipe on the real SmolLM2 (a smoke run: files, numbers, resume) and the shipped head (greedy output
+equal to plain decoding, with drafts accepted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import decodekit as dk
+from decodekit.drafters.eagle import default_weights, load_head
+from decodekit.train.eagle import train
+from decodekit.train.feature_data import code_prompts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return dk.load_model("smollm2-135m-instruct")
+
+
+def test_code_prompts_are_not_benchmark_prompts(smollm2):
+    from decodekit.bench.stdlib_prompts import _SKIP_DIRS
+
+    assert "test" in _SKIP_DIRS  # the stdlib task never mines Lib/test, where the code prompts come from
+    prompts = code_prompts(smollm2.tokenizer, 4, 200)
+    assert len(prompts) == 4 and all(0 < len(p) <= 200 for p in prompts)
+    assert all("def " in smollm2.tokenizer.decode(p).splitlines()[-1] for p in prompts)
+
+
+def test_smoke_run_trains_picks_a_vocabulary_and_resumes(tmp_path):
+    small = dict(
+        chat_prompts=2, code_prompts=2, text_chunks=12, max_new_tokens=8, seq_len=64, train_vocab=1024,
+        vocab_sizes=[256, 1024], val_fraction=0.25, batch_size=4, lr=3e-3, progress=False,
+    )  # fmt: skip
+    summary = train(tmp_path, epochs=2, **small)
+    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    assert summary["vocab"]["picked"] in (256, 1024) and set(summary["vocab"]["sizes"]) == {256, 1024}
+    for name in ("eagle_smollm2-135m-instruct.safetensors", "loss.png", "summary.json", "history.json"):
+        assert (tmp_path / name).is_file()
+    head, meta = load_head(tmp_path / "eagle_smollm2-135m-instruct.safetensors", dk.load_model("smollm2-135m-instruct"))
+    assert len(head.vocab) == summary["vocab"]["picked"] and meta["recipe"]["seq_len"] == 64
+    steps = summary["steps"]
+    resumed = train(tmp_path, epochs=3, resume=True, **small)  # the cached features and the last checkpoint
+    assert resumed["steps"] == steps * 3 // 2
+    assert len(json.loads((tmp_path / "history.json").read_text())["train"]) == resumed["steps"]
+
+
+def test_shipped_head_is_greedy_decoding_and_gets_accepted(smollm2):
+    assert default_weights().is_file()
+    prompts = [
+        'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same backwards."""\n',
+        "Hi! Can you explain what a Python list comprehension is?",
+    ]
+    chat = smollm2.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompts[1]}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    ids = [smollm2.tokenizer(prompts[0])["input_ids"], list(chat)]
+    plain = dk.generate(smollm2, ids, max_new_tokens=48)
+    out = dk.generate(smollm2, ids, dk.build("drafter", "eagle"), max_new_tokens=48, debug=True)
+    assert out.sequences == plain.sequences
+    assert out.stats.mean_acceptance_length > 1.5  # measured ~X on these prompts; an untrained head gives ~1.0
