@@ -10,9 +10,11 @@ sequential model call.
 
 Faithfulness: Medusa-1's head architecture and loss (:mod:`decodekit.train.medusa`: soft cross-entropy to the
 target's own distribution, weights ``0.8^k``), with the output matrix shared with the frozen target instead of a
-trained copy per head (Medusa-1 initialises each head's ``W2`` from it), and chains only: the sparse tree of per-head
-top-``s`` candidates is not built yet. Drafts are deterministic (q-kind "none"), verified as point masses at any
-temperature: lossless.
+trained copy per head (Medusa-1 initialises each head's ``W2`` from it). Trees: Medusa's static sparse tree
+(``template=``): node ``(r1, ..., rd)`` is head ``d``'s ``rd``-th most likely token (the heads do not see the path,
+so a node's token depends only on its depth and rank), fitted to each round's budget; our named templates, not
+Medusa's calibrated ones. Drafts are deterministic (q-kind "none"), verified as point masses at any temperature:
+lossless.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.registry import register
 from decodekit.round import Round
 from decodekit.state import DecodeState
+from decodekit.trees import TreeTemplate, fit_template, resolve_template
 from decodekit.types import SamplingParams
 
 DEFAULT_WEIGHTS = "medusa_smollm2-135m-instruct.safetensors"
@@ -84,19 +87,26 @@ def load_heads(path: str | Path, target: LanguageModel) -> MedusaHeads:
 
 @register("drafter", "medusa")
 class MedusaDrafter:
-    """Draft a chain of each Medusa head's argmax after the pending token (see the module docstring).
+    """Draft a chain of each Medusa head's argmax after the pending token, or a static tree of their top-ranked
+    tokens (see the module docstring).
 
     Host syncs: none of its own.
 
     Args:
         weights: a heads file (:meth:`MedusaHeads.save`); None = the heads shipped for ``smollm2-135m-instruct``.
         target: optionally the target to load the heads for now (a mismatch is refused here, not at the first call).
+        template: None = chains; a :class:`~decodekit.trees.TreeTemplate` or a name in ``decodekit.trees.TEMPLATES``
+            = trees (depth capped at the number of heads; give the policy a node budget).
     """
 
     shares_target = True
     needs = frozenset({"hidden"})
 
-    def __init__(self, weights: str | Path | None = None, target: Any = None) -> None:
+    def __init__(
+        self, weights: str | Path | None = None, target: Any = None, template: TreeTemplate | str | None = None
+    ) -> None:
+        self.template = template
+        self._template = None if template is None else resolve_template(template)
         self.weights = default_weights() if weights is None else Path(weights)
         if not self.weights.is_file():
             raise ConfigError(f"no Medusa heads at {self.weights}; train them with {RETRAIN} and pass weights=")
@@ -134,9 +144,29 @@ class MedusaDrafter:
             return Draft.empty(state.batch_size, state.device)
         h = self.heads(self.f.to(self._w.dtype))[:, :k]  # type: ignore[misc]  # [B, k, H]
         scores = nn.functional.linear(h, self._w, self._b)  # [B, k, V_d]
+        if self._template is not None:
+            return self._tree(scores, budget)
         tokens = self.heads.vocab[scores.argmax(-1)]  # type: ignore[union-attr]
         valid = torch.arange(k, device=state.device)[None] < budget.lengths[:, None]
         return Draft.chain(tokens, valid=valid)
+
+    def _tree(self, scores: torch.Tensor, budget: DraftBudget) -> Draft:
+        """The template fitted to ``budget`` (at most ``k`` deep) from the heads' ``scores [B, k, V_d]``."""
+        batch, k = scores.shape[:2]
+        capped = budget.capped(torch.full_like(budget.lengths, k), k)
+        fitted = fit_template(self._template, capped, scores.device)  # type: ignore[arg-type]
+        n = fitted.tree.num_nodes
+        if n == 0:
+            return Draft.empty(batch, scores.device)
+        deepest = max(c[-1] for c in fitted.tree.choices)  # on the host: no sync
+        top = scores.topk(min(deepest + 1, scores.shape[-1]), -1).indices  # [B, k, r]
+        inside = fitted.ranks < top.shape[-1]  # a rank past a tiny draft vocabulary drafts nothing
+        picked = top[:, fitted.depth - 1, torch.where(inside, fitted.ranks, 0)]  # [B, N]
+        valid = fitted.fits(capped) & inside
+        for start, end in fitted.levels[1:]:  # under a node that is not drafted, nothing is
+            valid[:, start:end] &= valid.gather(1, fitted.parents[start:end].expand(batch, -1))
+        tokens = self.heads.vocab[picked]  # type: ignore[union-attr]
+        return Draft.tree(tokens, fitted.parents.expand(batch, n), valid, kind=DraftKind.DETERMINISTIC)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         """Keep the target's feature of each row's last committed token."""

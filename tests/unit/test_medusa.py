@@ -13,7 +13,8 @@ from decodekit.errors import ConfigError
 from decodekit.policies import FixedLength
 from decodekit.train.feature_data import target_features
 from decodekit.train.medusa import medusa_loss
-from decodekit.verifiers import RejectionVerifier
+from decodekit.trees import TreeTemplate
+from decodekit.verifiers import RejectionVerifier, TraversalVerifier
 from tests.conftest import assert_greedy_twice, tiny_llama
 from tests.unit.test_eagle import sequences
 from tests.unit.test_lossless import assert_matches, sample_counts
@@ -84,3 +85,39 @@ def test_refusals(tiny, tmp_path, ragged_prompts):
         MedusaDrafter(tmp_path / "absent.safetensors")
     with pytest.raises(ConfigError, match="other weights"):
         MedusaDrafter(path, target=dk.load_model(tiny_llama(5)))
+
+
+# -------------------------------------------------------------------------------------------- sparse trees
+def test_tree_greedy_equals_plain_decoding_and_beats_the_chain(tiny, ragged_prompts):
+    lm, path = tiny
+    reference = dk.generate(lm, ragged_prompts, max_new_tokens=40, eos_token_id=()).sequences
+    drafter = MedusaDrafter(path, template="smollm2_12")
+    assert_greedy_twice(lm, ragged_prompts, drafter, FixedLength(10), reference, 40)
+    lengths = [
+        dk.generate(lm, ragged_prompts, d, policy=p, max_new_tokens=40, eos_token_id=()).stats.mean_acceptance_length
+        for d, p in ((MedusaDrafter(path), FixedLength(3)), (drafter, FixedLength(10)))
+    ]
+    assert lengths[1] > lengths[0], lengths  # the chain is the tree's rank-0 spine
+
+
+def test_tree_nodes_are_the_heads_ranked_tokens(tiny, ragged_prompts):
+    """Node (r1, ..., rd) drafts head d's rd-th token; the budget keeps the shallowest nodes, at most 3 deep."""
+    lm, path = tiny
+    drafter = MedusaDrafter(path, template=TreeTemplate(((0,), (1,), (0, 0), (0, 1), (0, 0, 0), (0, 0, 0, 0))))
+    dk.generate(lm, ragged_prompts[:1], drafter, max_new_tokens=2, eos_token_id=())  # loads the heads, sets f
+    state_f = torch.randn(1, lm.hf.config.hidden_size)  # any feature
+    budget = dk.DraftBudget(torch.tensor([5]), node_bound=5)
+    scores = torch.nn.functional.linear(drafter.heads(state_f)[:, :3], drafter._w, drafter._b)
+    draft = drafter._tree(scores, budget)
+    ranked = scores.topk(2, -1).indices[0]  # [3 heads, 2]
+    assert draft.tokens[0].tolist() == [ranked[0, 0], ranked[0, 1], ranked[1, 0], ranked[1, 1], ranked[2, 0]]
+    assert draft.parents[0].tolist() == [-1, -1, 0, 0, 2]
+
+
+def test_tree_sampling_is_lossless(tmp_path_factory):
+    lm = dk.load_model(tiny_llama(0, vocab=8, hidden=32, init=0.3))
+    path = heads_file(tmp_path_factory, lm, train_heads(lm, 80, num_heads=2), "tiny8t")
+    drafter = MedusaDrafter(path, template=TreeTemplate(((0,), (1,), (0, 0), (1, 0))))
+    counts, stats = sample_counts(lm, drafter, TraversalVerifier(), FixedLength(4, depth=2), "T0.7-p0.9", seed=32)
+    assert_matches(lm.hf, counts, "T0.7-p0.9")
+    assert stats.accepted > 0
