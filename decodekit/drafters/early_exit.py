@@ -18,6 +18,8 @@ only. Lossless with every lossless verifier (sampled drafts carry ``q``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from decodekit.budget import DraftBudget
@@ -57,11 +59,15 @@ class EarlyExitDrafter(SamplesLikeTheTarget):
             )
         self.target, self.cache = target, cache
 
+    def layer_args(self) -> dict[str, Any]:
+        """Which layers draft: ``target.forward``'s ``exit_layer`` (a subclass may skip layers instead)."""
+        return {"exit_layer": self.layers}
+
     def _step(self, x: torch.Tensor, offset: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run ``x [B]`` at each row's position ``c + offset`` through the first layers -> (``[B, V]``, ``[B, H]``)."""
         kv_len = self.cache.stage(1, offset=offset)
         mask, positions = chain_mask(self.cache.lengths + offset, 1, kv_len)
-        out = self.target.forward(x[:, None], positions, mask, self.cache, exit_layer=self.layers, return_hidden=hidden)
+        out = self.target.forward(x[:, None], positions, mask, self.cache, return_hidden=hidden, **self.layer_args())
         return out.logits[:, -1], (out.last_hidden[:, -1] if hidden else None)
 
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:

@@ -89,6 +89,7 @@ class LanguageModel:
         exit_layer: int | None = None,
         hidden_layers: Sequence[int] = (),
         return_hidden: bool = False,
+        skip_layers: Sequence[int] = (),
     ) -> ModelOutput:
         """Run ``tokens [B, N]`` at ``positions [B, N]`` under ``mask [B, 1, N, S]`` (bool, True = attend).
 
@@ -101,6 +102,8 @@ class LanguageModel:
                 ``1..L`` run and write K/V, and the logits are ``head(norm(h_L))``. None = all layers.
             hidden_layers: layers whose outputs to return in :attr:`ModelOutput.hidden` (0 = embeddings).
             return_hidden: also return :attr:`ModelOutput.last_hidden`, the output head's input.
+            skip_layers: decoder layers (1-based) to leave out (layer skipping / SWIFT); they write no K/V. Only
+                for models whose layers all attend alike.
         """
         raise NotImplementedError
 

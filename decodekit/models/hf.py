@@ -156,6 +156,7 @@ class HFCausalLM(LanguageModel):
         exit_layer: int | None = None,
         hidden_layers: Sequence[int] = (),
         return_hidden: bool = False,
+        skip_layers: Sequence[int] = (),
     ) -> ModelOutput:
         attention_mask: Any = mask
         if not self.attention.plain:
@@ -164,7 +165,11 @@ class HFCausalLM(LanguageModel):
             attention_mask = _map_masks(attention_mask, lambda m: to_additive(m, self.dtype))
         layer_masks = attention_mask if isinstance(attention_mask, list) else None
         hidden: dict[int, torch.Tensor] = {}
-        with self._exit_at(exit_layer), self._capture(hidden_layers, hidden), self._per_layer(layer_masks):
+        with (
+            self._run_layers(exit_layer, skip_layers),
+            self._capture(hidden_layers, hidden),
+            self._per_layer(layer_masks),
+        ):
             out = self.decoder(
                 input_ids=tokens,
                 position_ids=positions,
@@ -186,14 +191,24 @@ class HFCausalLM(LanguageModel):
         return per_layer_masks(self.layers, masks, self._biases)
 
     @contextlib.contextmanager
-    def _exit_at(self, exit_layer: int | None) -> Iterator[None]:
-        """Run the decoder with only its first ``exit_layer`` blocks (restored afterwards)."""
-        if exit_layer is None:
+    def _run_layers(self, exit_layer: int | None, skip_layers: Sequence[int]) -> Iterator[None]:
+        """Run the decoder with only its first ``exit_layer`` blocks, less ``skip_layers`` (restored afterwards).
+        Each block keeps its own cache slot (transformers indexes the cache by the block's ``layer_idx``)."""
+        if exit_layer is None and not skip_layers:
             yield
             return
         layers = self.layers
-        check_layer(exit_layer, 1, len(layers), "exit_layer must be an integer")
-        setattr(self.decoder, self._layers_attr, layers[:exit_layer])
+        last = len(layers) if exit_layer is None else exit_layer
+        check_layer(last, 1, len(layers), "exit_layer must be an integer")
+        for i in skip_layers:
+            check_layer(i, 1, len(layers), "skip_layers entries must be integers")
+        if skip_layers and not self.attention.plain:
+            raise ConfigError(
+                f"skip_layers needs every layer to attend the same way; {self!r} has sliding-window or chunked layers"
+            )
+        skipped = set(skip_layers)
+        kept = [layer for i, layer in enumerate(layers[:last], start=1) if i not in skipped]
+        setattr(self.decoder, self._layers_attr, torch.nn.ModuleList(kept) if skipped else layers[:last])
         try:
             yield
         finally:
