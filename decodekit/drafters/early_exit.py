@@ -13,7 +13,8 @@ loss, which make shallow exits agree with the last layer) and without its reuse 
 K/V entries in verification (here verification recomputes them). The exit is the target's own ``head(norm(h_L))``
 untrained, as transformers' ``assistant_early_exit``: on a model not trained for early exit, shallow layers agree
 with the last one rarely. Kangaroo's trained adapter is not built yet (DEL's per-context exit choice is
-:class:`~decodekit.drafters.DynamicExitDrafter`). Chains only. Lossless with every lossless verifier (sampled drafts carry ``q``).
+:class:`~decodekit.drafters.DynamicExitDrafter`). Chains only. Lossless with every lossless verifier (sampled
+drafts carry ``q``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What the training recipes share: the learning-rate schedule, checkpoints (accelerate state, keep the last two,
-resume) and the loss plot."""
+"""What the training recipes share: the learning-rate schedule, one logged optimizer step, checkpoints (accelerate
+state, keep the last two, resume) and the loss plot."""
 
 from __future__ import annotations
 
@@ -19,6 +19,29 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, total: int, warmup: float) -
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))
     )
+
+
+def take_step(
+    accelerator: Any,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    loss: torch.Tensor,
+    history: dict[str, list[list[float]]],
+    bar: Any,
+    step: int,
+    **shown: str,
+) -> int:
+    """One optimizer step on ``loss`` (backward, step, schedule, zero grads), logged in ``history["train"]`` and on
+    the progress ``bar`` (its loss and ``shown``); returns the new step count."""
+    accelerator.backward(loss)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad()
+    value = float(loss.detach())
+    history["train"].append([step + 1, value])
+    bar.update(1)
+    bar.set_postfix(loss=f"{value:.4f}", **shown)
+    return step + 1
 
 
 class Checkpoints:

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
-from decodekit.train.common import Checkpoints, plot_losses, warmup_cosine
+from decodekit.train.common import Checkpoints, plot_losses, take_step, warmup_cosine
 
 DATA_SOURCE = "Python standard library test-suite source (Lib/test/**/*.py) and pydoc_data topics"
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -195,14 +195,7 @@ def train(
         if step >= total:
             break
         loss = masked_diffusion_loss(model, batch, mask_token_id, noise)
-        accelerator.backward(loss)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
-        step += 1
-        history["train"].append([step, float(loss.detach())])
-        bar.update(1)
-        bar.set_postfix(loss=f"{history['train'][-1][1]:.3f}")
+        step = take_step(accelerator, optimizer, schedule, loss, history, bar, step)
         if step % eval_every == 0 or step == total:
             history["val"].append([step, validate()])
         if step % save_every == 0:

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from decodekit.checks import check_bool, check_float, check_int
-from decodekit.train.common import Checkpoints, plot_losses, warmup_cosine
+from decodekit.train.common import Checkpoints, plot_losses, take_step, warmup_cosine
 from decodekit.train.feature_data import FeatureData, prepare
 
 BatchLoss = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
@@ -74,14 +74,7 @@ def fit(
         skip = step - epoch * len(loader)
         for idx in accelerator.skip_first_batches(loader, skip) if skip else loader:
             loss, stats = batch_loss(idx)
-            accelerator.backward(loss)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()
-            step += 1
-            history["train"].append([step, float(loss.detach())])
-            bar.update(1)
-            bar.set_postfix(loss=f"{history['train'][-1][1]:.3f}", acc=f"{stats['acc']:.2f}")
+            step = take_step(accelerator, optimizer, schedule, loss, history, bar, step, acc=f"{stats['acc']:.2f}")
             if step % save_every == 0:
                 checkpoints.save(step, history)
         validate()

@@ -26,7 +26,7 @@ from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.threshold_head import AcceptanceHead
 from decodekit.train.acceptance_data import DATA_SOURCE, generate_dataset, pydoc_prompts
-from decodekit.train.common import Checkpoints, plot_losses, warmup_cosine
+from decodekit.train.common import Checkpoints, plot_losses, take_step, warmup_cosine
 
 LABELS = ("greedy", "sampled", "both")
 
@@ -163,15 +163,7 @@ def train(
         skip = step - epoch * len(loader)
         for h, label in accelerator.skip_first_batches(loader, skip) if skip else loader:
             loss = acceptance_loss(head(h), label, reject_weight)[0]
-            accelerator.backward(loss)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()
-            step += 1
-            value = float(loss.detach())
-            history["train"].append([step, value])
-            bar.update(1)
-            bar.set_postfix(loss=f"{value:.4f}")
+            step = take_step(accelerator, optimizer, schedule, loss, history, bar, step)
             if step % save_every == 0:
                 checkpoints.save(step, history)
         history["val"].append([step, validate()])
