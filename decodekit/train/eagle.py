@@ -90,7 +90,7 @@ def train(
 ) -> dict[str, Any]:
     """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/eagle.yaml`` for what each argument does."""
-    from decodekit.drafters.eagle import EagleHead
+    from decodekit.drafters.eagle_head import EagleHead
     from decodekit.train.eagle_vocab import pick_vocab
     from decodekit.train.feature_heads import finish_run, fit, start_run
 

@@ -1,0 +1,103 @@
+"""The EAGLE head (:class:`EagleHead`: ``fc [2H -> H]``, one decoder layer of the target's architecture, its final
+norm) and its file: the head shipped for the zoo target, loading a head checked against its target. The drafter that
+runs it is :mod:`decodekit.drafters.eagle`; the recipe that trains it, :mod:`decodekit.train.eagle`.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from decodekit.cache import KVCache
+from decodekit.drafters.head_files import packaged, read_head, save_head
+from decodekit.errors import ConfigError
+from decodekit.models.base import LanguageModel
+
+DEFAULT_WEIGHTS = "eagle_smollm2-135m-instruct.safetensors"  # the zoo target's head (docs/training.md)
+RETRAIN = "python -m decodekit train recipe=eagle (docs/training.md)"
+
+
+def default_weights() -> Path:
+    """The head shipped for the zoo's ``smollm2-135m-instruct``."""
+    return packaged(DEFAULT_WEIGHTS)
+
+
+class EagleHead(nn.Module):
+    """The draft head: ``fc [2H -> H]``, one decoder layer of the target's architecture, the final norm.
+
+    Args:
+        config: the target's transformers config (the layer's sizes, attention and RoPE settings come from it).
+        vocab: ``[V_d]`` the token ids the head scores (ascending), or None for the full vocabulary.
+    """
+
+    def __init__(self, config: Any, vocab: torch.Tensor | None = None) -> None:
+        super().__init__()
+        from transformers import AutoModel
+
+        from decodekit.models.hf_support import cache_argument
+
+        cfg = copy.deepcopy(config)
+        cfg.num_hidden_layers, cfg.vocab_size, cfg.pad_token_id = 1, 1, None  # no token embedding table
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = list(cfg.layer_types[-1:])
+        hidden = int(config.hidden_size)
+        self.fc = nn.Linear(2 * hidden, hidden)
+        self.decoder = AutoModel.from_config(cfg)
+        self._cache_arg = cache_argument(self.decoder)
+        vocab = torch.arange(int(config.vocab_size)) if vocab is None else vocab.long()
+        self.register_buffer("vocab", vocab)
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        feats: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """``embeds [B, N, H]`` (of the tokens ``x_{t+1}``) and ``feats [B, N, H]`` (``f_t``) -> ``g [B, N, H]``.
+
+        Without a cache, causal attention over the ``N`` positions (training); with one, ``positions [B, N]`` and a
+        4-D bool ``mask [B, 1, N, S]`` against the staged cache, as :meth:`LanguageModel.forward`."""
+        x = self.fc(torch.cat([embeds, feats], -1))
+        kwargs: dict[str, Any] = {}
+        if cache is not None:
+            kwargs = {self._cache_arg: cache, "use_cache": True}
+        return self.decoder(inputs_embeds=x, position_ids=positions, attention_mask=mask, **kwargs).last_hidden_state
+
+    def init_from(self, target: LanguageModel) -> None:
+        """Start from the target: the layer is a copy of its last decoder layer, the norm of its final norm, and
+        ``fc`` passes ``f_t`` through (``[0 | I]`` plus small noise on the embedding half)."""
+        layers = getattr(target, "layers", None)
+        if layers is not None:
+            self.decoder.layers[0].load_state_dict(layers[-1].state_dict())
+        norm = getattr(target, "_norm", None)
+        if norm is not None and hasattr(self.decoder, "norm"):
+            self.decoder.norm.load_state_dict(norm.state_dict())
+        hidden = self.fc.out_features
+        with torch.no_grad():
+            self.fc.weight.normal_(0, 0.02)
+            self.fc.weight[:, hidden:] = torch.eye(hidden)
+            self.fc.bias.zero_()
+
+    def save(self, path: str | Path, metadata: dict[str, Any]) -> None:
+        """Write the weights (float16) and ``metadata`` (:func:`~decodekit.drafters.head_files.head_metadata`)."""
+        save_head(self, path, metadata, skip="embed_tokens")
+
+
+def load_head(path: str | Path, target: LanguageModel) -> tuple[EagleHead, dict[str, Any]]:
+    """The head in ``path`` for ``target`` (on its device and dtype) and its metadata; refuses a head trained
+    for another target."""
+    config = getattr(getattr(target, "hf", None), "config", None)
+    if config is None:
+        raise ConfigError(f"the eagle drafter needs a transformers target (its config builds the head); got {target!r}")
+    meta, tensors = read_head(path, target, "an EAGLE head", RETRAIN)
+    head = EagleHead(config, tensors["vocab"])
+    missing, unexpected = head.load_state_dict(tensors, strict=False)
+    if unexpected or any("embed_tokens" not in k for k in missing):
+        raise ConfigError(f"{path} does not match the head's layout: missing {missing}, unexpected {unexpected}")
+    return head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval(), meta
