@@ -49,8 +49,9 @@ def train_head(lm: dk.LanguageModel, steps: int, vocab: torch.Tensor | None = No
     return head.eval()
 
 
-def head_file(tmp_path_factory, lm: dk.LanguageModel, head: EagleHead, name: str):
-    path = tmp_path_factory.mktemp("eagle") / f"{name}.safetensors"
+def head_file(tmp_path_factory, lm: dk.LanguageModel, head: torch.nn.Module, name: str):
+    """``head`` (an EAGLE head or Medusa heads) saved for ``lm`` as a head file; its path."""
+    path = tmp_path_factory.mktemp("heads") / f"{name}.safetensors"
     head.save(path, head_metadata(lm, base=name))
     return path
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.drafters.head_files import head_metadata
 from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
 from decodekit.errors import ConfigError
 from decodekit.policies import FixedLength
@@ -16,7 +15,7 @@ from decodekit.train.medusa import medusa_loss
 from decodekit.trees import TreeTemplate
 from decodekit.verifiers import RejectionVerifier, TraversalVerifier
 from tests.conftest import assert_greedy_twice, tiny_llama
-from tests.unit.test_eagle import sequences
+from tests.unit.test_eagle import head_file, sequences
 from tests.unit.test_lossless import assert_matches, sample_counts
 
 
@@ -35,16 +34,10 @@ def train_heads(lm: dk.LanguageModel, steps: int, num_heads: int = 3, seed: int 
     return heads.eval()
 
 
-def heads_file(tmp_path_factory, lm, heads, name):
-    path = tmp_path_factory.mktemp("medusa") / f"{name}.safetensors"
-    heads.save(path, head_metadata(lm, base=name))
-    return path
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     lm = dk.load_model(tiny_llama(0))
-    return lm, heads_file(tmp_path_factory, lm, train_heads(lm, 100), "tiny")
+    return lm, head_file(tmp_path_factory, lm, train_heads(lm, 100), "tiny")
 
 
 def test_untrained_heads_are_the_targets_next_token_head():
@@ -73,7 +66,7 @@ def test_greedy_equals_plain_decoding(tiny, ragged_prompts):
 
 def test_sampling_is_lossless(tmp_path_factory):
     lm = dk.load_model(tiny_llama(0, vocab=8, hidden=32, init=0.3))
-    path = heads_file(tmp_path_factory, lm, train_heads(lm, 80, num_heads=2), "tiny8")
+    path = head_file(tmp_path_factory, lm, train_heads(lm, 80, num_heads=2), "tiny8")
     counts, stats = sample_counts(lm, MedusaDrafter(path), RejectionVerifier(), FixedLength(2), "T1", seed=31)
     assert_matches(lm.hf, counts, "T1")
     assert 0.05 < stats.draft_acceptance_rate < 0.95
@@ -116,7 +109,7 @@ def test_tree_nodes_are_the_heads_ranked_tokens(tiny, ragged_prompts):
 
 def test_tree_sampling_is_lossless(tmp_path_factory):
     lm = dk.load_model(tiny_llama(0, vocab=8, hidden=32, init=0.3))
-    path = heads_file(tmp_path_factory, lm, train_heads(lm, 80, num_heads=2), "tiny8t")
+    path = head_file(tmp_path_factory, lm, train_heads(lm, 80, num_heads=2), "tiny8t")
     drafter = MedusaDrafter(path, template=TreeTemplate(((0,), (1,), (0, 0), (1, 0))))
     counts, stats = sample_counts(lm, drafter, TraversalVerifier(), FixedLength(4, depth=2), "T0.7-p0.9", seed=32)
     assert_matches(lm.hf, counts, "T0.7-p0.9")
