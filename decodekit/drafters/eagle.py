@@ -39,7 +39,7 @@ from decodekit.checks import check_float, check_int
 from decodekit.draft import Draft, DraftKind
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.eagle_head import RETRAIN, EagleHead, default_weights, load_head
-from decodekit.drafters.head_files import dense
+from decodekit.drafters.head_files import head_rows
 from decodekit.drafters.staged import StagedTree, dynamic_tree
 from decodekit.errors import ConfigError
 from decodekit.masks import chain_mask
@@ -128,11 +128,8 @@ class EagleDrafter(SamplesLikeTheTarget):
     def _head_matrix(self, target: LanguageModel) -> None:
         """The output head's rows for the head's vocabulary (``[V_d, H]``) and bias; None when the target's head
         is not a plain linear map (then the full head runs and is sliced)."""
-        lm_head = getattr(target, "lm_head", None)
-        weight, bias = dense(getattr(lm_head, "weight", None)), dense(getattr(lm_head, "bias", None))
-        ids = self.head.vocab  # type: ignore[union-attr]
-        self._w = weight[ids].detach() if weight is not None and weight.dim() == 2 else None
-        self._b = bias[ids].detach() if self._w is not None and bias is not None else None
+        rows = head_rows(target, self.head.vocab)  # type: ignore[union-attr]
+        self._w, self._b = rows if rows is not None else (None, None)
         self._softcap = getattr(target, "softcap", None)
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:

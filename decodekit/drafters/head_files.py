@@ -82,6 +82,16 @@ def read_head(
     return meta, tensors
 
 
+def head_rows(target: LanguageModel, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The target's output-head rows for the token ids ``ids [V_d]``: weight ``[V_d, H]`` and bias ``[V_d]`` (or
+    None), dense and detached; None when the output head is not a plain linear map."""
+    lm_head = getattr(target, "lm_head", None)
+    weight, bias = dense(getattr(lm_head, "weight", None)), dense(getattr(lm_head, "bias", None))
+    if weight is None or weight.dim() != 2:
+        return None
+    return weight[ids].detach(), (None if bias is None else bias[ids].detach())
+
+
 def dense(value: Any) -> torch.Tensor | None:
     """A tensor as a plain dense one (``kernels="onednn"`` keeps prepacked MKL-DNN copies), else None."""
     if not isinstance(value, torch.Tensor):

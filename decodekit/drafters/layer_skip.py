@@ -29,6 +29,7 @@ import torch
 from decodekit.cache import KVCache
 from decodekit.checks import check_float, check_int
 from decodekit.drafters.early_exit import EarlyExitDrafter
+from decodekit.masks import chain_mask
 from decodekit.models.base import LanguageModel
 from decodekit.registry import register
 from decodekit.round import Round
@@ -114,11 +115,10 @@ class LayerSkipDrafter(EarlyExitDrafter):
         tokens = state.tokens.gather(1, start[:, None] + steps)  # [B, W] positions c - W .. c - 1
         labels = state.tokens.gather(1, start[:, None] + 1 + steps)  # their successors (the last: the pending token)
         kv_len = self.cache.stage(width)  # staged at c .. c + W - 1, past everything committed
+        mask, staged_at = chain_mask(committed, width, kv_len)  # [B, 1, W, S] causal over the staged window
         slots = torch.arange(kv_len, device=state.device)
-        prefix = slots[None, None, :] < start[:, None, None]  # the committed prefix before the window
-        rel = slots[None, :] - committed[:, None]  # [B, S] index into the staged window
-        causal = (rel[:, None, :] >= 0) & (rel[:, None, :] <= steps[None, :, None])
-        mask = (prefix | causal)[:, None]  # [B, 1, W, S]
-        positions = start[:, None] + steps
+        window = (slots >= start[:, None]) & (slots < committed[:, None])  # its committed copy (the full model's K/V)
+        mask = mask & ~window[:, None, None]
+        positions = staged_at - width  # the window's own positions, c - W .. c - 1
         logits = self.target.forward(tokens, positions, mask, self.cache, skip_layers=skip).logits
         return (logits.argmax(-1) == labels).float().mean()

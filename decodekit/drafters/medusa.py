@@ -29,7 +29,7 @@ from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
 from decodekit.checks import check_int
 from decodekit.draft import Draft, DraftKind
-from decodekit.drafters.head_files import dense, packaged, read_head, save_head
+from decodekit.drafters.head_files import head_rows, packaged, read_head, save_head
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.registry import register
@@ -121,13 +121,10 @@ class MedusaDrafter:
         if self._for != id(target):
             self.heads = load_heads(self.weights, target)
             self._for = id(target)
-            lm_head = getattr(target, "lm_head", None)
-            weight = dense(getattr(lm_head, "weight", None))
-            if weight is None:
+            rows = head_rows(target, self.heads.vocab)
+            if rows is None:
                 raise ConfigError(f"the medusa drafter needs a target with a linear output head; got {target!r}")
-            self._w = weight[self.heads.vocab].detach()
-            bias = dense(getattr(lm_head, "bias", None))
-            self._b = None if bias is None else bias[self.heads.vocab].detach()
+            self._w, self._b = rows
         self.target = target
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
