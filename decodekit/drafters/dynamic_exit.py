@@ -36,16 +36,22 @@ from decodekit.draft import Draft
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
+from decodekit.policies.analytic import expected_tokens
 from decodekit.registry import register
 from decodekit.round import Round
 from decodekit.state import DecodeState
 
 
-def tokens_per_layer(accept: float, draft_len: int, exit_layer: int, num_layers: int) -> float:
-    """DEL's objective: expected tokens a round commits (i.i.d. acceptance ``accept`` per drafted token, plus the
-    target's own token) per layer computed (``exit_layer`` per drafted token, ``num_layers`` to verify)."""
-    expected = float(draft_len + 1) if accept >= 1 else (1 - accept ** (draft_len + 1)) / (1 - accept)
-    return expected / (exit_layer * draft_len + num_layers)
+def tokens_per_layer(
+    accept: Sequence[float] | torch.Tensor, max_draft: int, exit_layers: Sequence[int], num_layers: int
+) -> torch.Tensor:
+    """DEL's objective for every candidate and length: ``[L, max_draft + 1]`` float64, entry ``(i, g)`` the tokens
+    a round commits in expectation (i.i.d. acceptance ``accept[i]`` per drafted token, plus the target's own token)
+    per layer computed (``exit_layers[i]`` per drafted token, ``num_layers`` to verify); column 0 is plain decoding,
+    ``1 / num_layers``."""
+    lengths = torch.arange(max_draft + 1, dtype=torch.float64)
+    layers = torch.as_tensor(exit_layers, dtype=torch.float64)
+    return expected_tokens(torch.as_tensor(accept), max_draft) / (layers[:, None] * lengths + num_layers)
 
 
 @register("drafter", "dynamic_exit")
@@ -118,13 +124,12 @@ class DynamicExitDrafter(EarlyExitDrafter):
             self._choose()
 
     def _choose(self) -> None:
-        """Pick the exit layer and draft length with the best tokens per layer (one host sync)."""
-        accept = (self.hits / self.seen.clamp(min=1e-6)).tolist()
-        total = self.target.num_layers
-        best, self.draft_len = 1 / total, 0
-        for layer, a in zip(self.hidden_layers, accept):
-            for g in range(1, self.max_draft + 1):
-                score = tokens_per_layer(a, g, layer, total)
-                if score > best:
-                    best, self.layers, self.draft_len = score, layer, g
+        """Pick the exit layer and draft length with the best tokens per layer (one host sync); plain decoding wins
+        ties, then the shallower layer and the shorter draft."""
+        accept = (self.hits / self.seen.clamp(min=1e-6)).cpu()
+        score = tokens_per_layer(accept, self.max_draft, self.hidden_layers, self.target.num_layers)
+        best = int(score.argmax())  # the first maximum, in (layer, length) order: column 0 is plain decoding
+        row, self.draft_len = divmod(best, self.max_draft + 1)
+        if self.draft_len:
+            self.layers = self.hidden_layers[row]
         self.history.append((self.layers, self.draft_len))

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from decodekit.masks import chain_mask
+from decodekit.policies.analytic import expected_tokens
 
 
 def median_ms(fn: Callable[[], Any], repeats: int = 30) -> float:
@@ -101,7 +102,7 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
     rows = {}
     for s in sizes:
         a, d = acc[s], draft[s]
-        tau = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1
+        tau = float(expected_tokens(a, k)[-1])  # (1 - a^(k+1)) / (1 - a)
         rows[s] = {"agreement": a, "draft_step_ms": d, "modelled_speedup": tau * v1 / (vk + (k + 1) * d)}
     picked = max(rows, key=lambda s: rows[s]["modelled_speedup"])
     return {"picked": picked, "draft_len": k, "target_ms": times, "sizes": rows}

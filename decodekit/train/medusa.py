@@ -56,6 +56,7 @@ def medusa_loss(
 def pick_vocab(heads: Any, target: Any, val: Any, sizes: Sequence[int]) -> dict[str, Any]:
     """The draft vocabulary size with the best modelled chain speedup (module docstring), with every size's
     numbers."""
+    from decodekit.policies.analytic import expected_tokens_positional
     from decodekit.train.eagle_vocab import median_ms, target_ms
 
     num_heads = len(heads.blocks)
@@ -82,10 +83,7 @@ def pick_vocab(heads: Any, target: Any, val: Any, sizes: Sequence[int]) -> dict[
     for s in sizes:
         acc = [hits[s][k] / max(totals[k], 1) for k in range(num_heads)]
         draft = median_ms(lambda s=s: (heads(f1) @ w[:s].T).argmax(-1))
-        tau, run = 1.0, 1.0
-        for a in acc:
-            run *= a
-            tau += run
+        tau = float(expected_tokens_positional(torch.tensor(acc).cumprod(0))[-1])  # 1 + sum_j prod_{k<=j} a_k
         rows[s] = {
             "agreement": acc,
             "draft_ms": draft,

@@ -54,9 +54,10 @@ def test_picks_the_shallowest_exact_layer_and_the_longest_draft(idle_top, ragged
 
 
 def test_objective():
-    assert tokens_per_layer(0.0, 0, 5, 10) == pytest.approx(1 / 10)  # plain decoding
-    assert tokens_per_layer(1.0, 3, 2, 10) == pytest.approx(4 / 16)
-    assert tokens_per_layer(0.5, 2, 2, 10) == pytest.approx((1 + 0.5 + 0.25) / 14)
+    score = tokens_per_layer([0.0, 1.0, 0.5], 3, [5, 2, 2], 10)  # [3 candidates, lengths 0..3]
+    assert score[0, 0] == pytest.approx(1 / 10)  # plain decoding
+    assert score[1, 3] == pytest.approx(4 / 16)
+    assert score[2, 2] == pytest.approx((1 + 0.5 + 0.25) / 14)
 
 
 def test_stops_drafting_when_no_layer_pays(deep, ragged_prompts):
