@@ -117,6 +117,12 @@ class Components:
     def shares_target(self) -> bool:
         return bool(getattr(self.drafter, "shares_target", False))
 
+    @property
+    def takes_prefill(self) -> bool:
+        """Whether the drafter shares the target and its ``begin`` takes the prefill's output (only then does the
+        prefill keep hidden states)."""
+        return self.shares_target and _takes_keyword(self.drafter.begin, "prefill")  # type: ignore[union-attr]
+
     # ---------------------------------------------------------------------------------------------- hooks
     def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache, prefill: ModelOutput) -> None:
         """Call every ``begin`` hook; a target-sharing drafter whose ``begin`` takes a ``prefill`` keyword also gets
@@ -124,7 +130,7 @@ class Components:
         ``needs`` has ``"hidden"``: feature-level heads need the prompt's)."""
         for component in self.all:
             if component is self.drafter and self.shares_target:
-                if _takes_keyword(component.begin, "prefill"):
+                if self.takes_prefill:
                     component.begin(state, target, cache, prefill=prefill)
                 else:
                     component.begin(state, target, cache)

@@ -187,8 +187,8 @@ def _loop(
         state.tokens[:, :width],
         state.lengths,
         host_counts=state.host_lengths,
-        hidden_layers=parts.hidden_layers,
-        return_hidden="hidden" in parts.needs,
+        hidden_layers=parts.hidden_layers if parts.takes_prefill else (),
+        return_hidden=parts.takes_prefill and "hidden" in parts.needs,
     )
     begin_round(generator, state.host_lengths)
     first = next_token(process_next(state, prefill.logits), sampling, generator)
