@@ -13,7 +13,7 @@ from pathlib import Path
 
 from decodekit.errors import MissingDependencyError
 
-__all__ = ["package_dirs", "package_file"]
+__all__ = ["package_dirs", "package_file", "shipped_weights"]
 
 
 def package_dirs(package: str) -> list[Path]:
@@ -56,3 +56,10 @@ def package_file(package: str, parts: Sequence[str], *, install: str, needed_by:
         f"the package {package!r} (in {dirs[0]}) lacks its data file {'/'.join(parts)}; reinstall it with: "
         f"{install} --force-reinstall"
     )
+
+
+def shipped_weights(name: str) -> Path:
+    """The path of ``name`` among the weights shipped in decodekit itself (``decodekit/weights/``)."""
+    from importlib import resources
+
+    return Path(str(resources.files("decodekit") / "weights" / name))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from decodekit.errors import ModelNotFoundError
+from decodekit.resources import shipped_weights
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ logits)."""
 
 
 def weights_path(entry: ZooDLM) -> Path:
-    return Path(str(resources.files("decodekit") / "weights" / entry.weights))
+    return shipped_weights(entry.weights)
 
 
 def load_zoo_dlm(name: str, **load_kwargs: Any) -> tuple[Any, ZooDLM]:

@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from decodekit.cache import KVCache
-from decodekit.drafters.head_files import packaged, read_head, save_head
+from decodekit.drafters.head_files import read_head, save_head
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
+from decodekit.resources import shipped_weights
 
 DEFAULT_WEIGHTS = "eagle_smollm2-135m-instruct.safetensors"  # the zoo target's head (docs/training.md)
 RETRAIN = "python -m decodekit train recipe=eagle (docs/training.md)"
@@ -23,7 +24,7 @@ RETRAIN = "python -m decodekit train recipe=eagle (docs/training.md)"
 
 def default_weights() -> Path:
     """The head shipped for the zoo's ``smollm2-135m-instruct``."""
-    return packaged(DEFAULT_WEIGHTS)
+    return shipped_weights(DEFAULT_WEIGHTS)
 
 
 class EagleHead(nn.Module):

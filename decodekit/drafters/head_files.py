@@ -9,7 +9,6 @@ refuses a head written for another target: a head trained on other features draf
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,6 @@ from torch import nn
 
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
-
-
-def packaged(name: str) -> Path:
-    """The path of ``name`` among the weights shipped in the package (``decodekit/weights/``)."""
-    return Path(str(resources.files("decodekit") / "weights" / name))
 
 
 def fingerprint(target: LanguageModel) -> float:

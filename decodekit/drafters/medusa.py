@@ -29,10 +29,11 @@ from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
 from decodekit.checks import check_int
 from decodekit.draft import Draft, DraftKind
-from decodekit.drafters.head_files import head_rows, packaged, read_head, save_head
+from decodekit.drafters.head_files import head_rows, read_head, save_head
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.registry import register
+from decodekit.resources import shipped_weights
 from decodekit.round import Round
 from decodekit.state import DecodeState
 from decodekit.trees import TreeTemplate, fit_template, resolve_template
@@ -44,7 +45,7 @@ RETRAIN = "python -m decodekit train recipe=medusa (docs/training.md)"
 
 def default_weights() -> Path:
     """The heads shipped for the zoo's ``smollm2-135m-instruct``."""
-    return packaged(DEFAULT_WEIGHTS)
+    return shipped_weights(DEFAULT_WEIGHTS)
 
 
 class MedusaHeads(nn.Module):

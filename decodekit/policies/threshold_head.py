@@ -4,7 +4,6 @@ chain draft once the predicted probability that some drafted token is rejected e
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from torch import nn
 from decodekit.checks import check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.registry import register
+from decodekit.resources import shipped_weights
 from decodekit.state import DecodeState
 from decodekit.types import DraftBudget, DraftStep
 
@@ -79,7 +79,7 @@ class AcceptanceHead(nn.Module):
 
 def default_weights() -> Path:
     """Path of the head shipped for the zoo's draft model (SmolLM2-135M-Instruct, int8 kernels)."""
-    return Path(str(resources.files("decodekit") / "weights" / DEFAULT_WEIGHTS))
+    return shipped_weights(DEFAULT_WEIGHTS)
 
 
 class HeadStopRule:
