@@ -12,6 +12,7 @@ Shapes: ``R`` rows, ``K`` the longest length considered (lengths ``0..K``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -102,8 +103,9 @@ class CostModel:
         return self._at(self.draft, k) + self._at(self.verify, k) + self.overhead
 
     def times(self, max_len: int) -> torch.Tensor:
-        """``[K + 1]`` float64: ``T(0), ..., T(max_len)``."""
-        return self.round_time(torch.arange(max_len + 1))
+        """``[K + 1]`` float64: ``T(0), ..., T(max_len)`` (cached per table and length: policies read it every
+        round; do not modify it in place)."""
+        return _times(self, max_len)
 
     @staticmethod
     def _at(table: tuple[float, ...], k: torch.Tensor) -> torch.Tensor:
@@ -113,6 +115,11 @@ class CostModel:
         inside = t[k.long().clamp(0, len(table) - 1)]
         slope = t[-1] - t[-2]
         return torch.where(k > len(table) - 1, t[-1] + slope * (k - (len(table) - 1)), inside)
+
+
+@functools.lru_cache(maxsize=256)
+def _times(cost: CostModel, max_len: int) -> torch.Tensor:
+    return cost.round_time(torch.arange(max_len + 1))
 
 
 MEASURED = "measured"  # costs=MEASURED: filled in by the benchmark from its profile of the drafter

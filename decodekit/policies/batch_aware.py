@@ -14,7 +14,7 @@ from decodekit.policies.calibration import RoundClock
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.state import DecodeState
-from decodekit.types import DraftBudget
+from decodekit.types import DraftBudget, SamplingParams
 
 if TYPE_CHECKING:
     from decodekit.round import Round
@@ -28,8 +28,9 @@ class BatchAwareLength:
     speculation) wherever no length beats plain decoding in the model. Every row of the batch gets ``k*(B)``.
 
     ``alpha`` is fixed (the paper's offline table: :meth:`table`) or, with ``alpha=None``, estimated online over all
-    rows pooled (one :class:`~decodekit.policies.acceptance.AcceptanceTracker` row for the whole batch), so the table
-    follows the workload; at ``k* = 0`` it drafts one token after ``probe_every`` idle rounds to keep measuring
+    rows pooled (one :class:`~decodekit.policies.acceptance.AcceptanceTracker` row for the whole batch, carried from
+    call to call, one per sampling setting: greedy and sampled acceptance differ), so the table follows the
+    workload; at ``k* = 0`` it drafts one token after ``probe_every`` idle rounds to keep measuring
     (each probe that changes nothing doubles the wait; both restart with each call), but only while drafting could
     pay at an optimistic rate (:func:`~decodekit.policies.analytic.could_pay`): at a batch size where the estimate
     is confidently below break-even, probes stop, so the policy costs plain decoding nothing but its bookkeeping.
@@ -74,7 +75,8 @@ class BatchAwareLength:
         set_costs(self, costs, self.max_len, draft_step, verify_fixed, verify_step)
         self.probe_every = check_int("probe_every", probe_every, low=0, hint=" (0 = never probe)")
         self.nodes_per_depth, self.width = check_tree_args(nodes_per_depth, width)
-        self.tracker = AcceptanceTracker()
+        self.trackers: dict[SamplingParams, AcceptanceTracker] = {}  # the pooled estimate, per sampling setting
+        self.tracker = AcceptanceTracker()  # the current call's (one of trackers)
         self.idle, self.wait = 0, self.probe_every
         self.calibrate = bool(calibrate)
         self.timer = RoundClock() if self.calibrate else None
@@ -90,8 +92,10 @@ class BatchAwareLength:
         self.idle, self.wait = 0, self.probe_every
         if self.timer is not None:
             self.timer.begin()
-        if self.tracker.passed is None:  # the pooled estimate carries over across calls
-            self.tracker.begin(1, state.device)
+        if state.sampling not in self.trackers:  # the pooled estimate carries over to calls with the same sampling
+            self.trackers[state.sampling] = AcceptanceTracker()
+            self.trackers[state.sampling].begin(1, state.device)
+        self.tracker = self.trackers[state.sampling]
 
     def plan(self, state: DecodeState) -> DraftBudget:
         if self.tracker.passed is None:

@@ -19,6 +19,7 @@ from decodekit.policies import (
     Stack,
     profile_costs,
 )
+from decodekit.policies.acceptance import CarriedRate
 from decodekit.policies.analytic import (
     best_length,
     cost_at,
@@ -155,6 +156,77 @@ def test_batch_rows_probe_together():
     assert policy.plan(state).lengths.tolist() == [4] + [1] * 7
 
 
+def test_carried_rate_is_a_mean_over_rows_that_drafted():
+    """The next call's prior weighs each drafting row the same (a pooled count would follow the row that drafted
+    most), leaves out rows that never drafted, takes rows as they leave, and is kept per sampling setting."""
+    t, memory, greedy = AcceptanceTracker(prior=0.5, decay=1.0), CarriedRate(carry=1.0), dk.SamplingParams()
+    t.begin(3, torch.device("cpu"))
+    for _ in range(50):  # row 0 passes 4 of 4 tested, row 1 fails its only test, row 2 never drafts
+        t.update(torch.tensor([4, 4, 0]), torch.tensor([4, 0, 0]))
+    rates = t.alpha
+    assert memory.prior(greedy, 0.5) == 0.5  # nothing recorded yet
+    memory.record(greedy, t, leaving=torch.tensor([False, True, False]))  # row 1 finishes first
+    t.select_rows(torch.tensor([0, 2]))
+    memory.record(greedy, t)  # the rest at the call's end
+    assert float(memory.prior(greedy, 0.5)) == pytest.approx(float(rates[:2].mean()))  # ~0.5, not ~0.8
+    assert memory.prior(dk.SamplingParams(temperature=0.8), 0.5) == 0.5
+
+
+def test_goodput_starts_a_call_from_earlier_calls():
+    """At batch 8, where drafting pays only at a good rate: the first call drafts in its first round (the 0.5
+    prior); once its drafts have failed, the next call with the same sampling drafts nothing in its first round,
+    while a call with other sampling settings starts from the prior again."""
+    policy = GoodputLength({8: CostModel.relative(0.1, 8, verify_fixed=0.3)}, max_len=8, probe_every=0)
+    greedy, sampled = dummy_state(8), dummy_state(8, dk.SamplingParams(temperature=0.8))
+
+    def call(state: dk.DecodeState, rounds: int = 6) -> list[int]:
+        policy.begin(state)
+        found = []
+        for _ in range(rounds):
+            k = policy.plan(state).lengths
+            found.append(int(k.max()))
+            policy.observe(state, chain_round(k.tolist(), [0] * 8, width=max(int(k.max()), 1)))  # drafts fail
+        return found
+
+    assert call(greedy)[0] > 0
+    assert call(greedy)[0] == 0
+    assert call(sampled)[0] > 0
+
+
+def test_a_first_round_on_the_prior_does_not_restart_the_probe_schedule():
+    """Seven rows accept every draft and one fails every draft, so at batch 8 the slowest row holds the batch at 0.
+    The first round of each call drafts on the rows' prior alone (no evidence yet this call); that is a probe round,
+    not a draft on merit: the probe wait grown by failing probes carries to the next call instead of restarting."""
+    policy = GoodputLength({8: CostModel.relative(0.1, 8, verify_fixed=0.3)}, max_len=8, probe_every=4)
+    state = dummy_state(8)
+
+    def draft_rounds() -> list[int]:
+        policy.begin(state)
+        found = []
+        for i in range(40):
+            k = policy.plan(state).lengths
+            if int(k.max()):
+                found.append(i)
+            accepted = k.tolist()[:7] + [0]
+            policy.observe(state, chain_round(k.tolist(), accepted, width=max(int(k.max()), 1)))
+        return found
+
+    assert draft_rounds() == [0, 9, 26]  # the prior's round, then probes after 8 and 16 quiet rounds
+    assert draft_rounds() == [0] and draft_rounds() == [0]  # the wait (32, 64, ...) carried across calls
+
+
+def test_batch_aware_keeps_one_estimate_per_sampling_setting():
+    policy, greedy = BatchAwareLength(CostModel.relative(0.05, 8), max_len=8), dummy_state(1)
+    policy.begin(greedy)
+    for _ in range(20):
+        policy.observe(greedy, chain_round([8], [8]))
+    assert policy.tracker.alpha.item() > 0.9
+    policy.begin(dummy_state(1, dk.SamplingParams(temperature=0.8)))
+    assert policy.tracker.alpha.item() == 0.5
+    policy.begin(greedy)
+    assert policy.tracker.alpha.item() > 0.9
+
+
 def test_goodput_at_batch_size_uses_the_batch_costs():
     """The same acceptance, two batch sizes: verification cheap at 1 and costly at 8 (compute-bound)."""
     costs = {1: CostModel.relative(0.0, 8), 8: CostModel.relative(0.0, 8, verify_step=1.0)}
@@ -207,6 +279,7 @@ def test_batch_aware_stops_probing_where_drafting_cannot_pay():
     gated = probes(BatchAwareLength(costs, probe_every=4), calls=3)
     assert gated == [4]  # one probe of 8 failing rows: confidently below break-even, in this call and the next
     always = BatchAwareLength(costs, probe_every=4)
+    always.begin(dummy_state(8))  # the pooled tracker of this sampling setting, kept by the calls below
     always.tracker.upper = lambda z=2.0: torch.ones(1, dtype=torch.float64)  # type: ignore[method-assign]
     assert probes(always, calls=3) == [4, 13, 30] * 3  # the wait restarts each call
 

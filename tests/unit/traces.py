@@ -18,6 +18,7 @@ def chain_round(drafted, accepted, width: int = 8, kl: torch.Tensor | None = Non
     return dk.Round(0, draft, verdict, verdict.accepted, accepted + 1, kl=kl)
 
 
-def dummy_state(rows: int) -> dk.DecodeState:
-    """A state of ``rows`` one-token prompts with room for 100 new tokens each."""
-    return dk.DecodeState.from_prompts([[1]] * rows, [100] * rows, dk.SamplingParams(), None, torch.device("cpu"))
+def dummy_state(rows: int, sampling: dk.SamplingParams | None = None) -> dk.DecodeState:
+    """A state of ``rows`` one-token prompts with room for 100 new tokens each (greedy unless ``sampling``)."""
+    sampling = sampling or dk.SamplingParams()
+    return dk.DecodeState.from_prompts([[1]] * rows, [100] * rows, sampling, None, torch.device("cpu"))
