@@ -9,6 +9,7 @@ from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
 from decodekit.drafters.model import ModelDrafter
 from decodekit.drafters.model_tree import ModelTreeDrafter
 from decodekit.drafters.ngram import NGramDrafter
+from decodekit.drafters.pillar import PillarDrafter
 from decodekit.drafters.recycling import RecyclingDrafter
 from decodekit.drafters.suffix import SuffixDrafter
 
@@ -24,6 +25,7 @@ __all__ = [
     "ModelDrafter",
     "ModelTreeDrafter",
     "NGramDrafter",
+    "PillarDrafter",
     "RecyclingDrafter",
     "SuffixDrafter",
 ]

@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 from decodekit.cache import KVCache
 from decodekit.errors import ConfigError, UnsupportedModelError
 from decodekit.masks import to_additive
+from decodekit.models.attention_scores import recorded_attention, restricted_masks
 from decodekit.models.base import LanguageModel, ModelOutput, check_layer
 from decodekit.models.hf_attention import attention_plan, per_layer_masks
 from decodekit.models.hf_support import CHAIN_ONLY, cache_argument, check_supported
@@ -106,6 +107,7 @@ class HFCausalLM(LanguageModel):
         self.max_context = context if isinstance(context, int) and context > 0 else None  # XLNet: -1 = unbounded
         self.tokenizer = tokenizer
         self._biases: dict[int, Any] = {}  # GPT-Neo's global causal biases, made once
+        self._attention_sink: dict[int, torch.Tensor] | None = None  # record_attention's, for the next forward
         device_map = getattr(model, "hf_device_map", None) or {}
         self._spread = len(set(map(str, device_map.values()))) > 1  # layers on several devices (device_map)
 
@@ -157,15 +159,22 @@ class HFCausalLM(LanguageModel):
         hidden_layers: Sequence[int] = (),
         return_hidden: bool = False,
         skip_layers: Sequence[int] = (),
+        attend: torch.Tensor | None = None,
     ) -> ModelOutput:
         attention_mask: Any = mask
-        if not self.attention.plain:
+        if attend is not None:  # [L, B, Hkv, S0]: each layer's and key/value head's allowed slots
+            if not self.attention.plain or exit_layer is not None or skip_layers:
+                raise ConfigError("attend= needs every layer to attend alike, and all layers run (no exit or skips)")
+            attention_mask = restricted_masks(mask, attend, self.hf.config.num_attention_heads)
+        elif not self.attention.plain:
             attention_mask = self.attention.masks(mask, positions, cache.key_positions(positions))
         if self._additive_mask:
             attention_mask = _map_masks(attention_mask, lambda m: to_additive(m, self.dtype))
         layer_masks = attention_mask if isinstance(attention_mask, list) else None
         hidden: dict[int, torch.Tensor] = {}
+        sink, self._attention_sink = self._attention_sink, None
         with (
+            recorded_attention(sink) if sink is not None else contextlib.nullcontext(),
             self._run_layers(exit_layer, skip_layers),
             self._capture(hidden_layers, hidden),
             self._per_layer(layer_masks),
@@ -184,6 +193,19 @@ class HFCausalLM(LanguageModel):
         if self._spread:  # the last layers' device: back to the inputs'
             last, hidden = last.to(self.device), {i: h.to(self.device) for i, h in hidden.items()}
         return ModelOutput(self.head(picked), hidden, last if return_hidden else None)
+
+    def record_attention(self, sink: dict[int, torch.Tensor]) -> None:
+        """The next :meth:`forward` (only that one) also stores, per layer index, where its queries attended:
+        ``sink[i] [B, Hkv, S]``, probabilities summed over the queries and each key/value head's query heads
+        (:func:`~decodekit.models.attention_scores.attention_mass`). Needs :attr:`records_attention`."""
+        if not self.records_attention:
+            raise ConfigError(f"{self!r} runs eager attention; recording attention needs attn_implementation='sdpa'")
+        self._attention_sink = sink
+
+    @property
+    def records_attention(self) -> bool:
+        """Whether :meth:`record_attention` works: the model runs ``sdpa`` attention."""
+        return not self._additive_mask
 
     def _per_layer(self, masks: list[torch.Tensor] | None) -> contextlib.AbstractContextManager[None]:
         if masks is None:

@@ -1,0 +1,62 @@
+"""Where a transformers model's attention went, and attention restricted to chosen cache slots per layer and head:
+the two things a drafter that picks its context from the target's own attention needs (PillarAttn,
+:class:`~decodekit.drafters.PillarDrafter`).
+
+Shapes: ``B`` rows, ``Hq`` query heads, ``Hkv`` key/value heads (``Hq = g * Hkv``: query head ``h`` reads key/value
+head ``h // g``, as transformers' ``repeat_kv`` pairs them), ``Q`` queries, ``S`` cache slots, ``L`` layers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+
+def attention_mass(
+    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float | None
+) -> torch.Tensor:
+    """``[B, Hkv, S]`` float32: attention probabilities summed over the queries ``query [B, Hq, Q, D]`` and over
+    each key/value head's group of query heads, against ``key [B, Hkv, S, D]`` under ``mask`` (``[B, 1 | Hq, Q,
+    S]``, boolean: True attends, or additive). A query that may attend nowhere adds nothing."""
+    b, hq, q, d = query.shape
+    hkv, s = key.shape[1], key.shape[2]
+    scale = d**-0.5 if scaling is None else scaling
+    grouped = query.float().reshape(b, hkv, (hq // hkv) * q, d)
+    scores = grouped @ key.float().transpose(-1, -2) * scale  # [B, Hkv, gQ, S]
+    if mask is not None:
+        mask = mask[..., :s].expand(b, hq, q, s).reshape(b, hkv, (hq // hkv) * q, s)
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    return scores.softmax(-1).nan_to_num(0.0).sum(2)
+
+
+@contextlib.contextmanager
+def recorded_attention(sink: dict[int, torch.Tensor]) -> Iterator[None]:
+    """During the block, every transformers SDPA attention call also stores :func:`attention_mass` of its queries in
+    ``sink[layer index]`` (one extra ``Q x S`` product per head; the attention output is unchanged). Models that do
+    not run ``sdpa`` record nothing."""
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def scored(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any, *a: Any, **kw: Any):
+        sink[module.layer_idx] = attention_mass(query, key, mask, kw.get("scaling"))
+        return original(module, query, key, value, mask, *a, **kw)
+
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = scored
+    try:
+        yield
+    finally:
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = original
+
+
+def restricted_masks(mask: torch.Tensor, attend: torch.Tensor, query_heads: int) -> list[torch.Tensor]:
+    """One boolean mask ``[B, Hq, Q, S]`` per layer: ``mask [B, 1, Q, S]`` and, per layer and key/value head, only
+    the slots ``attend [L, B, Hkv, S0]`` allows (slots ``>= S0``: all, the tokens written since the choice)."""
+    s = mask.shape[-1]
+    width = min(attend.shape[-1], s)
+    allowed = torch.ones(*attend.shape[:3], s, dtype=torch.bool, device=mask.device)
+    allowed[..., :width] = attend[..., :width]
+    per_head = allowed.repeat_interleave(query_heads // attend.shape[2], dim=2)  # [L, B, Hq, S]
+    return [mask & layer[:, :, None, :] for layer in per_head]
