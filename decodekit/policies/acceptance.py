@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 import torch
 
 from decodekit.checks import check_float, check_int
@@ -26,8 +24,7 @@ class AcceptanceTracker:
       right tends to go on), which the i.i.d. rate cannot express.
 
     Rows that drafted nothing keep their estimate. Shapes: ``R`` live rows, ``P = positions`` tracked positions
-    (deeper ones use ``alpha``); :meth:`select_rows` follows the batch as rows finish. :meth:`begin` may replace
-    ``prior`` for one call (a :class:`CarriedRate` from earlier calls).
+    (deeper ones use ``alpha``); :meth:`select_rows` follows the batch as rows finish.
     """
 
     def __init__(self, prior: float = 0.5, weight: float = 1.0, decay: float = 0.9, positions: int = 16) -> None:
@@ -37,13 +34,10 @@ class AcceptanceTracker:
         self.positions = check_int("positions", positions, low=1)
         self.passed: torch.Tensor | None = None  # [R, P]
         self.tested: torch.Tensor | None = None  # [R, P]
-        self.call_prior: float | torch.Tensor = self.prior  # this call's prior (a float or a 0-d device tensor)
 
-    def begin(self, rows: int, device: torch.device, prior: float | torch.Tensor | None = None) -> None:
-        """Start ``rows`` fresh rows; ``prior`` replaces the constructor's for this call (None: keep it)."""
+    def begin(self, rows: int, device: torch.device) -> None:
         self.passed = torch.zeros(rows, self.positions, dtype=torch.float64, device=device)
         self.tested = torch.zeros(rows, self.positions, dtype=torch.float64, device=device)
-        self.call_prior = self.prior if prior is None else prior
 
     def update(self, drafted: torch.Tensor, accepted: torch.Tensor, pooled: bool = False) -> None:
         """One round: ``drafted [R]`` valid draft tokens and ``accepted [R]`` of them, per row. ``pooled``: add the
@@ -69,7 +63,7 @@ class AcceptanceTracker:
     def alpha(self) -> torch.Tensor:
         """``[R]`` float64 i.i.d. rate (the prior before any observation)."""
         passed, tested = self._counts()
-        return (self.call_prior * self.weight + passed.sum(1)) / (self.weight + tested.sum(1))
+        return (self.prior * self.weight + passed.sum(1)) / (self.weight + tested.sum(1))
 
     def expected(self, max_len: int) -> torch.Tensor:
         """``[R, K + 1]`` float64: ``E(0..max_len)`` from the per-position rates (``alpha`` past ``positions``)."""
@@ -92,43 +86,3 @@ class AcceptanceTracker:
     def select_rows(self, rows: torch.Tensor) -> None:
         if self.passed is not None and self.tested is not None:
             self.passed, self.tested = self.passed[rows], self.tested[rows]
-
-
-class CarriedRate:
-    """The acceptance rate a policy carries from one call to the next, per sampling setting, as the prior of the
-    next call's fresh rows: the mean of the rows' own i.i.d. rates (:attr:`AcceptanceTracker.alpha`) over the rows
-    that drafted, each row weighing the same, earlier calls down-weighted by ``carry`` per call.
-
-    Without it every call starts every row at the constructor's prior (0.5), so at a batch size where drafting
-    does not pay the first round drafts anyway and each row must be probed before the policy believes it. A count
-    pooled over rows (not a mean of rows) was tried first and started fresh rows optimistic: its rate is dominated
-    by the rows that draft most. Keys are the calls' :class:`~decodekit.types.SamplingParams` (greedy and sampled
-    acceptance differ). Everything stays on the device: recording costs no host sync.
-
-    Args:
-        carry: weight of the earlier calls' rows against one new call's, applied once per call (:meth:`prior`).
-    """
-
-    def __init__(self, carry: float = 0.5) -> None:
-        self.carry = check_float("carry", carry, low=0.0, high=1.0)
-        self.sums: dict[Hashable, torch.Tensor] = {}  # key -> [2] float64: (sum of row rates, rows)
-
-    def record(self, key: Hashable, tracker: AcceptanceTracker, leaving: torch.Tensor | None = None) -> None:
-        """Add the rows of ``tracker`` that drafted (only those where ``leaving [R]`` is True, when given: rows
-        finishing now)."""
-        if tracker.tested is None:
-            return
-        drew = tracker.tested.sum(1) > 0
-        if leaving is not None:
-            drew = drew & leaving
-        added = torch.stack([tracker.alpha.where(drew, 0.0).sum(), drew.double().sum()])
-        self.sums[key] = self.sums[key] + added if key in self.sums else added
-
-    def prior(self, key: Hashable, default: float) -> float | torch.Tensor:
-        """The prior for a new call under ``key`` (``default`` before any row drafted under it): a 0-d float64
-        tensor. Down-weights what was recorded so far by ``carry``."""
-        if key not in self.sums:
-            return default
-        self.sums[key] = self.sums[key] * self.carry
-        total, rows = self.sums[key]
-        return torch.where(rows > 0, total / rows.clamp(min=1e-12), default)

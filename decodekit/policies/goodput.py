@@ -9,13 +9,13 @@ import torch
 
 from decodekit.checks import check_int
 from decodekit.errors import ConfigError
-from decodekit.policies.acceptance import AcceptanceTracker, CarriedRate
+from decodekit.policies.acceptance import AcceptanceTracker
 from decodekit.policies.analytic import CostModel, cost_at, expected_tokens, set_costs, speedups
 from decodekit.policies.calibration import RoundClock
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.state import DecodeState
-from decodekit.types import DraftBudget, SamplingParams
+from decodekit.types import DraftBudget
 
 if TYPE_CHECKING:
     from decodekit.round import Round
@@ -44,10 +44,7 @@ class GoodputLength:
     (per-row schedules drift apart: 8 rows probing on their own made one round in 5 a probe round at batch 8, 8%
     slower than plain decoding). That batch schedule carries over to the next call of the same batch size, so
     probes that keep failing become rare across calls (each costs a draft model a catch-up over every token since
-    its last draft); a round that drafts on the merits of this call's evidence restarts it (a round where only
-    rows without any yet draft, on their prior, counts as a probe round). A call's fresh rows start from the rate
-    earlier calls with the same sampling settings measured (:class:`~decodekit.policies.acceptance.CarriedRate`:
-    the mean of the rows' own rates), not from ``prior``, which only the first call uses.
+    its last draft); a round that drafts on its own merits restarts it.
 
     ``calibrate=True`` corrects the cost model online by measured round times
     (:class:`~decodekit.policies.calibration.RoundClock`: the wall time between two ``plan`` calls over the model's
@@ -71,8 +68,7 @@ class GoodputLength:
             benchmark's profile of the drafter, with ``oracle=<max_len>``); None = the
             relative model from ``draft_step`` / ``verify_fixed`` / ``verify_step`` (units of one decoding step).
         max_len: the longest draft (``K``).
-        prior, decay: the acceptance estimate's prior (the first call's; later calls carry theirs) and per-round
-            decay (``AcceptanceTracker``).
+        prior, decay: the acceptance estimate's prior and per-round decay (``AcceptanceTracker``).
         probe_every: rounds a row stays at 0 before it drafts one token to re-measure (0 = never).
         positional: expected tokens from per-position rates (``AcceptanceTracker.expected``) rather than the
             i.i.d. rate.
@@ -114,21 +110,19 @@ class GoodputLength:
         self.idle: torch.Tensor | None = None  # [B] rounds since each row last drafted
         self.wait: torch.Tensor | None = None  # [B] idle rounds before the next probe
         self.quiet, self.quiet_wait = 0, self.probe_every  # the batch's rounds without a draft, and its probe wait
-        self.quiet_waits: dict[tuple[int, SamplingParams], int] = {}  # the probe wait calls ended with, per call kind
-        self.call: tuple[int, SamplingParams] | None = None  # the current call's kind: (first batch size, sampling)
-        self.memory = CarriedRate()  # fresh rows' prior from the rows of earlier calls
+        self.quiet_waits: dict[int, int] = {}  # the probe wait a call ended with, per batch size it began at
+        self.batch_size: int | None = None  # the batch size the current call began at
         self.calibrate = bool(calibrate)
         self.timer = RoundClock() if self.calibrate else None
 
     def begin(self, state: DecodeState) -> None:
-        if self.call is not None:  # the previous call's rows still live at its end
-            self.memory.record(self.call[1], self.tracker)
-            self.quiet_waits[self.call] = self.quiet_wait
-        self.call = (state.batch_size, state.sampling)
-        self.tracker.begin(state.batch_size, state.device, prior=self.memory.prior(state.sampling, self.prior))
+        self.tracker.begin(state.batch_size, state.device)
         self.idle = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
         self.wait = torch.full_like(self.idle, self.probe_every)
-        self.quiet, self.quiet_wait = 0, self.quiet_waits.get(self.call, self.probe_every)
+        if self.batch_size is not None:
+            self.quiet_waits[self.batch_size] = self.quiet_wait
+        self.batch_size = state.batch_size
+        self.quiet, self.quiet_wait = 0, self.quiet_waits.get(state.batch_size, self.probe_every)
         if self.timer is not None:
             self.timer.begin()
 
@@ -156,13 +150,13 @@ class GoodputLength:
         )
         if self.timer is not None and not self.timer.knows_plain:  # the first round of a call is plain: the reference
             k = torch.zeros_like(k)
-        merit = k.where(t.tested.sum(1) > 0, 0)  # lengths from this call's evidence (a fresh row's is its prior's)
+        planned = k
         if self.probe_every:
             k = self._probes(k, t, state.batch_size)
         # one host read: the exact longest length, so a round where every row is at 0 skips the drafter entirely
-        longest, merit_longest = torch.stack([k.max(), merit.max()]).tolist()
+        longest, planned_longest = torch.stack([k.max(), planned.max()]).tolist()
         if self.probe_every:
-            self._count_quiet(longest, merit_longest)
+            self._count_quiet(longest, planned_longest)
         if self.timer is not None:
             self.timer.start(longest, state.batch_size)
         return length_budget(k, longest, self.nodes_per_depth, self.width)
@@ -183,11 +177,10 @@ class GoodputLength:
         self.wait = torch.where(k > 0, self.probe_every, self.wait)
         return torch.where(due, 1, k)
 
-    def _count_quiet(self, longest: int, merit: int) -> None:
+    def _count_quiet(self, longest: int, planned: int) -> None:
         """The batch's probe clock: rounds without a draft since the last probe round; a round drafting only probes
-        (or rows that have not drafted yet this call, on their prior: the first round) doubles the wait (up to 64x),
-        a round drafting on the merits of this call's evidence restarts it."""
-        if merit > 0:
+        doubles the wait (up to 64x), a round drafting on its own merits restarts it."""
+        if planned > 0:
             self.quiet, self.quiet_wait = 0, self.probe_every
         elif longest > 0:
             self.quiet, self.quiet_wait = 0, min(2 * self.quiet_wait, 64 * self.probe_every)
@@ -203,9 +196,6 @@ class GoodputLength:
         self.idle = torch.where(drafted > 0, 0, self.idle + 1)
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        if self.call is not None and self.tracker.tested is not None:
-            leaving = torch.ones(self.tracker.tested.shape[0], dtype=torch.bool, device=rows.device)
-            self.memory.record(self.call[1], self.tracker, leaving.index_fill(0, rows, False))
         self.tracker.select_rows(rows)
         if self.idle is not None:
             self.idle, self.wait = self.idle[rows], self.wait[rows]

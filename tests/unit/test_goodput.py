@@ -19,7 +19,6 @@ from decodekit.policies import (
     Stack,
     profile_costs,
 )
-from decodekit.policies.acceptance import CarriedRate
 from decodekit.policies.analytic import (
     best_length,
     cost_at,
@@ -154,65 +153,6 @@ def test_batch_rows_probe_together():
     )
     policy.batch = "sum"
     assert policy.plan(state).lengths.tolist() == [4] + [1] * 7
-
-
-def test_carried_rate_is_a_mean_over_rows_that_drafted():
-    """The next call's prior weighs each drafting row the same (a pooled count would follow the row that drafted
-    most), leaves out rows that never drafted, takes rows as they leave, and is kept per sampling setting."""
-    t, memory, greedy = AcceptanceTracker(prior=0.5, decay=1.0), CarriedRate(carry=1.0), dk.SamplingParams()
-    t.begin(3, torch.device("cpu"))
-    for _ in range(50):  # row 0 passes 4 of 4 tested, row 1 fails its only test, row 2 never drafts
-        t.update(torch.tensor([4, 4, 0]), torch.tensor([4, 0, 0]))
-    rates = t.alpha
-    assert memory.prior(greedy, 0.5) == 0.5  # nothing recorded yet
-    memory.record(greedy, t, leaving=torch.tensor([False, True, False]))  # row 1 finishes first
-    t.select_rows(torch.tensor([0, 2]))
-    memory.record(greedy, t)  # the rest at the call's end
-    assert float(memory.prior(greedy, 0.5)) == pytest.approx(float(rates[:2].mean()))  # ~0.5, not ~0.8
-    assert memory.prior(dk.SamplingParams(temperature=0.8), 0.5) == 0.5
-
-
-def test_goodput_starts_a_call_from_earlier_calls():
-    """At batch 8, where drafting pays only at a good rate: the first call drafts in its first round (the 0.5
-    prior); once its drafts have failed, the next call with the same sampling drafts nothing in its first round,
-    while a call with other sampling settings starts from the prior again."""
-    policy = GoodputLength({8: CostModel.relative(0.1, 8, verify_fixed=0.3)}, max_len=8, probe_every=0)
-    greedy, sampled = dummy_state(8), dummy_state(8, dk.SamplingParams(temperature=0.8))
-
-    def call(state: dk.DecodeState, rounds: int = 6) -> list[int]:
-        policy.begin(state)
-        found = []
-        for _ in range(rounds):
-            k = policy.plan(state).lengths
-            found.append(int(k.max()))
-            policy.observe(state, chain_round(k.tolist(), [0] * 8, width=max(int(k.max()), 1)))  # drafts fail
-        return found
-
-    assert call(greedy)[0] > 0
-    assert call(greedy)[0] == 0
-    assert call(sampled)[0] > 0
-
-
-def test_a_first_round_on_the_prior_does_not_restart_the_probe_schedule():
-    """Seven rows accept every draft and one fails every draft, so at batch 8 the slowest row holds the batch at 0.
-    The first round of each call drafts on the rows' prior alone (no evidence yet this call); that is a probe round,
-    not a draft on merit: the probe wait grown by failing probes carries to the next call instead of restarting."""
-    policy = GoodputLength({8: CostModel.relative(0.1, 8, verify_fixed=0.3)}, max_len=8, probe_every=4)
-    state = dummy_state(8)
-
-    def draft_rounds() -> list[int]:
-        policy.begin(state)
-        found = []
-        for i in range(40):
-            k = policy.plan(state).lengths
-            if int(k.max()):
-                found.append(i)
-            accepted = k.tolist()[:7] + [0]
-            policy.observe(state, chain_round(k.tolist(), accepted, width=max(int(k.max()), 1)))
-        return found
-
-    assert draft_rounds() == [0, 9, 26]  # the prior's round, then probes after 8 and 16 quiet rounds
-    assert draft_rounds() == [0] and draft_rounds() == [0]  # the wait (32, 64, ...) carried across calls
 
 
 def test_batch_aware_keeps_one_estimate_per_sampling_setting():
