@@ -15,7 +15,7 @@ from decodekit.policies.calibration import RoundClock
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.state import DecodeState
-from decodekit.types import DraftBudget
+from decodekit.types import DraftBudget, SamplingParams
 
 if TYPE_CHECKING:
     from decodekit.round import Round
@@ -42,9 +42,11 @@ class GoodputLength:
     :func:`~decodekit.policies.analytic.could_pay`); and in a batch, where one row's probe makes every row verify a
     second position, rows probe only in rounds that draft anyway or together on the batch's own doubling schedule
     (per-row schedules drift apart: 8 rows probing on their own made one round in 5 a probe round at batch 8, 8%
-    slower than plain decoding). That batch schedule carries over to the next call of the same batch size, so
-    probes that keep failing become rare across calls (each costs a draft model a catch-up over every token since
-    its last draft); a round that drafts on its own merits restarts it.
+    slower than plain decoding). That batch schedule, its clock and its wait, carries over to the next call of the
+    same batch size and sampling settings, so probes that keep failing become rare across calls (each costs a draft
+    model a catch-up over every token since its last draft); a round that drafts on the merits of the call's own
+    evidence restarts it. A call's first round drafts on the prior alone; it counts as a probe round, and once
+    probes of that kind of call have failed it waits for the schedule like any probe.
 
     ``calibrate=True`` corrects the cost model online by measured round times
     (:class:`~decodekit.policies.calibration.RoundClock`: the wall time between two ``plan`` calls over the model's
@@ -110,8 +112,8 @@ class GoodputLength:
         self.idle: torch.Tensor | None = None  # [B] rounds since each row last drafted
         self.wait: torch.Tensor | None = None  # [B] idle rounds before the next probe
         self.quiet, self.quiet_wait = 0, self.probe_every  # the batch's rounds without a draft, and its probe wait
-        self.quiet_waits: dict[int, int] = {}  # the probe wait a call ended with, per batch size it began at
-        self.batch_size: int | None = None  # the batch size the current call began at
+        self.clocks: dict[tuple[int, SamplingParams], tuple[int, int]] = {}  # (quiet, quiet_wait) per call kind
+        self.call: tuple[int, SamplingParams] | None = None  # this call's kind: (first batch size, sampling)
         self.calibrate = bool(calibrate)
         self.timer = RoundClock() if self.calibrate else None
 
@@ -119,10 +121,10 @@ class GoodputLength:
         self.tracker.begin(state.batch_size, state.device)
         self.idle = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
         self.wait = torch.full_like(self.idle, self.probe_every)
-        if self.batch_size is not None:
-            self.quiet_waits[self.batch_size] = self.quiet_wait
-        self.batch_size = state.batch_size
-        self.quiet, self.quiet_wait = 0, self.quiet_waits.get(state.batch_size, self.probe_every)
+        if self.call is not None:
+            self.clocks[self.call] = (self.quiet, self.quiet_wait)
+        self.call = (state.batch_size, state.sampling)
+        self.quiet, self.quiet_wait = self.clocks.get(self.call, (0, self.probe_every))
         if self.timer is not None:
             self.timer.begin()
 
@@ -150,13 +152,15 @@ class GoodputLength:
         )
         if self.timer is not None and not self.timer.knows_plain:  # the first round of a call is plain: the reference
             k = torch.zeros_like(k)
-        planned = k
+        merit = k.where(t.tested.sum(1) > 0, 0)  # lengths from this call's evidence (a fresh row's: its prior's)
         if self.probe_every:
+            if self.quiet_wait > self.probe_every:  # probes of this kind of call failed: the prior's draft waits too
+                k = merit
             k = self._probes(k, t, state.batch_size)
         # one host read: the exact longest length, so a round where every row is at 0 skips the drafter entirely
-        longest, planned_longest = torch.stack([k.max(), planned.max()]).tolist()
+        longest, merit_longest = torch.stack([k.max(), merit.max()]).tolist()
         if self.probe_every:
-            self._count_quiet(longest, planned_longest)
+            self._count_quiet(longest, merit_longest)
         if self.timer is not None:
             self.timer.start(longest, state.batch_size)
         return length_budget(k, longest, self.nodes_per_depth, self.width)
@@ -177,10 +181,11 @@ class GoodputLength:
         self.wait = torch.where(k > 0, self.probe_every, self.wait)
         return torch.where(due, 1, k)
 
-    def _count_quiet(self, longest: int, planned: int) -> None:
+    def _count_quiet(self, longest: int, merit: int) -> None:
         """The batch's probe clock: rounds without a draft since the last probe round; a round drafting only probes
-        doubles the wait (up to 64x), a round drafting on its own merits restarts it."""
-        if planned > 0:
+        (or rows without evidence yet, on their prior) doubles the wait (up to 64x), a round drafting on the merits
+        of this call's evidence restarts it."""
+        if merit > 0:
             self.quiet, self.quiet_wait = 0, self.probe_every
         elif longest > 0:
             self.quiet, self.quiet_wait = 0, min(2 * self.quiet_wait, 64 * self.probe_every)

@@ -94,7 +94,9 @@ def test_goodput_follows_each_rows_acceptance():
     cost = CostModel.relative(0.1, 8, verify_fixed=0.2)
     policy, state = GoodputLength(cost, max_len=8, probe_every=3, batch="sum"), dummy_state(2)
     policy.begin(state)
-    assert policy.plan(state).lengths.tolist() == [2, 2]  # prior 0.5: S(1..3) = 1.15, 1.25, 1.25 (ties: shorter)
+    k = policy.plan(state).lengths
+    assert k.tolist() == [2, 2]  # prior 0.5: S(1..3) = 1.15, 1.25, 1.25 (ties: shorter)
+    policy.observe(state, chain_round(k.tolist(), [2, 0]))
     for _ in range(6):
         k = policy.plan(state).lengths
         policy.observe(state, chain_round(k.tolist(), [int(k[0]), 0]))
@@ -144,15 +146,41 @@ def test_batch_rows_probe_together():
         return rounds, probed
 
     assert probe_rounds(torch.arange(8)) == ([4, 13, 30], [8, 8, 8])  # drifted rows; quiet 4, 8, 16 rounds
-    assert probe_rounds(torch.full((8,), 40)) == ([32], [8])  # the next call: quiet 32 rounds first
+    assert probe_rounds(torch.full((8,), 40)) == ([23], [8])  # the next call: the clock (9 of 32) runs on
 
     policy.begin(state)  # a round that drafts anyway (row 0 pays) takes every due row's probe at no extra width
     policy.idle = torch.full((8,), 4)
     policy.tracker.expected = lambda max_len: torch.stack(  # type: ignore[method-assign]
         [expected_tokens(1.0 if r == 0 else 0.0, max_len) for r in range(8)]
     )
+    policy.tracker.tested[:, 0] = 1.0  # every row has drafted this call: lengths on merit, not on the prior
     policy.batch = "sum"
     assert policy.plan(state).lengths.tolist() == [4] + [1] * 7
+
+
+def test_a_first_round_on_the_prior_waits_once_probes_have_failed():
+    """Seven rows accept every draft and one fails every draft, so at batch 8 the slowest row holds the batch at 0.
+    A call's first round drafts on the rows' prior alone: a probe round, not a draft on merit; once probes have
+    failed it waits for the probe schedule, whose clock and wait carry to the next call of the same batch size and
+    sampling settings (another sampling setting keeps its own)."""
+    policy = GoodputLength({8: CostModel.relative(0.1, 8, verify_fixed=0.3)}, max_len=8, probe_every=4)
+
+    def draft_rounds(sampling: dk.SamplingParams | None = None) -> list[int]:
+        state = dummy_state(8, sampling)
+        policy.begin(state)
+        found = []
+        for i in range(40):
+            k = policy.plan(state).lengths
+            if int(k.max()):
+                found.append(i)
+            accepted = k.tolist()[:7] + [0]
+            policy.observe(state, chain_round(k.tolist(), accepted, width=max(int(k.max()), 1)))
+        return found
+
+    assert draft_rounds() == [0, 9, 26]  # the prior's round, then probes after 8 and 16 quiet rounds
+    assert draft_rounds() == [19]  # 13 quiet rounds at the end of the last call + 19 = the wait of 32
+    assert draft_rounds() == []  # the next wait is 64 rounds
+    assert draft_rounds(dk.SamplingParams(temperature=0.8)) == [0, 9, 26]
 
 
 def test_batch_aware_keeps_one_estimate_per_sampling_setting():
