@@ -74,17 +74,20 @@ class PillarDrafter(EarlyExitDrafter):
 
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
         draft = super().propose(state, budget)
-        self.scores, self.context = {}, self.cache.lengths.clone()
-        self.target.record_attention(self.scores)  # type: ignore[attr-defined]  # the next forward: verification
+        self._record()  # the next forward is the verification
         return draft
+
+    def _record(self) -> None:
+        """Have the target's next forward record its attention, over the rows' current committed slots."""
+        self.scores, self.context = {}, self.cache.lengths.clone()
+        self.target.record_attention(self.scores)  # type: ignore[attr-defined]
 
     def _step(self, x: torch.Tensor, offset: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A draft step; before any verification, the first step runs dense and its own attention picks the
         pillars for the steps after it."""
         if self.attend is not None or offset > 0:
             return super()._step(x, offset, hidden)
-        self.scores, self.context = {}, self.cache.lengths.clone()
-        self.target.record_attention(self.scores)  # type: ignore[attr-defined]
+        self._record()
         out = super()._step(x, offset, hidden)
         self._choose(None)
         return out

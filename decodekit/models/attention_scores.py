@@ -37,7 +37,8 @@ def attention_mass(
 def recorded_attention(sink: dict[int, torch.Tensor]) -> Iterator[None]:
     """During the block, every transformers SDPA attention call also stores :func:`attention_mass` of its queries in
     ``sink[layer index]`` (one extra ``Q x S`` product per head; the attention output is unchanged). Models that do
-    not run ``sdpa`` record nothing."""
+    not run ``sdpa`` record nothing. It swaps transformers' process-wide ``sdpa`` entry for the block, so another
+    thread's forward in the meantime would record into ``sink`` too."""
     original = ALL_ATTENTION_FUNCTIONS["sdpa"]
 
     def scored(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any, *a: Any, **kw: Any):
