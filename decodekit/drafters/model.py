@@ -21,7 +21,9 @@ class ModelDrafter(SamplesLikeTheTarget):
     """Draft with a separate causal LM (speculative sampling's classic drafter).
 
     The drafter keeps its own :class:`~decodekit.cache.KVCache`. Each round it first feeds the tokens it has not
-    seen (the pending token, plus the last accepted draft token when a whole chain was accepted), then samples
+    seen (the pending token, plus the last accepted draft token when a whole chain was accepted; the first time
+    it is called, the whole prompt: the prefill is lazy, so rounds a length policy leaves at ``k = 0`` cost the
+    draft model nothing until it drafts again, when it catches up in one forward), then samples
     one token per step, from its logits after the call's logits processors (the target's processing,
     :func:`~decodekit.processors.process_next`). ``q`` of a sampled draft is exactly the distribution it was
     drawn from, so lossless verification needs no assumption; at temperature 0 it drafts the argmax (a
@@ -51,10 +53,9 @@ class ModelDrafter(SamplesLikeTheTarget):
         return self.model.vocab_size
 
     def begin(self, state: DecodeState) -> None:
-        """Prefill the draft model with each row's prompt (everything but the pending token)."""
+        """Allocate the draft model's cache, empty: the prompt is fed with the first round that calls
+        :meth:`propose` (a call whose policy never drafts never runs the draft model)."""
         self.cache = self.model.new_cache(state.batch_size, state.tokens.shape[1])
-        seen = [n - 1 for n in state.host_lengths]
-        self.model.extend(self.cache, state.tokens[:, : max(seen)], state.lengths - 1, host_counts=seen)
 
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
         needs_hidden = budget.stop is not None and bool(getattr(budget.stop, "needs_hidden", False))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -10,7 +11,7 @@ import torch
 from decodekit.checks import check_float, check_int
 from decodekit.policies.acceptance import AcceptanceTracker
 from decodekit.policies.analytic import CostModel, best_length, cost_at, could_pay, expected_tokens, set_costs
-from decodekit.policies.calibration import RoundClock
+from decodekit.policies.calibration import ProbePrice, RoundClock
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.state import DecodeState
@@ -31,7 +32,9 @@ class BatchAwareLength:
     rows pooled (one :class:`~decodekit.policies.acceptance.AcceptanceTracker` row for the whole batch, carried from
     call to call, one per sampling setting: greedy and sampled acceptance differ), so the table follows the
     workload; at ``k* = 0`` it drafts one token after ``probe_every`` idle rounds to keep measuring
-    (each probe that changes nothing doubles the wait; both restart with each call), but only while drafting could
+    (each probe that changes nothing doubles the wait, up to 64x, and raises it to the probe's measured price,
+    :class:`~decodekit.policies.calibration.ProbePrice`, which counts a draft model's catch-up; the schedule
+    carries over to the next call of the same batch size and sampling settings), but only while drafting could
     pay at an optimistic rate (:func:`~decodekit.policies.analytic.could_pay`): at a batch size where the estimate
     is confidently below break-even, probes stop, so the policy costs plain decoding nothing but its bookkeeping.
 
@@ -54,7 +57,7 @@ class BatchAwareLength:
         alpha: the workload's acceptance rate; None = estimated online.
         max_len: the longest draft.
         calibrate: correct the cost model by the measured round times (above).
-        probe_every, nodes_per_depth, width: as :class:`~decodekit.policies.goodput.GoodputLength`.
+        probe_every, probe_share, clock, nodes_per_depth, width: as :class:`~decodekit.policies.goodput.GoodputLength`.
     """
 
     def __init__(
@@ -66,9 +69,11 @@ class BatchAwareLength:
         verify_fixed: float = 0.0,
         verify_step: float = 0.0,
         probe_every: int = 8,
+        probe_share: float = 0.03,
         calibrate: bool = False,
         nodes_per_depth: int = 1,
         width: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.max_len = check_int("max_len", max_len, low=1, hint=" (the longest draft)")
         self.alpha = check_float("alpha", alpha, low=0.0, high=1.0, optional=True, hint=" (None = measured online)")
@@ -78,6 +83,9 @@ class BatchAwareLength:
         self.trackers: dict[SamplingParams, AcceptanceTracker] = {}  # the pooled estimate, per sampling setting
         self.tracker = AcceptanceTracker()  # the current call's (one of trackers)
         self.idle, self.wait = 0, self.probe_every
+        self.price = ProbePrice(probe_share, clock)
+        self.schedules: dict[tuple[int, SamplingParams], tuple[int, int, float | None]] = {}  # idle, wait, plain s
+        self.call: tuple[int, SamplingParams] | None = None  # this call's kind: (first batch size, sampling)
         self.calibrate = bool(calibrate)
         self.timer = RoundClock() if self.calibrate else None
 
@@ -89,7 +97,11 @@ class BatchAwareLength:
         }
 
     def begin(self, state: DecodeState) -> None:
-        self.idle, self.wait = 0, self.probe_every
+        if self.call is not None:
+            self.schedules[self.call] = (self.idle, self.wait, self.price.plain_s)
+        self.call = (state.batch_size, state.sampling)
+        self.idle, self.wait, plain_s = self.schedules.get(self.call, (0, self.probe_every, None))
+        self.price.begin(plain_s)
         if self.timer is not None:
             self.timer.begin()
         if state.sampling not in self.trackers:  # the pooled estimate carries over to calls with the same sampling
@@ -107,14 +119,19 @@ class BatchAwareLength:
         rate = torch.tensor(self.alpha, dtype=torch.float64) if self.alpha is not None else self.tracker.alpha[0]
         cost = cost_at(self._costs, state.batch_size)
         k = int(best_length(expected_tokens(rate, self.max_len), cost, scale)[0])
+        merit = k > 0
         probe = k == 0 and self.alpha is None and self.probe_every and self.idle >= self.wait
         if probe and bool(could_pay(self.tracker, cost, self.max_len, scale=scale)[0]):
             k, self.wait = 1, min(2 * self.wait, 64 * self.probe_every)  # re-measure; each probe doubles the wait
-        elif k > 0:
+        elif merit:
             self.wait = self.probe_every
         if self.timer is not None:
             k = k if self.timer.knows_plain else 0  # the first round of a call is plain: the reference time
             self.timer.start(k, state.batch_size)
+        if self.probe_every:
+            priced = self.price.lap(plain=k == 0, probe=k > 0 and not merit)  # the last probe round's price
+            if not merit:
+                self.wait = max(self.wait, min(priced, 64 * self.probe_every))
         lengths, bound = torch.full_like(state.lengths, k), k
         return length_budget(lengths, bound, self.nodes_per_depth, self.width)
 

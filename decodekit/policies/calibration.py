@@ -1,5 +1,5 @@
 """Online correction of a cost model by measured round times, for the policies that choose lengths from one
-(``goodput``, ``batch_aware``).
+(``goodput``, ``batch_aware``), and the measured price of their probes.
 
 A profiled :class:`~decodekit.policies.analytic.CostModel` misses costs that only the workload has: verification
 at the workload's (longer) context, a batch whose rows accepted different lengths padding the verification, a draft
@@ -10,6 +10,7 @@ and rounds that did not; :meth:`RoundClock.scale` turns the two ratios into a co
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 
@@ -69,3 +70,45 @@ class RoundClock:
         plain = drafting if plain is None else plain
         drafting = plain if drafting is None else drafting
         return torch.tensor([plain] + [drafting] * max_len, dtype=torch.float64)
+
+
+class ProbePrice:
+    """The measured price of probe rounds (rounds that draft only to re-measure acceptance), in plain rounds.
+
+    A policy holding a row at ``k = 0`` drafts one token now and then to see whether drafting pays again. The cost
+    profile prices that round at ``T(B, 1)``, but a draft model that has not drafted since the call began (its
+    prefill is lazy) or for many rounds first catches up over every token it has not seen, which can cost many plain
+    rounds. :meth:`lap` times the rounds between two ``plan`` host reads (a whole round, on a GPU too) and returns the
+    wait that keeps failed probes at about ``share`` of the decoding time: ``excess / share`` rounds, ``excess`` the
+    last probe round's time over a plain round's, in plain rounds.
+
+    Args:
+        share: the share of plain decoding time that failed probes may cost in the long run.
+        clock: seconds, monotonic (tests pass a fake one).
+    """
+
+    def __init__(self, share: float = 0.03, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.share = check_float("probe_share", share, low=0.0, low_open=True)
+        self.clock = clock
+        self.plain_s: float | None = None  # a plain round's measured seconds, smoothed
+        self._timed: tuple[float, bool] | None = None  # the last timed round: (clock at its start, was it a probe)
+
+    def begin(self, plain_s: float | None = None) -> None:
+        """A new call: forget the open round (the time to the next ``plan`` spans the call's end); ``plain_s``: the
+        plain time carried from an earlier call of the same kind."""
+        self.plain_s, self._timed = plain_s, None
+
+    def lap(self, plain: bool, probe: bool) -> int:
+        """Close the last timed round and time this one if it is ``plain`` or a ``probe`` round (drafting rounds are
+        not timed). Returns the wait (rounds) the closed round asks for: its price if it was a probe round and a
+        plain round has been timed, else 0."""
+        now, wait = self.clock(), 0
+        if self._timed is not None:
+            start, probed = self._timed
+            seconds = now - start
+            if not probed:
+                self.plain_s = seconds if self.plain_s is None else 0.7 * self.plain_s + 0.3 * seconds
+            elif self.plain_s is not None and self.plain_s > 0:
+                wait = math.ceil(max(seconds / self.plain_s - 1.0, 0.0) / self.share)
+        self._timed = (now, probe) if plain or probe else None
+        return wait

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -11,7 +12,7 @@ from decodekit.checks import check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.acceptance import AcceptanceTracker
 from decodekit.policies.analytic import CostModel, cost_at, expected_tokens, set_costs, speedups
-from decodekit.policies.calibration import RoundClock
+from decodekit.policies.calibration import ProbePrice, RoundClock
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.state import DecodeState
@@ -46,7 +47,11 @@ class GoodputLength:
     same batch size and sampling settings, so probes that keep failing become rare across calls (each costs a draft
     model a catch-up over every token since its last draft); a round that drafts on the merits of the call's own
     evidence restarts it. A call's first round drafts on the prior alone; it counts as a probe round, and once
-    probes of that kind of call have failed it waits for the schedule like any probe.
+    probes of that kind of call have failed it waits for the schedule like any probe. Probes are priced by their
+    measured time: a round of probes alone that took ``x`` plain rounds' time more than a plain round sets the wait
+    to at least ``x / probe_share`` rounds, so failed probes cost at most about ``probe_share`` of the decoding time
+    (the profile's ``T(1)`` misses a draft model's catch-up, over every token since it last drafted, the prompt
+    included the first time: its prefill is lazy).
 
     ``calibrate=True`` corrects the cost model online by measured round times
     (:class:`~decodekit.policies.calibration.RoundClock`: the wall time between two ``plan`` calls over the model's
@@ -72,6 +77,9 @@ class GoodputLength:
         max_len: the longest draft (``K``).
         prior, decay: the acceptance estimate's prior and per-round decay (``AcceptanceTracker``).
         probe_every: rounds a row stays at 0 before it drafts one token to re-measure (0 = never).
+        probe_share, clock: the share of plain decoding time failed probes may cost in the long run, and the
+            clock that times them (:class:`~decodekit.policies.calibration.ProbePrice`; read once per round, after
+            the round's host read).
         positional: expected tokens from per-position rates (``AcceptanceTracker.expected``) rather than the
             i.i.d. rate.
         batch: ``"slowest"``: the batch length maximises the slowest row's speedup (a static batch, as
@@ -93,11 +101,13 @@ class GoodputLength:
         prior: float = 0.5,
         decay: float = 0.9,
         probe_every: int = 8,
+        probe_share: float = 0.03,
         positional: bool = True,
         batch: str = "slowest",
         calibrate: bool = False,
         nodes_per_depth: int = 1,
         width: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.max_len = check_int("max_len", max_len, low=1, hint=" (the longest draft)")
         self.positional = bool(positional)
@@ -111,8 +121,9 @@ class GoodputLength:
         self.tracker = AcceptanceTracker(prior, decay=decay, positions=self.max_len)
         self.idle: torch.Tensor | None = None  # [B] rounds since each row last drafted
         self.wait: torch.Tensor | None = None  # [B] idle rounds before the next probe
+        self.price = ProbePrice(probe_share, clock)
         self.quiet, self.quiet_wait = 0, self.probe_every  # the batch's rounds without a draft, and its probe wait
-        self.clocks: dict[tuple[int, SamplingParams], tuple[int, int]] = {}  # (quiet, quiet_wait) per call kind
+        self.clocks: dict[tuple[int, SamplingParams], tuple[int, int, float | None]] = {}  # + plain time, per kind
         self.call: tuple[int, SamplingParams] | None = None  # this call's kind: (first batch size, sampling)
         self.calibrate = bool(calibrate)
         self.timer = RoundClock() if self.calibrate else None
@@ -122,9 +133,10 @@ class GoodputLength:
         self.idle = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
         self.wait = torch.full_like(self.idle, self.probe_every)
         if self.call is not None:
-            self.clocks[self.call] = (self.quiet, self.quiet_wait)
+            self.clocks[self.call] = (self.quiet, self.quiet_wait, self.price.plain_s)
         self.call = (state.batch_size, state.sampling)
-        self.quiet, self.quiet_wait = self.clocks.get(self.call, (0, self.probe_every))
+        self.quiet, self.quiet_wait, plain_s = self.clocks.get(self.call, (0, self.probe_every, None))
+        self.price.begin(plain_s)
         if self.timer is not None:
             self.timer.begin()
 
@@ -160,6 +172,8 @@ class GoodputLength:
         # one host read: the exact longest length, so a round where every row is at 0 skips the drafter entirely
         longest, merit_longest = torch.stack([k.max(), merit.max()]).tolist()
         if self.probe_every:
+            priced = self.price.lap(plain=longest == 0, probe=longest > 0 and merit_longest == 0)
+            self.quiet_wait = max(self.quiet_wait, min(priced, 64 * self.probe_every))  # the last probe's price
             self._count_quiet(longest, merit_longest)
         if self.timer is not None:
             self.timer.start(longest, state.batch_size)

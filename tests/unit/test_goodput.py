@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -26,6 +29,7 @@ from decodekit.policies.analytic import (
     expected_tokens_positional,
     oracle_speedup,
 )
+from decodekit.policies.calibration import ProbePrice
 from decodekit.verifiers import GreedyVerifier
 from tests.conftest import perturbed
 from tests.unit.traces import chain_round, dummy_state
@@ -92,7 +96,7 @@ def test_goodput_follows_each_rows_acceptance():
     """A row whose drafts always pass gets the longest length, one whose drafts always fail gets 0 once the model
     says nothing can be gained, and probes again after ``probe_every`` idle rounds."""
     cost = CostModel.relative(0.1, 8, verify_fixed=0.2)
-    policy, state = GoodputLength(cost, max_len=8, probe_every=3, batch="sum"), dummy_state(2)
+    policy, state = GoodputLength(cost, max_len=8, probe_every=3, batch="sum", clock=steady()), dummy_state(2)
     policy.begin(state)
     k = policy.plan(state).lengths
     assert k.tolist() == [2, 2]  # prior 0.5: S(1..3) = 1.15, 1.25, 1.25 (ties: shorter)
@@ -116,7 +120,10 @@ def test_goodput_follows_each_rows_acceptance():
 
 def test_probes_back_off():
     """A row held at 0 probes after 2 idle rounds, then 4, then 8: each probe that changes nothing doubles the wait."""
-    policy, state = GoodputLength(CostModel.relative(0.5, 4), max_len=4, probe_every=2, prior=0.0), dummy_state(1)
+    policy, state = (
+        GoodputLength(CostModel.relative(0.5, 4), max_len=4, probe_every=2, prior=0.0, clock=steady()),
+        dummy_state(1),
+    )
     policy.begin(state)
     trace = []
     for _ in range(20):
@@ -131,7 +138,10 @@ def test_batch_rows_probe_together():
     verification position, so due rows wait for the batch's probe round (its own doubling schedule, which the next
     call of the same batch size goes on with) or for a round that drafts anyway. Per-row schedules alone would make
     most rounds probe rounds."""
-    policy, state = GoodputLength(CostModel.relative(0.1, 4), max_len=4, probe_every=4, prior=0.0), dummy_state(8)
+    policy, state = (
+        GoodputLength(CostModel.relative(0.1, 4), max_len=4, probe_every=4, prior=0.0, clock=steady()),
+        dummy_state(8),
+    )
 
     def probe_rounds(idle: torch.Tensor) -> tuple[list[int], list[int]]:
         policy.begin(state)
@@ -163,7 +173,7 @@ def test_a_first_round_on_the_prior_waits_once_probes_have_failed():
     A call's first round drafts on the rows' prior alone: a probe round, not a draft on merit; once probes have
     failed it waits for the probe schedule, whose clock and wait carry to the next call of the same batch size and
     sampling settings (another sampling setting keeps its own)."""
-    policy = GoodputLength({8: CostModel.relative(0.1, 8, verify_fixed=0.3)}, max_len=8, probe_every=4)
+    policy = GoodputLength({8: CostModel.relative(0.1, 8, verify_fixed=0.3)}, max_len=8, probe_every=4, clock=steady())
 
     def draft_rounds(sampling: dk.SamplingParams | None = None) -> list[int]:
         state = dummy_state(8, sampling)
@@ -181,6 +191,61 @@ def test_a_first_round_on_the_prior_waits_once_probes_have_failed():
     assert draft_rounds() == [19]  # 13 quiet rounds at the end of the last call + 19 = the wait of 32
     assert draft_rounds() == []  # the next wait is 64 rounds
     assert draft_rounds(dk.SamplingParams(temperature=0.8)) == [0, 9, 26]
+
+
+def steady() -> Callable[[], float]:
+    """A fake clock on which every round takes one second (probes cost nothing over a plain round)."""
+    ticks = itertools.count()
+    return lambda: float(next(ticks))
+
+
+def test_probes_are_priced_by_their_measured_time():
+    """Eight rows that fail every draft. When a probe round takes 4x a plain round (a draft model catching up over
+    every token since it last drafted), ``probe_share=0.1`` makes the wait after it at least 3 / 0.1 = 30 rounds
+    rather than the doubled 8; at the price of a plain round the doubling schedule is unchanged (4, 8, 16 quiet
+    rounds). The schedule carries to the next calls of the same kind."""
+
+    def draft_rounds(probe_cost: float, calls: int = 1) -> tuple[list[int], int]:
+        now = [0.0]
+        policy = GoodputLength(
+            {8: CostModel.relative(0.1, 8)}, max_len=8, probe_every=4, prior=0.0, probe_share=0.1,
+            clock=lambda: now[0],
+        )  # fmt: skip
+        state, found = dummy_state(8), []
+        for _ in range(calls):
+            policy.begin(state)
+            for i in range(40):
+                k = policy.plan(state).lengths
+                now[0] += probe_cost if int(k.max()) else 1.0
+                if int(k.max()):
+                    found.append(i)
+                policy.observe(state, chain_round(k.tolist(), [0] * 8, width=max(int(k.max()), 1)))
+        return found, policy.quiet_wait
+
+    assert draft_rounds(1.0) == ([4, 13, 30], 32)
+    assert draft_rounds(4.0) == ([4, 35], 60)  # priced 30 after the first probe; the second doubles past its price
+    assert draft_rounds(4.0, calls=3) == ([4, 35, 16], 120)  # the clock runs on: 4 + 40 + 16 quiet rounds = 60
+
+
+def test_probe_price():
+    """Plain rounds of 1 s, a probe round of 4 s: 3 plain rounds of excess, at share 0.1 a wait of 30 rounds. A probe
+    before any plain round was timed, or an open round across a new call, is not priced."""
+    now = [0.0]
+    price = ProbePrice(share=0.1, clock=lambda: now[0])
+    assert price.lap(plain=False, probe=True) == 0
+    now[0] += 4.0
+    assert price.lap(plain=True, probe=False) == 0  # closes a probe, but no plain time yet
+    for _ in range(3):
+        now[0] += 1.0
+        assert price.lap(plain=now[0] < 7.0, probe=now[0] == 7.0) == 0
+    now[0] += 4.0
+    assert price.lap(plain=True, probe=False) == 30 and price.plain_s == 1.0
+    price.lap(plain=False, probe=True)
+    now[0] += 100.0
+    price.begin(price.plain_s)
+    assert price.lap(plain=True, probe=False) == 0
+    with pytest.raises(ConfigError, match="probe_share"):
+        ProbePrice(share=0.0)
 
 
 def test_batch_aware_keeps_one_estimate_per_sampling_setting():
@@ -229,7 +294,7 @@ def test_optimistic_rate_shrinks_to_the_estimate():
 def test_batch_aware_stops_probing_where_drafting_cannot_pay():
     """At batch 8 drafting pays only at a high acceptance (verification nearly doubles the round); failing probes
     make the pooled estimate confidently low, so the probes stop (gated by could_pay), while with the gate forced
-    open they go on at the doubling wait. Each call restarts the wait."""
+    open they go on at the doubling wait, which runs on into the next call of the same kind."""
     costs = {8: CostModel.relative(0.2, 8, verify_fixed=0.9)}
 
     def probes(policy: BatchAwareLength, calls: int, rounds: int = 40) -> list[int]:
@@ -244,12 +309,12 @@ def test_batch_aware_stops_probing_where_drafting_cannot_pay():
                 policy.observe(state, drafted)
         return found
 
-    gated = probes(BatchAwareLength(costs, probe_every=4), calls=3)
+    gated = probes(BatchAwareLength(costs, probe_every=4, clock=steady()), calls=3)
     assert gated == [4]  # one probe of 8 failing rows: confidently below break-even, in this call and the next
-    always = BatchAwareLength(costs, probe_every=4)
+    always = BatchAwareLength(costs, probe_every=4, clock=steady())
     always.begin(dummy_state(8))  # the pooled tracker of this sampling setting, kept by the calls below
     always.tracker.upper = lambda z=2.0: torch.ones(1, dtype=torch.float64)  # type: ignore[method-assign]
-    assert probes(always, calls=3) == [4, 13, 30] * 3  # the wait restarts each call
+    assert probes(always, calls=3) == [4, 13, 30, 23]  # idle 4, 8, 16, then 32 (9 + 23); 64 (16 + 40) not reached
 
 
 def test_stack_takes_the_least_and_caps_the_batch():
