@@ -5,10 +5,18 @@ out = dk.dlm.generate(m, prompts, gen_length=128, block_length=32, steps=128)
 out.sequences, out.stats.nfe, out.stats.tokens_per_forward
 """
 
-from decodekit.dlm.caches import BlockCausalCache, DKVCache, DualCache, PrefixCache, Recompute
+from decodekit.dlm.caches import BlockCausalCache, DKVCache, DKVGreedyCache, DualCache, PrefixCache, Recompute
 from decodekit.dlm.generate import DLMOutput, generate
 from decodekit.dlm.model import DLMModel, load_model
-from decodekit.dlm.rules import EoTStop, FactorRule, LLaDARule, LocalLeapRule, ProphetRule, ThresholdRule
+from decodekit.dlm.rules import (
+    EoTStop,
+    FactorRule,
+    LLaDARule,
+    LocalLeapRule,
+    ProphetRule,
+    RandomOrderRule,
+    ThresholdRule,
+)
 from decodekit.dlm.schedules import AdaBlock, DeferredWindow, FixedBlocks
 from decodekit.dlm.state import DLMState, Proposal, propose
 
@@ -18,6 +26,7 @@ __all__ = [
     "FixedBlocks",
     "BlockCausalCache",
     "DKVCache",
+    "DKVGreedyCache",
     "DLMModel",
     "DualCache",
     "PrefixCache",
@@ -29,6 +38,7 @@ __all__ = [
     "LLaDARule",
     "LocalLeapRule",
     "ProphetRule",
+    "RandomOrderRule",
     "Proposal",
     "ThresholdRule",
     "generate",

@@ -108,11 +108,7 @@ def generate(
     check_instance("cache", cache, DLMCache, what="a cache strategy with logits(dlm, state)")
     schedule = FixedBlocks() if schedule is None else schedule
     check_instance("schedule", schedule, RegionSchedule, what="a region schedule with rounds() and region()")
-    if getattr(cache, "fixed_blocks", False) and not getattr(schedule, "fixed_blocks", False):
-        raise ConfigError(
-            f"{type(cache).__name__} keeps K/V per block, which needs the same blocks in every row; "
-            f"{type(schedule).__name__} gives rows their own: use cache=None or the dkv cache"
-        )
+    _check_parts(rule, cache, schedule)
     if cfg_scale and (not isinstance(cache, Recompute) or cache.block_causal):
         raise ConfigError("classifier-free guidance runs with cache=None only (a cache strategy keeps one batch's K/V)")
     _check_context(dlm, rows, gen_length)
@@ -160,6 +156,24 @@ def _decode_block(
                 f"(step {state.step}); a rule must commit at least one eligible slot per row and step"
             )
     return state.step
+
+
+def _check_parts(rule: Any, cache: Any, schedule: Any) -> None:
+    """Refuse a rule, cache and schedule that cannot work together, before any forward."""
+    if not getattr(schedule, "fixed_blocks", False):
+        for part, why in ((cache, "keeps K/V per block"), (rule, "plans its commits per block")):
+            if getattr(part, "fixed_blocks", False):
+                raise ConfigError(
+                    f"{type(part).__name__} {why}, which needs the same blocks in every row; "
+                    f"{type(schedule).__name__} gives rows their own: use schedule=None (fixed blocks)"
+                    + (" or cache=None or the dkv cache" if part is cache else "")
+                )
+    if getattr(cache, "needs_plan", False) and not getattr(rule, "plans", False):
+        raise ConfigError(
+            f"{type(cache).__name__} feeds only the slots the rule will commit next (state.planned), and "
+            f"{type(rule).__name__} does not know them in advance: use rule=dk.dlm.RandomOrderRule() (random "
+            "remasking in an order drawn per block), or cache=dk.dlm.DKVCache() for confidence-based rules"
+        )
 
 
 def _guided_logits(dlm: DLMModel, state: DLMState, cfg_scale: float) -> torch.Tensor:

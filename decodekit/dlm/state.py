@@ -37,6 +37,9 @@ class DLMState:
         host_starts: ``[B]`` host ints, ``starts`` on the host (caches stage forwards without reading the device).
         generator: the call's randomness (:func:`~decodekit.sampling.make_generator`).
         eos_token_ids: the model's end-of-sequence ids (:class:`~decodekit.dlm.rules.EoTStop`'s default).
+        planned: ``[B, G]`` bool, the slots the rule will commit at the next step, where it knows them in advance
+            (:class:`~decodekit.dlm.rules.RandomOrderRule` sets it after each step; None otherwise). dKV-Cache-Greedy
+            feeds these.
     """
 
     canvas: torch.Tensor
@@ -55,6 +58,7 @@ class DLMState:
     row_steps: list[int] = field(default_factory=list)
     host_starts: list[int] = field(default_factory=list)
     eos_token_ids: tuple[int, ...] = ()
+    planned: torch.Tensor | None = None
 
     @classmethod
     def from_prompts(

@@ -4,7 +4,8 @@ recomputes, and what it reads from K/V kept from an earlier forward."""
 from decodekit.dlm.caches.base import Recompute
 from decodekit.dlm.caches.block_causal import BlockCausalCache
 from decodekit.dlm.caches.dkv import DKVCache
+from decodekit.dlm.caches.dkv_greedy import DKVGreedyCache
 from decodekit.dlm.caches.dual import DualCache
 from decodekit.dlm.caches.prefix import PrefixCache
 
-__all__ = ["BlockCausalCache", "DKVCache", "DualCache", "PrefixCache", "Recompute"]
+__all__ = ["BlockCausalCache", "DKVCache", "DKVGreedyCache", "DualCache", "PrefixCache", "Recompute"]

@@ -35,6 +35,29 @@ def rewrite_forward(dlm: DLMModel, cache: KVCache, state: DLMState, slots: torch
     return dlm.lm.forward(tokens, positions, mask, cache).logits.float()
 
 
+def fed_logits(dlm: DLMModel, cache: KVCache, state: DLMState, fed: torch.Tensor) -> torch.Tensor:
+    """Run the canvas positions where ``fed [B, T]`` (bool) against the kept K/V of the rest (:func:`rewrite_forward`,
+    their K/V rewritten in place) and return ``[B, G, V]`` logits of the generation slots they predict (slot ``p``
+    from position ``p``, or ``p - 1`` with ``shift_logits``); zeros for slots no fed position predicts. One host
+    read: the widest row's fed count."""
+    counts = fed.sum(1, keepdim=True)
+    width = max(int(counts.max()), 1)
+    order = (~fed).to(torch.int8).sort(dim=1, stable=True).indices[:, :width]  # fed positions first, in order
+    slots = order.where(torch.arange(width, device=state.device) < counts, -1)
+    fresh = rewrite_forward(dlm, cache, state, slots)
+    target = (slots - state.starts[:, None] + int(dlm.shift_logits)).where(slots >= 0, state.gen_length)
+    target = target.where((target >= 0) & (target < state.gen_length), state.gen_length)
+    out = fresh.new_zeros(state.batch_size, state.gen_length + 1, fresh.shape[-1])
+    out[torch.arange(state.batch_size, device=state.device)[:, None], target] = fresh
+    return out[:, : state.gen_length]
+
+
+def canvas_positions(state: DLMState) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(position [T], real [B, T])``: canvas indices, and which of them hold a row's prompt or generation slots."""
+    position = torch.arange(state.canvas.shape[1], device=state.device)
+    return position, position < state.lengths[:, None]
+
+
 @register("dlm_cache", "recompute")
 class Recompute:
     """No cache: every step recomputes the whole canvas (LLaDA's reference; exact). ``cache=None`` is this.

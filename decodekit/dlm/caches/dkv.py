@@ -6,7 +6,7 @@ import torch
 
 from decodekit.cache import KVCache
 from decodekit.checks import check_int
-from decodekit.dlm.caches.base import full_forward_kept, rewrite_forward
+from decodekit.dlm.caches.base import canvas_positions, fed_logits, full_forward_kept
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
 from decodekit.registry import register
@@ -31,7 +31,8 @@ class DKVCache:
     Faithfulness: the reference's schedule (full forwards at block steps 0, 1 and multiples of the reload interval;
     the fed set = undecoded as of the previous step's input) over the shared :class:`~decodekit.cache.KVCache`
     ``write_at`` instead of its gather/scatter cache rebuild; ragged rows are ours. The Greedy variant (random
-    decode order drawn per block, only the next step's slots and a window recomputed) is not implemented.
+    decode order drawn per block, only the next step's slots and a window recomputed) is
+    :class:`~decodekit.dlm.caches.DKVGreedyCache`.
 
     Args:
         refresh: run the whole canvas every ``refresh`` steps of a block (the reference's README uses 8, its scripts
@@ -48,8 +49,7 @@ class DKVCache:
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
         """``[B, G, V]`` logits of every slot still masked (zeros elsewhere)."""
-        position = torch.arange(state.canvas.shape[1], device=state.device)
-        real = position < state.lengths[:, None]
+        position, real = canvas_positions(state)
         decoded = (state.canvas != state.mask_token_id) | (position < state.starts[:, None]) | ~real
         fed = ~self.before if self.before is not None else None
         self.before = decoded
@@ -58,14 +58,4 @@ class DKVCache:
             return logits
         if dlm.shift_logits:  # position p predicts slot p + 1: keep feeding it while p + 1 is undecoded
             fed = fed | torch.cat([fed[:, 1:], fed.new_zeros(state.batch_size, 1)], 1)
-        fed &= real
-        counts = fed.sum(1, keepdim=True)
-        width = max(int(counts.max()), 1)  # the step's one extra host read
-        order = (~fed).to(torch.int8).sort(dim=1, stable=True).indices[:, :width]  # fed positions first, in order
-        slots = order.where(torch.arange(width, device=state.device) < counts, -1)
-        fresh = rewrite_forward(dlm, self.cache, state, slots)
-        target = (slots - state.starts[:, None] + int(dlm.shift_logits)).where(slots >= 0, state.gen_length)
-        target = target.where((target >= 0) & (target < state.gen_length), state.gen_length)
-        out = fresh.new_zeros(state.batch_size, state.gen_length + 1, fresh.shape[-1])
-        out[torch.arange(state.batch_size, device=state.device)[:, None], target] = fresh
-        return out[:, : state.gen_length]
+        return fed_logits(dlm, self.cache, state, fed & real)

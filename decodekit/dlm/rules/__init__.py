@@ -5,6 +5,7 @@ from decodekit.dlm.rules.factor import FactorRule
 from decodekit.dlm.rules.llada import LLaDARule
 from decodekit.dlm.rules.local_leap import LocalLeapRule
 from decodekit.dlm.rules.prophet import ProphetRule
+from decodekit.dlm.rules.random_order import RandomOrderRule
 from decodekit.dlm.rules.threshold import ThresholdRule
 
-__all__ = ["EoTStop", "FactorRule", "LLaDARule", "LocalLeapRule", "ProphetRule", "ThresholdRule"]
+__all__ = ["EoTStop", "FactorRule", "LLaDARule", "LocalLeapRule", "ProphetRule", "RandomOrderRule", "ThresholdRule"]
