@@ -31,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from decodekit.checks import check_int
+from decodekit.errors import ConfigError
 
 COLUMNS = (
     "method",
@@ -79,6 +80,13 @@ def run(
     from decodekit.bench.tasks import load_task
 
     check_int("num_prompts", num_prompts, low=1)
+    enabled = {name: spec for name, spec in (methods or {}).items() if spec is not None}  # methods.<name>=null: off
+    for name, spec in enabled.items():
+        if spec.get("uncached") is not None and spec["uncached"] not in enabled:
+            raise ConfigError(
+                f"methods.{name}.uncached names {spec['uncached']!r}, which is not an enabled method: enable it, or "
+                f"drop the reference (methods.{name}.uncached=null)"
+            )
     dlm = dk.dlm.load_model(model)
     ar = dk.load_model(scorer)
     rows = load_task(task, dlm.tokenizer, num_prompts=num_prompts, max_prompt_tokens=max_prompt_tokens, seed=seed)
@@ -95,7 +103,7 @@ def run(
         (folder / "results.md").write_text(table)
         return table
 
-    plan = {"base": {"rule": None, "cache": None}, **(methods or {})}
+    plan = {"base": {"rule": None, "cache": None}, **enabled}
     for gen in gen_lengths:
         steps = {name: _steps(spec, gen) for name, spec in plan.items()}
         runs: dict[str, list[Any]] = {name: [] for name in plan}

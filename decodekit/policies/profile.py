@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -17,6 +17,9 @@ from decodekit.state import DecodeState
 from decodekit.types import DraftBudget
 from decodekit.verifiers import GreedyVerifier
 
+if TYPE_CHECKING:
+    from decodekit.round import Round
+
 
 class _Filler:
     """Drafts exactly the budget's length every round (the pending token repeated): the verification cost of ``k``
@@ -27,6 +30,19 @@ class _Filler:
         if k == 0:
             return Draft.empty(state.batch_size, state.device)
         return Draft.chain(state.pending[:, None].expand(-1, k).contiguous(), valid=budget.mask(k))
+
+
+class _TimedLength(FixedLength):
+    """``FixedLength(k)`` that keeps each round's draft seconds (the round record's timings)."""
+
+    needs = frozenset({"timings"})
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.draft_s: list[float] = []
+
+    def observe(self, state: DecodeState, round: Round) -> None:
+        self.draft_s.append(float(round.draft_time_s or 0.0))
 
 
 def profile_costs(
@@ -42,7 +58,8 @@ def profile_costs(
 
     For each batch size ``B`` (rows taken from ``prompts``, cycled) and ``k = 0..max_len``: the verify and
     bookkeeping time per round from a filler drafter that always drafts ``k`` tokens (so every round verifies
-    ``k + 1`` positions per row), and the draft time per round of ``drafter`` itself under ``FixedLength(k)``.
+    ``k + 1`` positions per row), and the draft time per round of ``drafter`` itself under ``FixedLength(k)``, its
+    first round of each call left out (where a draft model reads the prompt: a per-call cost, not a per-round one).
     ``2 * (max_len + 1)`` calls of ``new_tokens`` tokens (default ``4 * max_len``) per batch size, after one
     warm-up call each. The loop shortens drafts near a row's last tokens, so ``new_tokens`` must be well above
     ``max_len`` for the long lengths to be measured as such.
@@ -74,8 +91,12 @@ def _per_round(model: Any, rows: list[list[int]], drafter: Any, k: int, new_toke
     plain decoding), after an identical warm-up call."""
     import decodekit as dk  # the loop imports policies: import it at call time
 
-    args = () if k == 0 else (drafter, GreedyVerifier(), FixedLength(k))
     for _ in range(2):  # the first call warms up
+        policy = _TimedLength(k)
+        args = () if k == 0 else (drafter, GreedyVerifier(), policy)
         stats = dk.generate(model, rows, *args, max_new_tokens=new_tokens, eos_token_id=()).stats
     rounds = max(stats.rounds, 1)
-    return stats.draft_time_s / rounds, stats.verify_time_s / rounds, stats.other_time_s / rounds
+    # the steady state: a drafter's first round may also read the prompt (a draft model's lazy prefill), once a call
+    steady = policy.draft_s[1:] or policy.draft_s
+    draft = sum(steady) / len(steady) if k and steady else stats.draft_time_s / rounds
+    return draft, stats.verify_time_s / rounds, stats.other_time_s / rounds

@@ -73,6 +73,7 @@ def test_dlm_bench_reports_speed_next_to_quality(tmp_path):
     methods = {
         "threshold": {"rule": rule},
         "dual": {"rule": rule, "cache": dk.dlm.DualCache(), "uncached": "threshold"},
+        "disabled": None,  # methods.<name>=null in the recipe: no row
     }
     kwargs = dict(num_prompts=1, gen_lengths=[8], block_length=4, synthetic=1, synthetic_length=8, progress=False)
     table = run(tmp_path, model=m, methods=methods, **kwargs)
@@ -82,7 +83,7 @@ def test_dlm_bench_reports_speed_next_to_quality(tmp_path):
     assert rows["threshold"]["nfe"] == 2 and rows["threshold"]["tokens_per_forward"] == 4.0
     assert rows["base"]["vs_uncached"] is None and 0.0 <= rows["dual"]["vs_uncached"] <= 1.0
     assert rows["base"]["ar_nll"] > 0 and rows["base"]["parses"] in (0.0, 1.0)
-    assert "| threshold |" in table and (tmp_path / "results.md").read_text() == table
+    assert "disabled" not in rows and "| threshold |" in table and (tmp_path / "results.md").read_text() == table
     synthetic = {(r["method"], r["task"]): r for r in report["synthetic"]}
     assert (
         len(synthetic) == 4 * 4 and synthetic["base", "sort"]["nfe"] == 8 and synthetic["threshold", "copy"]["nfe"] == 1

@@ -411,3 +411,12 @@ def test_synthetic_items_are_true_python_and_scored_on_the_first_line(task):
         assert correct(item, f" {item.answer}\nanything after") and not correct(item, item.answer[:-1] + "9]")
     with pytest.raises(ValueError, match="unknown synthetic task"):
         make_items("spell", 1)
+
+
+def test_dlm_bench_refuses_an_uncached_reference_to_a_disabled_method(tmp_path):
+    """Found before any model loads or any call runs (a disabled reference once failed a 24-minute run at the end)."""
+    from decodekit.dlm.bench import run
+
+    methods = {"cached": {"rule": None, "cache": dk.dlm.DKVCache(), "uncached": "threshold"}, "threshold": None}
+    with pytest.raises(ConfigError, match="not an enabled method"):
+        run(tmp_path, model="no-such-model", methods=methods)
