@@ -11,6 +11,7 @@ from decodekit.dlm import DLMState, Proposal
 from decodekit.dlm.rules.common import transfer_counts
 from decodekit.errors import ConfigError, ContextLengthError, NoProgressError
 from decodekit.models.tiny import tiny_llama
+from tests.unit.spies import fed_positions
 from tests.unit.stats import chi_square_pvalue, total_variation, tv_noise
 
 MASK = 127
@@ -227,15 +228,8 @@ def test_dkv_feeds_each_token_one_step_after_it_is_decoded(hf, shift):
     model = dk.dlm.load_model(hf, mask_token_id=MASK, shift_logits=shift)
     state = DLMState.from_prompts(PROMPTS, 8, MASK, total_steps=8, generator=None, device="cpu")
     state.block = (0, 4)
-    cache, fed = dk.build("dlm_cache", "dkv", refresh=100), {}
-    forward = model.lm.forward
-
-    def spy(tokens, positions, *args, **kwargs):
-        fed[state.step] = [sorted(set(row) - {0}) for row in positions.tolist()]  # padding sits at position 0
-        return forward(tokens, positions, *args, **kwargs)
-
-    model.lm.forward = spy
-    try:
+    cache = dk.build("dlm_cache", "dkv", refresh=100)
+    with fed_positions(model, state) as fed:
         for step in range(5):
             state.step = step
             logits = cache.logits(model, state)
@@ -244,8 +238,6 @@ def test_dkv_feeds_each_token_one_step_after_it_is_decoded(hf, shift):
                 torch.testing.assert_close(logits[:, 1:], want[:, 1:], atol=1e-5, rtol=1e-5)
             if step in (0, 2):  # commit slot 0 after step 0, slot 1 after step 2
                 state.commit(torch.arange(8)[None, :].expand(3, 8) == step // 2, logits.argmax(-1))
-    finally:
-        model.lm.forward = forward
     for row, prompt in enumerate(PROMPTS):
         start, length = len(prompt), len(prompt) + 8
         assert fed[3][row] == list(range(start + 1 - shift, length))  # slot 1: fed once more after its commit

@@ -12,6 +12,7 @@ from decodekit.dlm import DLMState, Proposal
 from decodekit.dlm.caches.dkv_greedy import window_slots
 from decodekit.errors import ConfigError
 from decodekit.models.tiny import tiny_llama
+from tests.unit.spies import fed_positions
 from tests.unit.stats import chi_square_pvalue
 
 MASK = 127
@@ -101,21 +102,12 @@ def test_dkv_greedy_feeds_due_slots_last_commits_and_their_window(hf, shift):
     model = dk.dlm.load_model(hf, mask_token_id=MASK, shift_logits=shift)
     state = DLMState.from_prompts(PROMPTS, 8, MASK, total_steps=8, generator=None, device="cpu")
     state.block = (0, 8)
-    cache, fed = dk.dlm.DKVGreedyCache(refresh=100, window=2), {}
-    forward = model.lm.forward
-
-    def spy(tokens, positions, *args, **kwargs):
-        fed[state.step] = [sorted(set(row) - {0}) for row in positions.tolist()]  # padding sits at position 0
-        return forward(tokens, positions, *args, **kwargs)
-
-    model.lm.forward = spy
-    try:
+    cache = dk.dlm.DKVGreedyCache(refresh=100, window=2)
+    with fed_positions(model, state) as fed:
         cache.logits(model, state)  # step 0: the whole canvas
         state.commit(torch.arange(8)[None, :].expand(3, 8) == 2, torch.full((3, 8), 11))  # step 0 committed slot 2
         state.step, state.planned = 1, torch.arange(8)[None, :].expand(3, 8) == 5  # slot 5 is due at step 1
         cache.logits(model, state)
-    finally:
-        model.lm.forward = forward
     for row, prompt in enumerate(PROMPTS):
         want = {2, 4, 5, 6}  # the last commit, the due slot, its window of 2 (left, then right)
         assert fed[1][row] == sorted(len(prompt) + j for j in want | ({4} if shift else set()))
