@@ -76,7 +76,7 @@ class DKVGreedyCache:
 def window_slots(due: torch.Tensor, candidates: torch.Tensor, size: int) -> torch.Tensor:
     """``[B, G]`` bool: for each due slot (``due [B, G]``), the ``size`` nearest ``candidates [B, G]`` in the order
     left 1, right 1, left 2, right 2, ... (dKV-Cache-Greedy's window); the union over a row's due slots."""
-    if size == 0 or not bool(due.any()):
+    if size == 0:
         return torch.zeros_like(due)
     j = torch.arange(due.shape[1], device=due.device)
     offset = j[None, :] - j[:, None]  # [G, G]: slot j relative to due slot p (rows: p)
