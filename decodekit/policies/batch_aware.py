@@ -83,8 +83,8 @@ class BatchAwareLength:
         self.trackers: dict[SamplingParams, AcceptanceTracker] = {}  # the pooled estimate, per sampling setting
         self.tracker = AcceptanceTracker()  # the current call's (one of trackers)
         self.idle, self.wait = 0, self.probe_every
-        self.price = ProbePrice(probe_share, clock)
-        self.schedules: dict[tuple[int, SamplingParams], tuple[int, int, float | None]] = {}  # idle, wait, plain s
+        self.price = ProbePrice(probe_share, clock, cap=64 * self.probe_every)
+        self.schedules: dict[tuple[int, SamplingParams], tuple[int, int]] = {}  # (idle, wait) per call kind
         self.call: tuple[int, SamplingParams] | None = None  # this call's kind: (first batch size, sampling)
         self.calibrate = bool(calibrate)
         self.timer = RoundClock() if self.calibrate else None
@@ -98,10 +98,10 @@ class BatchAwareLength:
 
     def begin(self, state: DecodeState) -> None:
         if self.call is not None:
-            self.schedules[self.call] = (self.idle, self.wait, self.price.plain_s)
+            self.schedules[self.call] = (self.idle, self.wait)
         self.call = (state.batch_size, state.sampling)
-        self.idle, self.wait, plain_s = self.schedules.get(self.call, (0, self.probe_every, None))
-        self.price.begin(plain_s)
+        self.idle, self.wait = self.schedules.get(self.call, (0, self.probe_every))
+        self.price.begin(self.call)
         if self.timer is not None:
             self.timer.begin()
         if state.sampling not in self.trackers:  # the pooled estimate carries over to calls with the same sampling
@@ -131,7 +131,7 @@ class BatchAwareLength:
         if self.probe_every:
             priced = self.price.lap(plain=k == 0, probe=k > 0 and not merit)  # the last probe round's price
             if not merit:
-                self.wait = max(self.wait, min(priced, 64 * self.probe_every))
+                self.wait = max(self.wait, priced)
         lengths, bound = torch.full_like(state.lengths, k), k
         return length_budget(lengths, bound, self.nodes_per_depth, self.width)
 

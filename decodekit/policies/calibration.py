@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
 import torch
 
@@ -85,30 +85,40 @@ class ProbePrice:
     Args:
         share: the share of plain decoding time that failed probes may cost in the long run.
         clock: seconds, monotonic (tests pass a fake one).
+        cap: the longest wait it asks for (rounds; None = no cap).
     """
 
-    def __init__(self, share: float = 0.03, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self, share: float = 0.03, clock: Callable[[], float] = time.perf_counter, cap: int | None = None
+    ) -> None:
         self.share = check_float("probe_share", share, low=0.0, low_open=True)
-        self.clock = clock
-        self.plain_s: float | None = None  # a plain round's measured seconds, smoothed
+        self.clock, self.cap = clock, cap
+        self.plains: dict[Hashable, float] = {}  # a plain round's measured seconds, smoothed, per call kind
+        self.kind: Hashable = None  # this call's kind
         self._timed: tuple[float, bool] | None = None  # the last timed round: (clock at its start, was it a probe)
 
-    def begin(self, plain_s: float | None = None) -> None:
-        """A new call: forget the open round (the time to the next ``plan`` spans the call's end); ``plain_s``: the
-        plain time carried from an earlier call of the same kind."""
-        self.plain_s, self._timed = plain_s, None
+    @property
+    def plain_s(self) -> float | None:
+        """A plain round's measured seconds (smoothed) for this call's kind; None before one was timed."""
+        return self.plains.get(self.kind)
+
+    def begin(self, kind: Hashable) -> None:
+        """A new call of ``kind`` (e.g. its batch size and sampling settings, whose plain rounds take the same time):
+        it goes on with the plain time earlier calls of that kind measured; the open round is forgotten (the time to
+        the next ``plan`` spans the call's end)."""
+        self.kind, self._timed = kind, None
 
     def lap(self, plain: bool, probe: bool) -> int:
         """Close the last timed round and time this one if it is ``plain`` or a ``probe`` round (drafting rounds are
-        not timed). Returns the wait (rounds) the closed round asks for: its price if it was a probe round and a
-        plain round has been timed, else 0."""
-        now, wait = self.clock(), 0
+        not timed). Returns the wait (rounds, at most ``cap``) the closed round asks for: its price if it was a
+        probe round and a plain round has been timed, else 0."""
+        now, wait, plain_s = self.clock(), 0, self.plain_s
         if self._timed is not None:
             start, probed = self._timed
             seconds = now - start
             if not probed:
-                self.plain_s = seconds if self.plain_s is None else 0.7 * self.plain_s + 0.3 * seconds
-            elif self.plain_s is not None and self.plain_s > 0:
-                wait = math.ceil(max(seconds / self.plain_s - 1.0, 0.0) / self.share)
+                self.plains[self.kind] = seconds if plain_s is None else 0.7 * plain_s + 0.3 * seconds
+            elif plain_s is not None and plain_s > 0:
+                wait = math.ceil(max(seconds / plain_s - 1.0, 0.0) / self.share)
         self._timed = (now, probe) if plain or probe else None
-        return wait
+        return wait if self.cap is None else min(wait, self.cap)

@@ -121,9 +121,9 @@ class GoodputLength:
         self.tracker = AcceptanceTracker(prior, decay=decay, positions=self.max_len)
         self.idle: torch.Tensor | None = None  # [B] rounds since each row last drafted
         self.wait: torch.Tensor | None = None  # [B] idle rounds before the next probe
-        self.price = ProbePrice(probe_share, clock)
+        self.price = ProbePrice(probe_share, clock, cap=64 * self.probe_every)
         self.quiet, self.quiet_wait = 0, self.probe_every  # the batch's rounds without a draft, and its probe wait
-        self.clocks: dict[tuple[int, SamplingParams], tuple[int, int, float | None]] = {}  # + plain time, per kind
+        self.clocks: dict[tuple[int, SamplingParams], tuple[int, int]] = {}  # (quiet, quiet_wait) per call kind
         self.call: tuple[int, SamplingParams] | None = None  # this call's kind: (first batch size, sampling)
         self.calibrate = bool(calibrate)
         self.timer = RoundClock() if self.calibrate else None
@@ -133,10 +133,10 @@ class GoodputLength:
         self.idle = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
         self.wait = torch.full_like(self.idle, self.probe_every)
         if self.call is not None:
-            self.clocks[self.call] = (self.quiet, self.quiet_wait, self.price.plain_s)
+            self.clocks[self.call] = (self.quiet, self.quiet_wait)
         self.call = (state.batch_size, state.sampling)
-        self.quiet, self.quiet_wait, plain_s = self.clocks.get(self.call, (0, self.probe_every, None))
-        self.price.begin(plain_s)
+        self.quiet, self.quiet_wait = self.clocks.get(self.call, (0, self.probe_every))
+        self.price.begin(self.call)
         if self.timer is not None:
             self.timer.begin()
 
@@ -173,7 +173,7 @@ class GoodputLength:
         longest, merit_longest = torch.stack([k.max(), merit.max()]).tolist()
         if self.probe_every:
             priced = self.price.lap(plain=longest == 0, probe=longest > 0 and merit_longest == 0)
-            self.quiet_wait = max(self.quiet_wait, min(priced, 64 * self.probe_every))  # the last probe's price
+            self.quiet_wait = max(self.quiet_wait, priced)  # the last probe's price
             self._count_quiet(longest, merit_longest)
         if self.timer is not None:
             self.timer.start(longest, state.batch_size)

@@ -228,10 +228,12 @@ def test_probes_are_priced_by_their_measured_time():
 
 
 def test_probe_price():
-    """Plain rounds of 1 s, a probe round of 4 s: 3 plain rounds of excess, at share 0.1 a wait of 30 rounds. A probe
-    before any plain round was timed, or an open round across a new call, is not priced."""
+    """Plain rounds of 1 s, a probe round of 4 s: 3 plain rounds of excess, at share 0.1 a wait of 30 rounds (at most
+    ``cap``). A probe before any plain round was timed, or an open round across a new call, is not priced; the plain
+    time is kept per kind of call."""
     now = [0.0]
-    price = ProbePrice(share=0.1, clock=lambda: now[0])
+    price = ProbePrice(share=0.1, clock=lambda: now[0], cap=40)
+    price.begin("a kind of call")
     assert price.lap(plain=False, probe=True) == 0
     now[0] += 4.0
     assert price.lap(plain=True, probe=False) == 0  # closes a probe, but no plain time yet
@@ -240,10 +242,15 @@ def test_probe_price():
         assert price.lap(plain=now[0] < 7.0, probe=now[0] == 7.0) == 0
     now[0] += 4.0
     assert price.lap(plain=True, probe=False) == 30 and price.plain_s == 1.0
-    price.lap(plain=False, probe=True)
-    now[0] += 100.0
-    price.begin(price.plain_s)
-    assert price.lap(plain=True, probe=False) == 0
+    now[0] += 1.0
+    assert price.lap(plain=False, probe=True) == 0  # a plain round of 1 s closed; a probe opened
+    now[0] += 11.0
+    assert price.lap(plain=False, probe=True) == 40  # 10 plain rounds of excess: 100 rounds, capped at 40
+    now[0] += 100.0  # the open probe round spans the call's end: forgotten
+    price.begin("a kind of call")
+    assert price.lap(plain=True, probe=False) == 0 and price.plain_s == 1.0  # the kind's plain time carries over
+    price.begin("another kind")
+    assert price.plain_s is None
     with pytest.raises(ConfigError, match="probe_share"):
         ProbePrice(share=0.0)
 

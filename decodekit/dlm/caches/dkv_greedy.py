@@ -65,7 +65,7 @@ class DKVGreedyCache:
             return logits
         assert self.cache is not None and before is not None and planned is not None
         fed = planned | (before & ~masked) | window_slots(planned, masked & ~planned, self.window)
-        position, real = canvas_positions(state)
+        _, real = canvas_positions(state)
         fed_canvas = torch.zeros_like(real).scatter_(1, state.slots, fed)
         if dlm.shift_logits:  # position p predicts slot p + 1
             due = torch.zeros_like(real).scatter_(1, state.slots, planned)
