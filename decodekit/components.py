@@ -86,7 +86,7 @@ class Components:
         self.hidden_layers = tuple(sorted(layers))
         self.observers = [c for c in self.all if isinstance(c, Observes)]
         self.row_selectors = [c for c in self.all if isinstance(c, SelectsRows)]
-        self.host_row_selectors = {id(c) for c in self.row_selectors if _takes_keyword(c.select_rows, "host_rows")}
+        self.host_row_selectors = {id(c) for c in self.row_selectors if takes_keyword(c.select_rows, "host_rows")}
         self.vocab_size = model.vocab_size
         self.unchecked = drafter is not None  # until the first non-empty draft has been validated
         self.tree_verifier = tree_verifier  # generate()'s default for tree drafts at temperature > 0
@@ -121,7 +121,7 @@ class Components:
     def takes_prefill(self) -> bool:
         """Whether the drafter shares the target and its ``begin`` takes the prefill's output (only then does the
         prefill keep hidden states)."""
-        return self.shares_target and _takes_keyword(self.drafter.begin, "prefill")  # type: ignore[union-attr]
+        return self.shares_target and takes_keyword(self.drafter.begin, "prefill")  # type: ignore[union-attr]
 
     # ---------------------------------------------------------------------------------------------- hooks
     def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache, prefill: ModelOutput) -> None:
@@ -277,7 +277,7 @@ def _one_edit(a: str, b: str) -> bool:
     return short[i:] == long[i + 1 :]
 
 
-def _takes_keyword(method: Any, name: str) -> bool:
+def takes_keyword(method: Any, name: str) -> bool:
     """Whether ``method`` accepts a keyword ``name`` (``select_rows(host_rows=)``, ``begin(prefill=)``; a subclass
     may override the method without it)."""
     try:

@@ -214,6 +214,68 @@ class Draft:
             out.__dict__["is_chain"] = self.__dict__["is_chain"]
         return out
 
+    def where(self, rows: torch.Tensor, other: Draft) -> Draft:
+        """Row ``b`` of this draft where ``rows[b]``, else row ``b`` of ``other``: ``[B, max(N, N')]``, the
+        narrower draft padded with invalid nodes. No host sync.
+
+        Both drafts must be of one kind (a verifier verifies one kind a round). ``q`` is merged per node (a
+        ``q_index`` form is expanded first); ``draft_probs`` is kept only when both carry it (diagnostics).
+
+        Raises:
+            IncompatibleDraftError: the kinds differ.
+        """
+        if self.kind != other.kind:
+            raise IncompatibleDraftError(
+                f"cannot merge a {self.kind.value} draft with a {other.kind.value} one row by row: a round is "
+                "verified as one kind; combine drafters of the same kind"
+            )
+        n = max(self.num_nodes, other.num_nodes)
+        a, b = self._padded(n), other._padded(n)
+        pick = rows.to(device=self.tokens.device, dtype=torch.bool)[:, None]
+
+        def merge(x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
+            if x is None or y is None:
+                return None
+            return torch.where(pick[..., None] if x.ndim == 3 else pick, x, y)
+
+        q = merge(a.node_q(), b.node_q()) if self.kind.needs_q else None
+        out = Draft(
+            tokens=merge(a.tokens, b.tokens),  # type: ignore[arg-type]
+            parents=merge(a.parents, b.parents),  # type: ignore[arg-type]
+            valid=merge(a.valid, b.valid),  # type: ignore[arg-type]
+            kind=self.kind,
+            q=q,
+            draft_probs=merge(a.draft_probs, b.draft_probs),
+        )
+        chains = self.__dict__.get("is_chain") is True and other.__dict__.get("is_chain") is True
+        out.__dict__["is_chain"] = chains  # both chains: a chain; else declared a tree (no sync to decide)
+        return out
+
+    def _padded(self, n: int) -> Draft:
+        """This draft with invalid nodes appended up to ``n`` columns (``q`` and ``draft_probs`` per node, the
+        padding uniform)."""
+        extra = n - self.num_nodes
+        if extra == 0:
+            return self
+        batch, device = self.batch_size, self.tokens.device
+
+        def pad(x: torch.Tensor | None, value: float) -> torch.Tensor | None:
+            if x is None:
+                return None
+            fill = torch.full((batch, extra, *x.shape[2:]), value, dtype=x.dtype, device=device)
+            return torch.cat([x, fill], 1)
+
+        q, probs = self.node_q(), self.draft_probs
+        vocab = None if q is None else q.shape[-1]
+        return Draft(
+            tokens=pad(self.tokens, 0),  # type: ignore[arg-type]
+            parents=pad(self.parents, -1),  # type: ignore[arg-type]
+            valid=pad(self.valid, False),  # type: ignore[arg-type]
+            kind=self.kind,
+            q=pad(q, 1.0 / vocab) if vocab else None,
+            draft_probs=pad(probs, 1.0 / probs.shape[-1]) if probs is not None else None,
+        )
+
     # ---------------------------------------------------------------------------------------- distributions
     def node_q(self) -> torch.Tensor | None:
         """``[B, N, V]`` the distribution each node was drawn from (``q`` expanded through ``q_index``)."""

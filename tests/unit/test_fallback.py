@@ -1,0 +1,188 @@
+"""FallbackDrafter: each row drafts with the primary drafter, or with the fallback where the primary proposes nothing;
+:meth:`Draft.where` merges the two drafts row by row. Greedy equality on ragged batches, the sampled law in the
+whole loop (a merge that keeps the wrong rows' ``q`` must fail the same test), and the refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.drafters import FallbackDrafter, ModelDrafter, NGramDrafter, RecyclingDrafter, SuffixDrafter
+from decodekit.drafters.early_exit import EarlyExitDrafter
+from decodekit.policies import FixedLength
+from decodekit.verifiers import RejectionVerifier
+from tests.conftest import assert_greedy_twice
+from tests.unit.test_lossless import assert_detected, assert_matches, models, sample_counts  # noqa: F401
+
+V = 16
+
+
+def state_of(prompts: list[list[int]]) -> dk.DecodeState:
+    lengths = [len(p) + 16 for p in prompts]
+    return dk.DecodeState.from_prompts(prompts, lengths, dk.SamplingParams(0.0), None, torch.device("cpu"))
+
+
+class Fixed:
+    """Proposes a given draft and counts its calls."""
+
+    def __init__(self, draft: dk.Draft) -> None:
+        self.draft, self.calls = draft, 0
+
+    def draft_kind(self, sampling):
+        return self.draft.kind
+
+    def propose(self, state, budget):
+        self.calls += 1
+        return self.draft
+
+
+def chain(rows: list[list[int]], kind=dk.DraftKind.DETERMINISTIC, q=None) -> dk.Draft:
+    width = max(map(len, rows))
+    tokens = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    valid = torch.tensor([[i < len(r) for i in range(width)] for r in rows])
+    return dk.Draft.chain(tokens, valid=valid, q=q, kind=kind)
+
+
+# ------------------------------------------------------------------------------------------------ Draft.where
+def test_where_takes_each_row_from_one_draft_and_pads_the_narrower():
+    a = chain([[1, 2], [], [3]])
+    b = dk.Draft.tree(
+        torch.tensor([[4, 5, 6]] * 3), torch.tensor([[-1, -1, 0]] * 3), torch.ones(3, 3, dtype=torch.bool)
+    )
+    merged = a.where(torch.tensor([True, False, True]), b)
+    assert merged.tokens[merged.valid].tolist() == [1, 2, 4, 5, 6, 3]
+    assert merged.parents.tolist()[1] == [-1, -1, 0] and merged.num_valid.tolist() == [2, 3, 1]
+    assert not merged.is_chain  # declared a tree: one input is
+    both_chains = a.where(torch.tensor([False, True, True]), chain([[7, 8, 9], [7], [7]]))
+    assert both_chains.is_chain and both_chains.tokens[both_chains.valid].tolist() == [7, 8, 9, 3]
+
+
+def test_where_merges_q_per_node_and_refuses_mixed_kinds():
+    qa = torch.softmax(torch.randn(2, 1, V), -1)
+    a = chain([[1], [2]], kind=dk.DraftKind.SAMPLED, q=qa)
+    qb = torch.softmax(torch.randn(2, 1, V), -1)  # one row per parent, shared through q_index
+    b = dk.Draft.tree(
+        torch.tensor([[3, 4], [5, 6]]),
+        torch.tensor([[-1, -1]] * 2),
+        torch.ones(2, 2, dtype=torch.bool),
+        kind=dk.DraftKind.SAMPLED,
+        q=qb,
+        q_index=torch.zeros(2, 2, dtype=torch.long),
+    )
+    merged = a.where(torch.tensor([True, False]), b)
+    assert merged.q.shape == (2, 2, V) and merged.q_index is None
+    torch.testing.assert_close(merged.q[0, 0], qa[0, 0])
+    torch.testing.assert_close(merged.q[1], qb[1, [0, 0]])  # expanded through q_index
+    merged.check(2, V, dk.DraftBudget(torch.tensor([2, 2])))
+    with pytest.raises(dk.IncompatibleDraftError, match="same kind"):
+        a.where(torch.tensor([True, False]), chain([[1], [2]]))
+
+
+# ------------------------------------------------------------------------------------------------- propose
+def test_rows_without_a_primary_draft_get_the_fallbacks():
+    primary, fallback = Fixed(chain([[1, 2], [], [3]])), Fixed(chain([[9], [8, 7], [6]]))
+    drafter = FallbackDrafter(primary, fallback)
+    draft = drafter.propose(state_of([[1], [2], [3]]), dk.DraftBudget(torch.tensor([4, 4, 4])))
+    assert draft.tokens[draft.valid].tolist() == [1, 2, 8, 7, 3]
+    everyone = FallbackDrafter(Fixed(chain([[1], [2]])), fallback := Fixed(chain([[9], [9]])))
+    assert everyone.propose(state_of([[1], [2]]), dk.DraftBudget(torch.tensor([4, 4]))).tokens.tolist() == [[1], [2]]
+    assert fallback.calls == 0  # every row drafted, known on the host: the fallback is not asked
+    nobody = FallbackDrafter(Fixed(dk.Draft.empty(2)), Fixed(chain([[9], [8]])))
+    assert nobody.propose(state_of([[1], [2]]), dk.DraftBudget(torch.tensor([4, 4]))).tokens.tolist() == [[9], [8]]
+
+
+def test_suffix_backed_by_recycling_equals_greedy_decoding_on_ragged_rows(target, ragged_prompts):
+    reference = dk.generate(target, ragged_prompts, max_new_tokens=40, eos_token_id=()).sequences
+    recycling = RecyclingDrafter("smollm2_8")
+    proposed = []
+    propose = recycling.propose
+
+    def counted(state, budget):
+        draft = propose(state, budget)
+        proposed.append(int(draft.num_valid.sum()))
+        return draft
+
+    recycling.propose = counted
+    drafter = FallbackDrafter(SuffixDrafter(cache_tokens=0), recycling)
+    assert_greedy_twice(target, ragged_prompts, drafter, FixedLength(16, depth=16), reference, 40)
+    assert sum(proposed) > 0  # the fallback drafted in rounds suffix had no match for
+    assert recycling.matrix is not None and (recycling.matrix >= 0).any()  # it observed the rounds
+
+
+def test_both_drafters_see_every_hook(target, ragged_prompts):
+    suffix = SuffixDrafter(cache_tokens=4096)
+    drafter = FallbackDrafter(suffix, RecyclingDrafter())
+    dk.generate(target, ragged_prompts, drafter, policy=FixedLength(8, depth=8), max_new_tokens=8, eos_token_id=())
+    assert len(suffix.cached_outputs) == len(ragged_prompts)  # select_rows reached suffix as rows finished
+    drafter.clear()
+    assert suffix.cached_outputs == [] and drafter.fallback.matrix is None
+    assert drafter.needs == {"logits"}
+
+
+# ------------------------------------------------------------------------------------------- distribution
+class EmptyOnOddRows:
+    """A sampled drafter that proposes nothing for rows at an odd length, so rounds mix both drafters' rows."""
+
+    def __init__(self, inner: ModelDrafter) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, state, budget):
+        draft = self.inner.propose(state, budget)
+        even = (state.lengths % 2 == 0)[:, None]
+        return dk.Draft.chain(draft.tokens, valid=draft.valid & even, q=draft.q)
+
+
+class KeepsPrimaryQ(FallbackDrafter):
+    """Biased on purpose: the fallback's rows are verified against the primary's ``q``."""
+
+    def propose(self, state, budget):
+        first = self.primary.propose(state, budget)
+        second = self.fallback.propose(state, budget)
+        merged = first.where(first.valid.any(-1), second)
+        return dataclasses.replace(merged, q=first._padded(merged.num_nodes).q)
+
+
+def parts(draft):
+    return EmptyOnOddRows(ModelDrafter(draft, temperature=1.6)), ModelDrafter(draft, temperature=0.6)
+
+
+def test_merged_sampled_rows_keep_the_target_law(models):  # noqa: F811
+    target, draft = models
+    drafter = FallbackDrafter(*parts(draft))
+    counts, stats = sample_counts(target, drafter, RejectionVerifier(), FixedLength(2), "T1", seed=21)
+    assert_matches(target, counts, "T1")
+    assert stats.accepted > 0
+
+
+def test_a_merge_with_the_wrong_rows_q_is_detected(models):  # noqa: F811
+    target, draft = models
+    counts, _ = sample_counts(target, KeepsPrimaryQ(*parts(draft)), RejectionVerifier(), FixedLength(2), "T1", seed=22)
+    assert_detected(target, counts, "T1")
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+def test_mixed_kinds_are_refused_before_any_forward(target, ragged_prompts):
+    drafter = FallbackDrafter(NGramDrafter(), ModelDrafter(dk.load_model(target)))
+    with pytest.raises(dk.IncompatibleDraftError, match="one kind"):
+        dk.generate(target, ragged_prompts, drafter, max_new_tokens=4, temperature=1.0)
+    dk.generate(target, ragged_prompts, drafter, max_new_tokens=4)  # greedy: both deterministic
+
+
+def test_parts_that_share_the_target_or_hide_their_kind_are_refused():
+    with pytest.raises(dk.ConfigError, match="shares the target"):
+        FallbackDrafter(EarlyExitDrafter(exit_layer=1), NGramDrafter())
+
+    class Anonymous:
+        def propose(self, state, budget):
+            return dk.Draft.empty(state.batch_size)
+
+    with pytest.raises(dk.ConfigError, match="draft_kind"):
+        FallbackDrafter(NGramDrafter(), Anonymous())
+    with pytest.raises(dk.ConfigError, match="FallbackDrafter"):
+        FallbackDrafter(SuffixDrafter, NGramDrafter())  # a class, not an instance
