@@ -166,8 +166,14 @@ def _check_parts(rule: Any, cache: Any, schedule: Any) -> None:
                 raise ConfigError(
                     f"{type(part).__name__} {why}, which needs the same blocks in every row; "
                     f"{type(schedule).__name__} gives rows their own: use schedule=None (fixed blocks)"
-                    + (" or cache=None or the dkv cache" if part is cache else "")
+                    + (" or cache=None or DKVCache() (under AdaBlock also prefix or dual)" if part is cache else "")
                 )
+        if getattr(cache, "needs_steady_regions", False) and not getattr(schedule, "steady_regions", False):
+            raise ConfigError(
+                f"{type(cache).__name__} refreshes at each round's first step and feeds each row's region as it "
+                f"stood then, and {type(schedule).__name__} moves a row's region within a round (its window "
+                "slides): use cache=DKVCache() or cache=None, or schedule=AdaBlock()"
+            )
     if getattr(cache, "needs_plan", False) and not getattr(rule, "plans", False):
         raise ConfigError(
             f"{type(cache).__name__} feeds only the slots the rule will commit next (state.planned), and "

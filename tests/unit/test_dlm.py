@@ -375,7 +375,56 @@ def test_adaptive_schedules_fill_every_slot_rows_alone_or_batched(dlm):
     one = dk.dlm.generate(dlm, PROMPTS, schedule=dk.dlm.DeferredWindow(size=1), **kwargs)
     assert one.stats.nfe == 8 and one.stats.block_steps == [1] * 8
     with pytest.raises(ConfigError, match="same blocks in every row"):
-        dk.dlm.generate(dlm, PROMPTS, schedule=dk.dlm.AdaBlock(delimiters=[5]), cache=dk.dlm.DualCache(), **kwargs)
+        schedule = dk.dlm.AdaBlock(delimiters=[5])
+        dk.dlm.generate(dlm, PROMPTS, schedule=schedule, cache=dk.dlm.BlockCausalCache(), **kwargs)
+    with pytest.raises(ConfigError, match="window slides"):
+        dk.dlm.generate(dlm, PROMPTS, schedule=dk.dlm.DeferredWindow(size=3), cache=dk.dlm.DualCache(), **kwargs)
+
+
+@pytest.mark.parametrize("name", ["prefix", "dual"])
+@pytest.mark.parametrize("shift", [False, True])
+def test_adaptive_cached_step_feeds_its_span_and_equals_recompute_while_nothing_changed(hf, name, shift):
+    """Under an adaptive schedule (``state.region``, ragged per row) a later step feeds each row's positions from the
+    first slot masked at the round's first step on (prefix: to the end; dual: to the region's end); with no commit
+    in between its logits there equal a recompute."""
+    model = dk.dlm.load_model(hf, mask_token_id=MASK, shift_logits=shift)
+    state = DLMState.from_prompts(PROMPTS, 8, MASK, total_steps=4, generator=None, device="cpu")
+    j = torch.arange(8)
+    state.commit((j < torch.tensor([[2], [3], [1]])), torch.randint(0, 100, (3, 8)))
+    state.region = (j >= torch.tensor([[2], [3], [1]])) & (j < torch.tensor([[5], [8], [4]]))
+    cache = dk.build("dlm_cache", name)
+    state.step = 0
+    cache.logits(model, state)
+    state.step = 1
+    with fed_positions(model, state) as fed:
+        again = cache.logits(model, state)
+    reference = dk.dlm.Recompute().logits(model, state)
+    for row, (prompt, lo, hi) in enumerate(zip(PROMPTS, (2, 3, 1), (5, 8, 4))):
+        hi = 8 if name == "prefix" else hi
+        start = len(prompt)
+        assert fed[1][row] == [p for p in range(start + lo - shift, start + hi - shift) if p > 0]
+        torch.testing.assert_close(again[row, lo:hi], reference[row, lo:hi], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["prefix", "dual"])
+def test_prefix_and_dual_caches_run_under_adaptive_schedules(dlm, name):
+    """AdaBlock that never trusts a delimiter cuts the fixed blocks, and the caches' adaptive form then gives their
+    fixed form's tokens; under AdaBlock every slot is filled and a row's tokens do not depend on its batch mates;
+    DCD's sliding window is refused before any forward."""
+    kwargs = dict(gen_length=8, block_length=4, steps=8, rule=dk.dlm.ThresholdRule(0.5), temperature=0.7)
+    never = dk.dlm.AdaBlock(delimiters=[5], threshold=1.01)
+
+    def run(prompts, seeds, schedule=None):
+        cache = dk.build("dlm_cache", name)
+        return dk.dlm.generate(dlm, prompts, cache=cache, schedule=schedule, seed=seeds, **kwargs).sequences
+
+    assert run(PROMPTS, [1, 2, 3], never) == run(PROMPTS, [1, 2, 3])
+    ada = dk.dlm.AdaBlock(delimiters=[5, 9], threshold=0.0)
+    out = run(PROMPTS, [1, 2, 3], ada)
+    assert all(MASK not in row for row in out)
+    assert run(PROMPTS[2:], [3], ada)[0] == out[2]
+    with pytest.raises(ConfigError, match="window"):
+        run(PROMPTS, [1, 2, 3], dk.dlm.DeferredWindow(size=3))
 
 
 def test_dcd_window_starts_at_the_leftmost_mask_and_caps_its_masks():

@@ -52,6 +52,25 @@ def fed_logits(dlm: DLMModel, cache: KVCache, state: DLMState, fed: torch.Tensor
     return out[:, : state.gen_length]
 
 
+def region_span(state: DLMState) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, end)``, each ``[B]``, under an adaptive region schedule (``state.region``): each row's first masked
+    slot in its region (``G`` if none; every slot before it is committed, the schedules decode left to right) and
+    one past its region's last slot (0 if empty)."""
+    region = state.in_block
+    j = torch.arange(state.gen_length, device=state.device)
+    first = torch.where(region & state.masked, j, state.gen_length).amin(1)
+    end = torch.where(region, j + 1, 0).amax(1)
+    return first, end
+
+
+def predicting(dlm: DLMModel, state: DLMState, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` bool: the canvas positions whose outputs predict slots ``lo[b] <= j < hi[b]`` (position
+    ``P_b + j``, or ``P_b + j - 1`` with ``shift_logits``)."""
+    position, real = canvas_positions(state)
+    slot = position[None, :] - state.starts[:, None] + int(dlm.shift_logits)
+    return real & (slot >= lo[:, None]) & (slot < hi[:, None])
+
+
 def canvas_positions(state: DLMState) -> tuple[torch.Tensor, torch.Tensor]:
     """``(position [T], real [B, T])``: canvas indices, and which of them hold a row's prompt or generation slots."""
     position = torch.arange(state.canvas.shape[1], device=state.device)

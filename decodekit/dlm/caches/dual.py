@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.dlm.caches.base import full_forward_kept, rewrite_forward
+from decodekit.dlm.caches.base import fed_logits, full_forward_kept, predicting, region_span, rewrite_forward
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
 from decodekit.registry import register
@@ -22,18 +22,31 @@ class DualCache:
     slots start one position earlier (the block's first slot is predicted from the position before it). The refresh
     counts as a forward.
 
-    Faithfulness: the reference scheme; per-row ragged prompts are ours.
+    Under an adaptive region schedule whose regions hold still within a round (``steady_regions``: AdaBlock; not
+    DCD, whose window slides past the fed slots) each round's first step refreshes; later steps feed each row's
+    slots from the first one masked at the refresh (everything before it committed) to its region's end
+    (:func:`~decodekit.dlm.caches.base.fed_logits`, one host read a step). Rows keep their own spans, so a row's
+    output does not depend on its batch mates.
+
+    Faithfulness: the reference scheme; per-row ragged prompts and the adaptive-region form are ours.
     """
 
-    fixed_blocks = True  # reads state.block: every row in the same block
+    needs_steady_regions = True  # an adaptive schedule must keep each row's region for the whole round
 
     def __init__(self) -> None:
         self.cache: KVCache | None = None
+        self.first: torch.Tensor | None = None  # [B] adaptive regions: each row's first fed slot
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
         if state.step == 0 or self.cache is None:
             logits, self.cache = full_forward_kept(dlm, state)
+            if state.region is not None:
+                self.first = region_span(state)[0]
             return logits
+        if state.region is not None:
+            assert self.first is not None
+            fed = predicting(dlm, state, self.first, region_span(state)[1])
+            return fed_logits(dlm, self.cache, state, fed)
         lo, hi = state.block
         shift = int(dlm.shift_logits)
         slots = state.starts[:, None] + torch.arange(lo - shift, hi - shift, device=state.device)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.dlm.caches.base import full_forward
+from decodekit.dlm.caches.base import fed_logits, full_forward, full_forward_kept, predicting, region_span
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
 from decodekit.masks import attend_layout, bidirectional_mask
@@ -23,16 +23,26 @@ class PrefixCache:
     ``shift_logits`` the prefix stops one position earlier, so the block's first slot is predicted from a fresh
     output. The refresh counts as a forward (as in the reference's NFE).
 
+    Under an adaptive region schedule whose regions hold still within a round (``steady_regions``: AdaBlock; not
+    DCD, whose rounds end when every row's window has emptied, so a row's refreshes would depend on its batch mates)
+    each round's first step refreshes, and a row's frozen prefix ends at the first slot that was masked in its
+    region then (everything before it is committed); later steps feed everything from there on
+    (:func:`~decodekit.dlm.caches.base.fed_logits`, one host read a step). Rows keep their own prefixes, so a row's
+    output does not depend on its batch mates.
+
     Faithfulness: the reference scheme (refresh at each block start, suffix of block + later masks fed each step,
-    commits only in the block); per-row ragged prompts are ours.
+    commits only in the block); per-row ragged prompts and the adaptive-region form are ours.
     """
 
-    fixed_blocks = True  # reads state.block: every row in the same block
+    needs_steady_regions = True  # an adaptive schedule must keep each row's region for the whole round
 
     def __init__(self) -> None:
         self.cache: KVCache | None = None
+        self.first: torch.Tensor | None = None  # [B] adaptive regions: each row's first fed slot
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
+        if state.region is not None:
+            return self._adaptive(dlm, state)
         shift = int(dlm.shift_logits)
         first = state.block[0] - shift  # the first fed slot (-1: the prompt's last token)
         if state.step == 0 or self.cache is None:
@@ -48,3 +58,11 @@ class PrefixCache:
         at = torch.arange(width, device=state.device).expand(state.batch_size, width)
         fresh = dlm.lm.forward(tokens, positions, mask, self.cache, logits_at=at).logits.float()
         return torch.cat([fresh.new_zeros(state.batch_size, state.block[0], fresh.shape[-1]), fresh], 1)
+
+    def _adaptive(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
+        if state.step == 0 or self.cache is None or self.first is None:
+            logits, self.cache = full_forward_kept(dlm, state)
+            self.first = region_span(state)[0]
+            return logits
+        end = torch.full_like(self.first, state.gen_length)
+        return fed_logits(dlm, self.cache, state, predicting(dlm, state, self.first, end))

@@ -25,8 +25,9 @@ class AdaBlock:
     Faithfulness: the reference's ``compute_block_length`` (window ``min(int(0.25 G), remaining)``, the proposals'
     argmax/Gumbel tokens, the delimiter with the highest probability, ``>=``), per row instead of batch 1, delimiters
     counted only at masked slots; the reference pairs it with the threshold rule (``rule=ThresholdRule(0.9)``),
-    any rule works here. Each block's step budget is ``steps / (G / block_length)``. Needs a cache strategy that does
-    not keep a block's K/V (``None``/``recompute`` or ``dkv``).
+    any rule works here. Each block's step budget is ``steps / (G / block_length)``. Cache strategies: ``None``
+    (recompute), ``prefix``, ``dual`` and ``dkv``; not the ones that read one block for every row (``block_causal``,
+    ``dkv_greedy``).
 
     Args:
         delimiters: token ids that may end a block; None = the tokenizer's ids of ``"\\n"`` (the reference's 198).
@@ -35,6 +36,7 @@ class AdaBlock:
     """
 
     fixed_blocks = False
+    steady_regions = True  # a row's block holds from the round's second step on
 
     def __init__(self, delimiters: list[int] | None = None, threshold: float = 0.3, window: float = 0.25) -> None:
         self.delimiters = None if delimiters is None else [int(i) for i in delimiters]

@@ -23,8 +23,9 @@ class DeferredWindow:
     paper's rule.
 
     Faithfulness: a **reconstruction** from the paper's description (the window bounds and the cap on masks in it;
-    no reference code was available); rows slide independently. Needs a cache strategy that does not keep a block's
-    K/V (``None``/``recompute`` or ``dkv``).
+    no reference code was available); rows slide independently. Cache strategies: ``None`` (recompute) and ``dkv``; not
+    ``prefix`` or ``dual``, which refresh per round and feed the region as it stood then, while the window slides
+    within a round.
 
     Args:
         size: ``s_max``, the most slots in the window; None = ``block_length``.
