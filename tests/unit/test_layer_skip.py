@@ -3,11 +3,14 @@ output law under rejection sampling, and the search finding the layers that do n
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 import decodekit as dk
-from decodekit.drafters.layer_skip import LayerSkipDrafter
+from decodekit.drafters import layer_skip
+from decodekit.drafters.layer_skip import LayerSkipDrafter, bayes_candidate
 from decodekit.errors import ConfigError
 from decodekit.masks import chain_mask
 from decodekit.policies import FixedLength
@@ -84,3 +87,42 @@ def test_bad_settings(deep):
         LayerSkipDrafter(skip_ratio=1.0)
     with pytest.raises(ConfigError, match="window"):
         LayerSkipDrafter(window=1)
+
+
+def test_bayes_step_proposes_sets_near_the_best_scored():
+    """The GP-UCB step on a known objective (the share of 4 good layers among the 4 skipped, 12 middle layers): after
+    10 random sets it proposes sets with more good layers than random sets have, and it is seeded by ``rng``."""
+    good = {3, 6, 9, 12}
+    rng = random.Random(0)
+    layers = list(range(2, 14))
+    hits, random_hits = [], []
+    for trial in range(8):
+        scored = []
+        for _ in range(10):
+            skip = tuple(sorted(rng.sample(layers, 4)))
+            scored.append((len(good & set(skip)) / 4 + rng.gauss(0, 0.02), skip))
+        proposal = bayes_candidate(scored, 14, 4, random.Random(trial))
+        assert len(proposal) == 4 and set(proposal) <= set(layers)
+        hits.append(len(good & set(proposal)))
+        random_hits.append(max(len(good & set(skip)) for _, skip in scored))
+    assert sum(hits) / 8 >= 2.5 > 4 * 4 / 12  # random sets average 1.33 good layers
+    assert sum(hits) >= sum(random_hits) - 2  # about as good as the best seen, often better
+    again = bayes_candidate(scored, 14, 4, random.Random(7))
+    assert again == bayes_candidate(scored, 14, 4, random.Random(7))
+
+
+def test_the_search_takes_bayes_steps(deep, ragged_prompts, monkeypatch):
+    drafter = LayerSkipDrafter(window=6, search_rounds=9, bayes_every=3)
+    calls = []
+    original = layer_skip.bayes_candidate
+
+    def spy(scored, *args, **kwargs):
+        calls.append(list(scored))
+        return original(scored, *args, **kwargs)
+
+    monkeypatch.setattr(layer_skip, "bayes_candidate", spy)
+    dk.generate(deep, ragged_prompts, drafter, policy=FixedLength(3), max_new_tokens=30, eos_token_id=())
+    assert len(calls) == 3 and len(drafter.scored) == 9  # steps 3, 6 and 9; every candidate recorded
+    assert [len(c) for c in calls] == [2, 5, 8]
+    with pytest.raises(ConfigError, match="bayes_every"):
+        LayerSkipDrafter(bayes_every=0)
