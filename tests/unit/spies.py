@@ -1,4 +1,4 @@
-"""Spies on a diffusion LM's forwards, shared by the DLM cache tests."""
+"""Test helpers shared across files: spies on a diffusion LM's forwards, and a wrapper that delegates to a component."""
 
 from __future__ import annotations
 
@@ -22,3 +22,14 @@ def fed_positions(model: Any, state: Any) -> Iterator[dict[int, list[list[int]]]
         yield fed
     finally:
         model.lm.forward = forward
+
+
+class Wrapped:
+    """A component around ``inner``: every attribute it does not define is ``inner``'s (its hooks included), so a
+    test overrides only what it changes (``propose``, ``draft_kind``, ...)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

@@ -15,6 +15,7 @@ from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.policies import FixedLength
 from decodekit.verifiers import RejectionVerifier
 from tests.conftest import assert_greedy_twice
+from tests.unit.spies import Wrapped
 from tests.unit.test_lossless import assert_detected, assert_matches, models, sample_counts  # noqa: F401
 
 V = 16
@@ -123,14 +124,8 @@ def test_both_drafters_see_every_hook(target, ragged_prompts):
 
 
 # ------------------------------------------------------------------------------------------- distribution
-class EmptyOnOddRows:
+class EmptyOnOddRows(Wrapped):
     """A sampled drafter that proposes nothing for rows at an odd length, so rounds mix both drafters' rows."""
-
-    def __init__(self, inner: ModelDrafter) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
     def propose(self, state, budget):
         draft = self.inner.propose(state, budget)

@@ -21,6 +21,7 @@ from decodekit.policies import EntropyStop, FixedLength, GammaTunePlus, Heuristi
 from decodekit.sampling import probs_from_logits
 from decodekit.verifiers import RejectionVerifier
 from tests.conftest import perturbed, tiny_llama
+from tests.unit.spies import Wrapped
 from tests.unit.stats import chi_square_pvalue, total_variation, tv_noise
 
 VOCAB, NEW, ROWS_PER_PROMPT = 8, 3, 25_000
@@ -149,15 +150,9 @@ class ResidualFromTarget:
         return dk.Verdict(accepted=draft.path(num - 1, num), num_accepted=num, next_token=nxt)
 
 
-class MisreportsQ:
+class MisreportsQ(Wrapped):
     """Biased on purpose: a drafter that samples from q but reports sqrt(q) (renormalised), the classic
     "scored against a q it did not sample from" bug."""
-
-    def __init__(self, inner: ModelDrafter) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
     def propose(self, state, budget):
         draft = self.inner.propose(state, budget)

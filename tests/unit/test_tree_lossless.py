@@ -14,6 +14,7 @@ import decodekit as dk
 from decodekit.drafters import DelayedTreeDrafter, ModelTreeDrafter
 from decodekit.policies import FixedLength
 from decodekit.verifiers import SpecInferVerifier, SpecTrVerifier, TraversalVerifier, TypicalAcceptanceVerifier
+from tests.unit.spies import Wrapped
 from tests.unit.test_lossless import assert_detected, assert_matches, models, sample_counts  # noqa: F401
 
 VERIFIERS = {"specinfer": SpecInferVerifier, "spectr": SpecTrVerifier, "traversal": TraversalVerifier}
@@ -53,15 +54,9 @@ def test_typical_acceptance_is_detected_as_lossy(models):  # noqa: F811
     assert_detected(target, counts, "T1")
 
 
-class ClaimsIID:
+class ClaimsIID(Wrapped):
     """Biased on purpose: siblings drawn without replacement, declared i.i.d. (the verifier then keeps the
     rejected siblings in ``q``)."""
-
-    def __init__(self, inner: ModelTreeDrafter) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
     def draft_kind(self, sampling):
         return dk.DraftKind.SAMPLED
