@@ -3,136 +3,18 @@
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
-from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
 
 from decodekit.checks import check_float, check_int
+from decodekit.drafters.suffix_trie import GlobalCache, RowTrie, TrieNode, distinct_matches
 from decodekit.registry import register
 from decodekit.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
 
 if TYPE_CHECKING:
     from decodekit.round import Round
-
-
-class _Node:
-    """A suffix-trie node: how often its string occurred, its continuations, and the newest stamp that passed."""
-
-    __slots__ = ("children", "count", "last")
-
-    def __init__(self) -> None:
-        self.children: dict[int, _Node] = {}
-        self.count = 0
-        self.last = 0
-
-
-def _extend(active: list[_Node], token: int, stamp: int, depth: int) -> list[_Node]:
-    """Append ``token`` to a sequence whose suffix nodes (last 0, 1, ... tokens) are ``active``; returns the new
-    ones. Each suffix of length < ``depth`` gets one more occurrence followed by ``token``."""
-    new = [active[0]]
-    for node in active[:depth]:
-        child = node.children.get(token)
-        if child is None:
-            child = node.children[token] = _Node()
-        child.count += 1
-        child.last = stamp
-        new.append(child)
-    return new[:depth]
-
-
-def _retract(root: _Node, tokens: list[int], depth: int) -> None:
-    """Undo inserting ``tokens`` (every suffix, up to ``depth`` tokens): counts down, empty nodes dropped."""
-    active = [root]
-    for token in tokens:
-        new = [root]
-        for node in active[:depth]:
-            child = node.children[token]
-            child.count -= 1
-            if child.count == 0:
-                del node.children[token]
-            new.append(child)
-        active = new[:depth]
-
-
-class _GlobalCache:
-    """Earlier calls' outputs in one suffix trie, at most ``capacity`` tokens, least recently used out first."""
-
-    def __init__(self, capacity: int, depth: int) -> None:
-        self.capacity, self.depth = capacity, depth
-        self.clear()
-
-    def clear(self) -> None:
-        self.root, self.sequences, self.tokens, self.next_id = _Node(), OrderedDict[int, list[int]](), 0, 1
-
-    def add(self, tokens: list[int]) -> None:
-        tokens = tokens[-self.capacity :] if self.capacity else []
-        if not tokens:
-            return
-        active, stamp = [self.root], self.next_id
-        for token in tokens:
-            active = _extend(active, token, stamp, self.depth)
-        self.sequences[stamp], self.next_id, self.tokens = tokens, stamp + 1, self.tokens + len(tokens)
-        while self.tokens > self.capacity:
-            _, old = self.sequences.popitem(last=False)
-            _retract(self.root, old, self.depth)
-            self.tokens -= len(old)
-
-    def touch(self, stamp: int) -> None:
-        """Mark the output ``stamp`` used (it supplied a draft)."""
-        if stamp in self.sequences:
-            self.sequences.move_to_end(stamp)
-
-    def suffixes(self, history: list[int], longest: int) -> Iterator[tuple[_Node, int, int]]:
-        """``(node, length, continuations)`` of the suffixes of ``history`` that occur in the cache followed by
-        something, longest first (at most ``longest`` tokens; a binary search finds the longest, since a suffix
-        occurs wherever a longer one does)."""
-        lo, hi, found = 1, min(longest, len(history)), 0
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            node = self._walk(history[len(history) - mid :])
-            if node is not None and node.children:
-                found, lo = mid, mid + 1
-            else:
-                hi = mid - 1
-        for length in range(found, 0, -1):
-            node = self._walk(history[len(history) - length :])
-            assert node is not None
-            yield node, length, sum(c.count for c in node.children.values())
-
-    def _walk(self, tokens: list[int]) -> _Node | None:
-        node: _Node | None = self.root
-        for token in tokens:
-            node = node.children.get(token)
-            if node is None:
-                return None
-        return node
-
-
-def _distinct(candidates: Iterable[tuple[_Node, int, int]]) -> Iterator[tuple[_Node, int, int]]:
-    """Of ``(node, length, continuations)`` longest first, the longest match per number of continuations (a shorter
-    match with as many continuations has the same ones)."""
-    seen = 0
-    for node, length, total in candidates:
-        if total > seen:
-            seen = total
-            yield node, length, total
-
-
-class _Row:
-    """One live row: its tokens so far and their suffix trie (``active[j]``: the node of the last ``j`` tokens)."""
-
-    def __init__(self, tokens: list[int], prompt_length: int, depth: int) -> None:
-        self.tokens, self.prompt_length, self.root = [], prompt_length, _Node()
-        self.active = [self.root]
-        self.add(tokens, depth)
-
-    def add(self, tokens: list[int], depth: int) -> None:
-        for token in tokens:
-            self.active = _extend(self.active, token, len(self.tokens), depth)
-            self.tokens.append(token)
 
 
 @register("drafter", "suffix")
@@ -195,8 +77,8 @@ class SuffixDrafter:
         self.min_prob = check_float("min_prob", min_prob, low=0.0, high=1.0)
         self.trie_depth = check_int("trie_depth", trie_depth, low=2, hint=" (longest match + draft depth)")
         self.cache_tokens = check_int("cache_tokens", cache_tokens, low=0, hint=" (0 = no global cache)")
-        self._cache = _GlobalCache(self.cache_tokens, self.trie_depth)
-        self._rows: list[_Row] = []
+        self._cache = GlobalCache(self.cache_tokens, self.trie_depth)
+        self._rows: list[RowTrie] = []
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
         return DraftKind.DETERMINISTIC
@@ -214,7 +96,7 @@ class SuffixDrafter:
     def begin(self, state: DecodeState) -> None:
         history = state.tokens[:, : max(state.host_lengths)].tolist()
         prompts = state.prompt_lengths.tolist()
-        self._rows = [_Row(row[:n], p, self.trie_depth) for row, n, p in zip(history, state.host_lengths, prompts)]
+        self._rows = [RowTrie(row[:n], p, self.trie_depth) for row, n, p in zip(history, state.host_lengths, prompts)]
 
     def observe(self, state: DecodeState, round: Round) -> None:
         self._sync(state)
@@ -256,7 +138,7 @@ class SuffixDrafter:
             return Draft.chain(tokens_t, valid=valid_t)
         return Draft.tree(tokens_t, torch.tensor(parents, device=device), valid_t)
 
-    def _row_draft(self, row: _Row, nodes: int, depth: int, width: int | None) -> tuple[list[int], list[int]]:
+    def _row_draft(self, row: RowTrie, nodes: int, depth: int, width: int | None) -> tuple[list[int], list[int]]:
         """``(tokens, parents)`` of one row's draft (empty lists: no draft): the best-scoring expansion over the
         match lengths of the local and the global trie (one per distinct number of continuations)."""
         longest = min(self.trie_depth - depth, len(row.tokens))
@@ -264,7 +146,7 @@ class SuffixDrafter:
             return [], []
         best: tuple[float, list[int], list[int]] = (0.0, [], [])
         # local: active[j] is the suffix of j tokens; all its occurrences but the live one have a continuation
-        for node, length, total in _distinct(
+        for node, length, total in distinct_matches(
             (row.active[j], j, row.active[j].count - 1) for j in range(longest, 0, -1)
         ):
             found = self._expand(node, total, length, nodes, depth, width)
@@ -273,7 +155,7 @@ class SuffixDrafter:
         if not self._cache.sequences:
             return best[1], best[2]
         source = None
-        for node, length, total in _distinct(self._cache.suffixes(row.tokens, longest)):
+        for node, length, total in distinct_matches(self._cache.suffixes(row.tokens, longest)):
             found = self._expand(node, total, length, nodes, depth, width)
             if found[0] > best[0]:
                 best, source = found, node
@@ -282,15 +164,17 @@ class SuffixDrafter:
         return best[1], best[2]
 
     def _expand(
-        self, match: _Node, total: int, length: int, nodes: int, depth: int, width: int | None
+        self, match: TrieNode, total: int, length: int, nodes: int, depth: int, width: int | None
     ) -> tuple[float, list[int], list[int]]:
         """Best-first tree from ``match`` (a suffix of ``length`` tokens, ``total`` occurrences with a continuation):
         ``(score, tokens, parents)``."""
         limit = min(nodes, int(self.factor * length))
-        heap: list[tuple[float, int, int, int, int, _Node, int]] = []  # -score, -stamp, tie, parent, depth, node, token
+        heap: list[
+            tuple[float, int, int, int, int, TrieNode, int]
+        ] = []  # -score, -stamp, tie, parent, depth, node, token
         tie = 0
 
-        def push(node: _Node, score: float, parent: int, d: int) -> None:
+        def push(node: TrieNode, score: float, parent: int, d: int) -> None:
             nonlocal tie
             for token, child in node.children.items():
                 p = score * child.count / (total if parent < 0 else node.count)
