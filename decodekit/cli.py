@@ -143,6 +143,8 @@ def check_bench_config(cfg: Any) -> None:
         if extra:
             raise ConfigError(f"methods.{name} has unknown keys {extra}; allowed: {', '.join(sorted(_METHOD_KEYS))}")
         check_int(f"methods.{name}.max_batch", spec.get("max_batch"), low=1, optional=True)
+        if spec.get("fresh") is not None:
+            check_bool(f"methods.{name}.fresh", spec.get("fresh"))
     baselines = cfg.get("baselines") or {}
     if not isinstance(baselines, Mapping):
         raise ConfigTypeError(
@@ -167,7 +169,7 @@ def _is_list(value: Any) -> bool:
 
 COMPONENTS = ("drafter", "verifier", "policy")
 _SETTING_KEYS = {"name", "temperature", "top_k", "top_p"}
-_METHOD_KEYS = {"drafter", "verifier", "policy", "max_batch"}
+_METHOD_KEYS = {"drafter", "verifier", "policy", "max_batch", "fresh"}
 _BASELINE_KINDS = ("greedy", "prompt_lookup", "assisted", "early_exit")
 
 

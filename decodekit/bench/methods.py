@@ -43,7 +43,12 @@ class Run:
 
 @dataclass
 class Method:
-    """A decodekit configuration: ``drafter=None`` is autoregressive decoding."""
+    """A decodekit configuration: ``drafter=None`` is autoregressive decoding.
+
+    ``fresh``: every component with a ``clear()`` (a suffix cache, Token Recycling's matrix, SWIFT's searched
+    set, a policy's carried-over schedule) is cleared before each call, outside the timing. A benchmark repeats its
+    prompts (warm-up, passes), so a component that remembers earlier calls would otherwise hold the timed prompt's
+    own output from the second pass on."""
 
     name: str
     drafter: Any = None
@@ -51,10 +56,16 @@ class Method:
     policy: Any = None
     max_batch: int | None = None
     costs: Any = None  # {batch size: CostModel} of this drafter (decodekit.policies.profile_costs): oracle column
+    fresh: bool = False
 
     def generate(
         self, model: LanguageModel, prompts: list[list[int]], setting: Setting, max_new_tokens: int, seed: int
     ) -> Run:
+        if self.fresh:
+            for component in (self.drafter, self.verifier, self.policy):
+                clear = getattr(component, "clear", None)
+                if callable(clear):
+                    clear()
         out, wall = timed_call(
             lambda: dk.generate(
                 model,

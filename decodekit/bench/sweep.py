@@ -43,7 +43,7 @@ def build_methods(cfg: Any, build: Callable[[Any, str], Any] = build_component) 
             continue
         parts = {key: build(spec.get(key), f"methods.{name}.{key}") for key in COMPONENTS}
         label = method_label(parts) if name == GENERIC_METHOD else str(name)
-        methods[str(name)] = Method(label, **parts, max_batch=spec.get("max_batch"))
+        methods[str(name)] = Method(label, **parts, max_batch=spec.get("max_batch"), fresh=bool(spec.get("fresh")))
     return methods
 
 

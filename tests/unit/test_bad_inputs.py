@@ -411,6 +411,7 @@ def compose_bench(monkeypatch):
         (["task.max_prompt_tokens=0"], ConfigError, "task.max_prompt_tokens must be an integer >= 1"),
         (["settings=[{name:a,temperature:hot}]"], ConfigTypeError, r"settings\[0\].temperature must be a finite"),
         (["+settings.0.foo=1"], ConfigError, r"settings\[0\] has unknown keys \['foo'\]"),
+        (["+methods.autoregressive.fresh=sometimes"], ConfigTypeError, "methods.autoregressive.fresh must be True"),
     ],
 )
 def test_cli_plain_values(compose_bench, overrides, error, match):

@@ -230,3 +230,27 @@ def test_speedup_per_task_is_a_ratio_within_each_pass():
     table = markdown([ref, fast], tasks=["a", "a", "b"])
     assert "Speedup per task (greedy, batch 1" in table and "| fast | 3.00x | 1.00x |" in table
     assert "Speedup per task" not in markdown([ref, fast], tasks=["a", "a", "a"])
+
+
+def test_a_fresh_method_clears_its_components_before_every_call():
+    """``Method(fresh=True)`` calls ``clear()`` on each component that has one before each call (outside the timing);
+    without it, what a drafter remembers carries over from call to call."""
+
+    class Counted(dk.drafters.RecyclingDrafter):
+        def __init__(self) -> None:
+            super().__init__("chain4")
+            self.cleared: list[bool] = []  # per clear(): whether an earlier call's matrix was there
+
+        def clear(self) -> None:
+            self.cleared.append(self.matrix is not None)
+            super().clear()
+
+    model = dk.load_model(tiny_llama(0))
+    prompts, setting = [[5, 6, 7, 8, 5, 6]], Setting(name="greedy")
+    for fresh in (True, False):
+        drafter = Counted()
+        method = Method("recycling", drafter, policy=dk.policies.FixedLength(4), fresh=fresh)
+        for _ in range(2):
+            method.generate(model, prompts, setting, max_new_tokens=8, seed=0)
+        assert drafter.cleared == ([False, True] if fresh else [])  # the second call found the first's matrix
+        assert drafter.matrix is not None
