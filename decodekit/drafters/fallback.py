@@ -24,12 +24,13 @@ if TYPE_CHECKING:
 class FallbackDrafter:
     """Row ``b`` gets ``primary``'s draft, or ``fallback``'s where ``primary`` proposes no node for it.
 
-    The point is a lookup drafter that drafts well when it finds a match and nothing otherwise (``suffix``,
-    ``ngram``) backed by one that always has a guess (``recycling``, a draft model): on free text most rounds
-    find no match, and a cheap guess there beats a plain step. SuffixDecoding's hybrid mode (Oliaro et al. 2024)
-    pairs suffix trees with a model-based speculator the same way, switching on a score threshold; here the
-    switch is an empty row (on SmolLM2 a threshold of 1 or 2 expected tokens measured no better,
-    docs/benchmarks.md).
+    The idea: a lookup drafter that drafts well when it finds a match and nothing otherwise (``suffix``,
+    ``ngram``), backed by one that always has a guess (``recycling``, a draft model), since on free text most
+    rounds find no match. SuffixDecoding's hybrid mode (Oliaro et al. 2024) pairs suffix trees with a model-based
+    speculator the same way, switching on a score threshold; here the switch is an empty row (no threshold was
+    measured). On SmolLM2 on a 2-core CPU it gains nothing measurable over suffix alone (docs/benchmarks.md): a
+    cold recycling fallback never knows the token suffix has no match for, and a hot one adds tokens only on code,
+    at more verified positions; the int8 draft model as fallback is slower.
 
     Both drafters see every hook (``begin``, ``observe``, ``select_rows``, ``clear``), so each keeps its own state
     whichever drafted. ``needs`` and ``hidden_layers`` are the union of theirs. Each row's draft is one of the
