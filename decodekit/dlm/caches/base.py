@@ -71,6 +71,26 @@ def predicting(dlm: DLMModel, state: DLMState, lo: torch.Tensor, hi: torch.Tenso
     return real & (slot >= lo[:, None]) & (slot < hi[:, None])
 
 
+class RegionSpans:
+    """The prefix and dual caches under an adaptive region schedule (``state.region``): each round's first step runs
+    the whole canvas, keeps every position's K/V and records each row's first masked slot in its region; a later
+    step feeds each row's positions that predict the slots from there to ``end`` (the generation's end for the
+    prefix cache, ``to_region_end``: the region's end for the dual cache) through :func:`fed_logits`."""
+
+    def __init__(self, to_region_end: bool) -> None:
+        self.to_region_end = to_region_end
+        self.cache: KVCache | None = None
+        self.first: torch.Tensor | None = None  # [B] each row's first fed slot
+
+    def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
+        if state.step == 0 or self.cache is None or self.first is None:
+            logits, self.cache = full_forward_kept(dlm, state)
+            self.first = region_span(state)[0]
+            return logits
+        end = region_span(state)[1] if self.to_region_end else torch.full_like(self.first, state.gen_length)
+        return fed_logits(dlm, self.cache, state, predicting(dlm, state, self.first, end))
+
+
 def canvas_positions(state: DLMState) -> tuple[torch.Tensor, torch.Tensor]:
     """``(position [T], real [B, T])``: canvas indices, and which of them hold a row's prompt or generation slots."""
     position = torch.arange(state.canvas.shape[1], device=state.device)

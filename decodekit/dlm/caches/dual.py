@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.dlm.caches.base import fed_logits, full_forward_kept, predicting, region_span, rewrite_forward
+from decodekit.dlm.caches.base import RegionSpans, full_forward_kept, rewrite_forward
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
 from decodekit.registry import register
@@ -35,18 +35,14 @@ class DualCache:
 
     def __init__(self) -> None:
         self.cache: KVCache | None = None
-        self.first: torch.Tensor | None = None  # [B] adaptive regions: each row's first fed slot
+        self.adaptive = RegionSpans(to_region_end=True)
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
+        if state.region is not None:
+            return self.adaptive.logits(dlm, state)
         if state.step == 0 or self.cache is None:
             logits, self.cache = full_forward_kept(dlm, state)
-            if state.region is not None:
-                self.first = region_span(state)[0]
             return logits
-        if state.region is not None:
-            assert self.first is not None
-            fed = predicting(dlm, state, self.first, region_span(state)[1])
-            return fed_logits(dlm, self.cache, state, fed)
         lo, hi = state.block
         shift = int(dlm.shift_logits)
         slots = state.starts[:, None] + torch.arange(lo - shift, hi - shift, device=state.device)

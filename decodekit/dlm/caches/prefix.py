@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.dlm.caches.base import fed_logits, full_forward, full_forward_kept, predicting, region_span
+from decodekit.dlm.caches.base import RegionSpans, full_forward
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
 from decodekit.masks import attend_layout, bidirectional_mask
@@ -38,11 +38,11 @@ class PrefixCache:
 
     def __init__(self) -> None:
         self.cache: KVCache | None = None
-        self.first: torch.Tensor | None = None  # [B] adaptive regions: each row's first fed slot
+        self.adaptive = RegionSpans(to_region_end=False)
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
         if state.region is not None:
-            return self._adaptive(dlm, state)
+            return self.adaptive.logits(dlm, state)
         shift = int(dlm.shift_logits)
         first = state.block[0] - shift  # the first fed slot (-1: the prompt's last token)
         if state.step == 0 or self.cache is None:
@@ -58,11 +58,3 @@ class PrefixCache:
         at = torch.arange(width, device=state.device).expand(state.batch_size, width)
         fresh = dlm.lm.forward(tokens, positions, mask, self.cache, logits_at=at).logits.float()
         return torch.cat([fresh.new_zeros(state.batch_size, state.block[0], fresh.shape[-1]), fresh], 1)
-
-    def _adaptive(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
-        if state.step == 0 or self.cache is None or self.first is None:
-            logits, self.cache = full_forward_kept(dlm, state)
-            self.first = region_span(state)[0]
-            return logits
-        end = torch.full_like(self.first, state.gen_length)
-        return fed_logits(dlm, self.cache, state, predicting(dlm, state, self.first, end))
