@@ -4,6 +4,7 @@ from decodekit.drafters.delayed import DelayedTreeDrafter
 from decodekit.drafters.dynamic_exit import DynamicExitDrafter
 from decodekit.drafters.eagle import EagleDrafter, EagleHead
 from decodekit.drafters.early_exit import EarlyExitDrafter
+from decodekit.drafters.exit_head import ExitHead
 from decodekit.drafters.fallback import FallbackDrafter
 from decodekit.drafters.layer_skip import LayerSkipDrafter
 from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
@@ -19,6 +20,7 @@ __all__ = [
     "EagleDrafter",
     "DynamicExitDrafter",
     "EarlyExitDrafter",
+    "ExitHead",
     "FallbackDrafter",
     "LayerSkipDrafter",
     "EagleHead",

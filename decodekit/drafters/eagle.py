@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
@@ -39,7 +38,7 @@ from decodekit.checks import check_float, check_int
 from decodekit.draft import Draft, DraftKind
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.eagle_head import RETRAIN, EagleHead, default_weights, load_head
-from decodekit.drafters.head_files import head_rows
+from decodekit.drafters.head_files import TrimmedHead
 from decodekit.drafters.staged import StagedTree, dynamic_tree
 from decodekit.errors import ConfigError
 from decodekit.masks import chain_mask
@@ -122,30 +121,15 @@ class EagleDrafter(SamplesLikeTheTarget):
         if self._for != id(target):
             self.head, self.metadata = load_head(self.weights, target)
             self._for = id(target)
-            self._head_matrix(target)
+            self.trimmed = TrimmedHead(target, self.head.vocab)  # type: ignore[union-attr]
         self.target = target
-
-    def _head_matrix(self, target: LanguageModel) -> None:
-        """The output head's rows for the head's vocabulary (``[V_d, H]``) and bias; None when the target's head
-        is not a plain linear map (then the full head runs and is sliced)."""
-        rows = head_rows(target, self.head.vocab)  # type: ignore[union-attr]
-        self._w, self._b = rows if rows is not None else (None, None)
-        self._softcap = getattr(target, "softcap", None)
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
         return DraftKind.DETERMINISTIC if self.shape == "dynamic" else super().draft_kind(sampling)
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """``g [..., H]`` -> ``[..., V]`` float32 draft logits, ``-inf`` outside the head's vocabulary."""
-        ids = self.head.vocab  # type: ignore[union-attr]
-        if self._w is None:
-            scores = self.target.head(g).float()[..., ids]
-        else:
-            scores = nn.functional.linear(g, self._w, self._b).float()
-            if self._softcap:
-                scores = torch.tanh(scores / self._softcap) * self._softcap
-        full = torch.full((*g.shape[:-1], self.target.vocab_size), float("-inf"), device=g.device)
-        return full.index_copy_(full.dim() - 1, ids, scores)
+        return self.trimmed.logits(g)
 
     def _run(self, tokens: torch.Tensor, feats: torch.Tensor, counts: torch.Tensor, host: int | list[int]) -> Any:
         """Feed ``tokens [B, N]`` / ``feats [B, N, H]`` (row ``b``: the first ``counts[b]``) as the next entries;

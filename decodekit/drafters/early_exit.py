@@ -11,14 +11,18 @@ second model and no second cache; a draft step costs ``L / N`` of a target step.
 Faithfulness: LayerSkip's self-speculative decoding without its training recipe (layer dropout and an early-exit
 loss, which make shallow exits agree with the last layer) and without its reuse of the draft's first-``L``-layer
 K/V entries in verification (here verification recomputes them). The exit is the target's own ``head(norm(h_L))``
-untrained, as transformers' ``assistant_early_exit``: on a model not trained for early exit, shallow layers agree
-with the last one rarely. Kangaroo's trained adapter is not built yet (DEL's per-context exit choice is
-:class:`~decodekit.drafters.DynamicExitDrafter`). Chains only. Lossless with every lossless verifier (sampled
-drafts carry ``q``).
+untrained by default, as transformers' ``assistant_early_exit``: on a model not trained for early exit, shallow
+layers agree with the last one rarely. With ``exit_head=`` a trained adapter (:class:`~decodekit.drafters.exit_head.
+ExitHead`, Kangaroo-style but position-wise; see its module) maps layer ``L``'s state to the final one and scores a
+trimmed vocabulary; the output head's full width is then never computed while drafting. DEL's per-context exit
+choice is :class:`~decodekit.drafters.DynamicExitDrafter`. Kangaroo's early stop on low draft confidence is a
+policy here (a stop rule in the budget), not part of the drafter. Chains only. Lossless with every lossless verifier
+(sampled drafts carry ``q``; tokens outside a trimmed vocabulary have ``q = 0``).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +32,8 @@ from decodekit.cache import KVCache
 from decodekit.checks import check_float, check_int
 from decodekit.draft import Draft
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
+from decodekit.drafters.exit_head import ExitHead, default_weights, load_exit_head
+from decodekit.drafters.head_files import TrimmedHead
 from decodekit.errors import ConfigError
 from decodekit.masks import chain_mask
 from decodekit.models.base import LanguageModel
@@ -37,22 +43,63 @@ from decodekit.state import DecodeState
 
 @register("drafter", "early_exit")
 class EarlyExitDrafter(SamplesLikeTheTarget):
-    """Draft with the target's first ``exit_layer`` layers and its own head, in the target's KV cache.
+    """Draft with the target's first ``exit_layer`` layers and its own head (or a trained exit head), in the
+    target's KV cache.
 
     Args:
-        exit_layer: layers that draft, ``1 <= L < num_layers`` of the target (checked in ``begin``); None = half.
+        exit_layer: layers that draft, ``1 <= L < num_layers`` of the target (checked in ``begin``); None = half,
+            or the exit head's layer.
         temperature: the drafter's sampling temperature; None = the call's.
+        exit_head: None = the target's own norm and head (untrained exit); True = the exit head shipped for the zoo
+            target ``smollm2-135m-instruct``; or a head file (:meth:`ExitHead.save`). Refused in ``begin`` on a
+            target it was not trained for, or with another ``exit_layer``.
+        target: optionally the target to load the exit head for now, so a head that does not fit it is refused
+            here rather than at the first call.
     """
 
     shares_target = True
 
-    def __init__(self, exit_layer: int | None = None, temperature: float | None = None) -> None:
+    def __init__(
+        self,
+        exit_layer: int | None = None,
+        temperature: float | None = None,
+        exit_head: str | Path | bool | None = None,
+        target: Any = None,
+    ) -> None:
         self.exit_layer = check_int("exit_layer", exit_layer, low=1, optional=True, hint=" (None = half the layers)")
         self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")
+        if exit_head is False:
+            exit_head = None
+        self.weights = default_weights() if exit_head is True else None if exit_head is None else Path(exit_head)
+        if self.weights is not None and not self.weights.is_file():
+            from decodekit.drafters.exit_head import RETRAIN
+
+            raise ConfigError(f"no exit head at {self.weights}; train one with {RETRAIN} and pass exit_head=<its file>")
+        self.head: ExitHead | None = None
+        self._head_for: int | None = None  # id of the target the head was loaded for
+        if target is not None and self.weights is not None:
+            from decodekit.models import load_model
+
+            self._load(load_model(target))
+
+    def _load(self, target: LanguageModel) -> None:
+        """Load the exit head for ``target`` (once per target object) and check its layer."""
+        if self._head_for != id(target):
+            self.head, self.metadata = load_exit_head(self.weights, target)  # type: ignore[arg-type]
+            self.trimmed = TrimmedHead(target, self.head.vocab)
+            self._head_for = id(target)
+        if self.exit_layer not in (None, self.head.exit_layer):  # type: ignore[union-attr]
+            raise ConfigError(
+                f"exit_layer={self.exit_layer} but the exit head {self.weights} was trained on layer "
+                f"{self.head.exit_layer}; drop exit_layer or train a head for that layer"  # type: ignore[union-attr]
+            )
 
     def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache) -> None:
         layers = target.num_layers
-        self.layers = layers // 2 if self.exit_layer is None else self.exit_layer
+        if self.weights is not None:
+            self._load(target)
+        default = self.head.exit_layer if self.head is not None and self.weights is not None else layers // 2
+        self.layers = default if self.exit_layer is None else self.exit_layer
         if not 1 <= self.layers < layers:
             raise ConfigError(
                 f"exit_layer={self.layers} must be below the target's {layers} layers (drafting with all of them "
@@ -68,7 +115,14 @@ class EarlyExitDrafter(SamplesLikeTheTarget):
         """Run ``x [B]`` at each row's position ``c + offset`` through the first layers -> (``[B, V]``, ``[B, H]``)."""
         kv_len = self.cache.stage(1, offset=offset)
         mask, positions = chain_mask(self.cache.lengths + offset, 1, kv_len)
-        out = self.target.forward(x[:, None], positions, mask, self.cache, return_hidden=hidden, **self.layer_args())
+        trained = self.weights is not None
+        skip = x.new_zeros(x.shape[0], 0) if trained else None  # a trained head scores its own rows only
+        out = self.target.forward(
+            x[:, None], positions, mask, self.cache, skip, return_hidden=hidden or trained, **self.layer_args()
+        )
+        if trained:
+            g = self.head(out.last_hidden[:, -1])  # type: ignore[misc]
+            return self.trimmed.logits(g), (g if hidden else None)
         return out.logits[:, -1], (out.last_hidden[:, -1] if hidden else None)
 
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:

@@ -91,3 +91,31 @@ def dense(value: Any) -> torch.Tensor | None:
     if not isinstance(value, torch.Tensor):
         return None
     return value.to_dense() if value.is_mkldnn else value
+
+
+class TrimmedHead:
+    """The target's output head restricted to a draft vocabulary: scores over ``ids [V_d]`` only, and the full-width
+    draft logits with ``-inf`` outside it (never drafted, ``q = 0``: rejection sampling stays exact).
+
+    Args:
+        target: the target whose output head the drafter shares.
+        ids: ``[V_d]`` the token ids scored.
+    """
+
+    def __init__(self, target: LanguageModel, ids: torch.Tensor) -> None:
+        self.target, self.ids = target, ids
+        rows = head_rows(target, ids)
+        self.weight, self.bias = rows if rows is not None else (None, None)  # None: run the full head and slice
+        self.softcap = getattr(target, "softcap", None)
+
+    def scores(self, g: torch.Tensor) -> torch.Tensor:
+        """``g [..., H]`` -> ``[..., V_d]`` float32 scores of the ids."""
+        if self.weight is None:
+            return self.target.head(g).float()[..., self.ids]
+        scores = nn.functional.linear(g.to(self.weight.dtype), self.weight, self.bias).float()
+        return torch.tanh(scores / self.softcap) * self.softcap if self.softcap else scores
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        """``g [..., H]`` -> ``[..., V]`` float32 draft logits, ``-inf`` outside the ids."""
+        full = torch.full((*g.shape[:-1], self.target.vocab_size), float("-inf"), device=g.device)
+        return full.index_copy_(full.dim() - 1, self.ids, self.scores(g))

@@ -76,12 +76,15 @@ def pydoc_prompts(tokenizer: Any, num_prompts: int, max_prompt_tokens: int, seed
     return prompts
 
 
-def _forward(model: LanguageModel, tokens: torch.Tensor, logits_at: torch.Tensor, hidden: bool) -> ModelOutput:
-    """One causal forward of right-padded ``tokens [B, N]`` in a fresh cache (padding only follows real tokens)."""
+def _forward(
+    model: LanguageModel, tokens: torch.Tensor, logits_at: torch.Tensor, hidden: bool, **forward_kwargs: Any
+) -> ModelOutput:
+    """One causal forward of right-padded ``tokens [B, N]`` in a fresh cache (padding only follows real tokens);
+    ``forward_kwargs`` go to :meth:`LanguageModel.forward` (e.g. ``exit_layer``)."""
     cache = model.new_cache(tokens.shape[0], tokens.shape[1])
     kv_len = cache.stage(tokens.shape[1])
     mask, positions = chain_mask(cache.lengths, tokens.shape[1], kv_len)
-    return model.forward(tokens, positions, mask, cache, logits_at=logits_at, return_hidden=hidden)
+    return model.forward(tokens, positions, mask, cache, logits_at=logits_at, return_hidden=hidden, **forward_kwargs)
 
 
 @torch.no_grad()

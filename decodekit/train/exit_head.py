@@ -1,0 +1,167 @@
+"""Train an exit head for a target (``python -m decodekit train recipe=exit_head``, docs/training.md): the trained
+early exit of the zoo's ``early_exit`` drafter (``exit_head=true``; :mod:`decodekit.drafters.exit_head`).
+
+Self-distillation on the same cached sequences as the EAGLE and Medusa heads (:mod:`decodekit.train.feature_data`;
+point ``data_dir`` at an EAGLE run's ``data`` to reuse them). Kangaroo's objective: the head reads
+``n_t = norm(h_L(t))``, the target's final norm of its state after layer ``exit_layer`` (computed here by the
+target's own first layers, frozen), and learns the target's next-token distribution at ``t`` by soft
+cross-entropy, ``CE(softmax(W_d f_t), W_d head(n_t))``, over the ``train_vocab`` most frequent tokens of the data
+(``f_t``: the target's final feature, cached). Only the predictions of a prompted sequence's response count.
+
+The draft vocabulary is then picked from data as for EAGLE (:mod:`decodekit.train.eagle_vocab`): per candidate
+size, the held-out top-1 agreement with the target's full-vocabulary argmax and the measured draft step (the first
+``exit_layer`` layers on one token in a 256-entry cache, the head, the scores) give a modelled chain speedup; the
+best size ships.
+
+Writes to ``out_dir``: ``data/`` (unless ``data_dir``), ``checkpoints/step_*`` (``resume=true``),
+``history.json``, ``summary.json``, ``loss.png`` and ``exit_head_<base>.safetensors``; copy it to
+``decodekit/weights/`` to ship it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from decodekit.checks import check_int
+
+
+@torch.no_grad()
+def exit_states(target: Any, tokens: torch.Tensor, exit_layer: int) -> torch.Tensor:
+    """``n [B, L, H]``: the target's final norm of its state after layer ``exit_layer``, at every position of the
+    right-padded ``tokens [B, L]`` (the target's first layers only; no output head)."""
+    from decodekit.train.acceptance_data import _forward
+
+    empty = torch.zeros(tokens.shape[0], 0, dtype=torch.long)
+    return _forward(target, tokens, empty, True, exit_layer=exit_layer).last_hidden.float()
+
+
+def exit_loss(
+    head: Any,
+    n: torch.Tensor,
+    w_d: torch.Tensor,
+    feats: torch.Tensor,
+    lengths: torch.Tensor,
+    starts: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The soft cross-entropy of ``head(n) [B, L, H]`` against the target's distribution ``softmax(W_d f)`` at the
+    same positions (``feats [B, L, H]``, ``w_d [V_d, H]``), over the positions ``t`` that predict a response
+    token (``t + 1 >= starts``, ``t + 1 < lengths``). Returns the loss and ``acc`` (top-1 agreement over ``V_d``)."""
+    with torch.no_grad():
+        p = (feats.float() @ w_d.T).softmax(-1)
+    logq = (head(n) @ w_d.T).log_softmax(-1)
+    t = torch.arange(n.shape[1], device=n.device)[None]
+    valid = (t + 1 < lengths[:, None]) & (t + 1 >= starts[:, None])
+    ce = -(p * logq).sum(-1)[valid].mean()
+    acc = (logq.argmax(-1) == p.argmax(-1))[valid].float().mean()
+    return ce, {"acc": float(acc)}
+
+
+@torch.no_grad()
+def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -> dict[str, Any]:
+    """The draft vocabulary size with the best modelled chain speedup of ``k`` drafts (module docstring), with
+    every size's numbers: held-out agreement with the target's full-vocabulary argmax and the draft step's time."""
+    from decodekit.cache import KVCache
+    from decodekit.masks import chain_mask
+    from decodekit.policies.analytic import expected_tokens
+    from decodekit.train.eagle_vocab import median_ms, target_ms
+
+    head.eval()
+    w = target.lm_head.weight
+    w = (w.to_dense() if w.is_mkldnn else w)[head.vocab[: max(sizes)]]
+    hits, total = dict.fromkeys(sizes, 0), 0
+    for i in range(0, len(val.lengths), 8):
+        tokens, feats, lengths, starts = val.batch(torch.arange(i, min(i + 8, len(val.lengths))))
+        t = torch.arange(tokens.shape[1])[None]
+        valid = (t + 1 < lengths[:, None]) & (t + 1 >= starts[:, None])
+        want = target.head(feats[valid].to(w.dtype)).argmax(-1)
+        scores = head(exit_states(target, tokens, head.exit_layer))[valid] @ w.T
+        for s in sizes:
+            hits[s] += int((head.vocab[scores[:, :s].argmax(-1)] == want).sum())
+        total += int(valid.sum())
+    context = 256
+    cache = KVCache(1, context + 2)
+    x = torch.randint(0, target.vocab_size, (1, context + 1))
+    target.extend(cache, x[:, :context], torch.tensor([context]), host_counts=context)
+    empty = torch.zeros(1, 0, dtype=torch.long)
+
+    def step(s: int) -> None:
+        kv = cache.stage(1)
+        mask, pos = chain_mask(cache.lengths, 1, kv)
+        n = target.forward(x[:, -1:], pos, mask, cache, empty, exit_layer=head.exit_layer, return_hidden=True)
+        (head(n.last_hidden[:, 0]) @ w[:s].T).argmax(-1)
+
+    times = target_ms(target, (1, k + 1))
+    v1, vk = times[1], times[k + 1]
+    rows = {}
+    for s in sizes:
+        a, d = hits[s] / max(total, 1), median_ms(lambda s=s: step(s))
+        tau = float(expected_tokens(a, k)[-1])
+        rows[s] = {"agreement": a, "draft_step_ms": d, "modelled_speedup": tau * v1 / (vk + k * d)}
+    picked = max(rows, key=lambda s: rows[s]["modelled_speedup"])
+    return {"picked": picked, "draft_len": k, "target_ms": times, "sizes": rows}
+
+
+def train(
+    out_dir: str | Path,
+    *,
+    base: str = "smollm2-135m-instruct",
+    exit_layer: int = 4,
+    width: int = 1536,
+    chat_prompts: int = 256,
+    code_prompts: int = 256,
+    text_chunks: int = 1024,
+    max_prompt_tokens: int = 320,
+    max_new_tokens: int = 128,
+    seq_len: int = 384,
+    gen_batch_size: int = 8,
+    train_vocab: int = 8192,
+    vocab_sizes: tuple[int, ...] = (1024, 2048, 4096, 8192),
+    draft_len: int = 3,
+    val_fraction: float = 0.05,
+    epochs: int = 2,
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    warmup: float = 0.03,
+    save_every: int = 200,
+    resume: bool = False,
+    data_dir: str | None = None,
+    threads: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
+    ``decodekit/recipes/train/exit_head.yaml`` for what each argument does."""
+    from decodekit.drafters.exit_head import ExitHead
+    from decodekit.train.feature_heads import finish_run, fit, start_run
+
+    check_int("draft_len", draft_len, low=1)
+    check_int("width", width, low=1)
+    check_int("exit_layer", exit_layer, low=1)
+    recipe, out, target, data = start_run(locals())
+    if exit_layer >= target.num_layers:
+        from decodekit.errors import ConfigError
+
+        raise ConfigError(f"exit_layer={exit_layer} must be below the target's {target.num_layers} layers")
+    w = target.lm_head.weight
+    w_d = (w.to_dense() if w.is_mkldnn else w)[data.vocab].detach()
+    head = ExitHead(int(target.hf.config.hidden_size), width, exit_layer, data.vocab)
+
+    def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        tokens, feats, lengths, starts = data.batch(idx)
+        return exit_loss(head, exit_states(target, tokens, exit_layer), w_d, feats, lengths, starts)
+
+    trained, history, numbers = fit(
+        head, batch_loss, data, out, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+        warmup=warmup, save_every=save_every, resume=resume, seed=seed, progress=progress, desc="training exit head",
+    )  # fmt: skip
+    val = data.subset(data.held)
+    return finish_run(
+        trained, data, out, target, recipe, pick=lambda sizes: pick_vocab(trained, target, val, sizes, draft_len),
+        vocab_sizes=vocab_sizes, history=history, numbers=numbers, name="exit_head", title="exit head",
+        loss_label="CE(target distribution)", exit_layer=exit_layer,
+    )  # fmt: skip
