@@ -12,12 +12,13 @@ Faithfulness: LayerSkip's self-speculative decoding without its training recipe 
 loss, which make shallow exits agree with the last layer) and without its reuse of the draft's first-``L``-layer
 K/V entries in verification (here verification recomputes them). The exit is the target's own ``head(norm(h_L))``
 untrained by default, as transformers' ``assistant_early_exit``: on a model not trained for early exit, shallow
-layers agree with the last one rarely. With ``exit_head=`` a trained adapter (:class:`~decodekit.drafters.exit_head.
-ExitHead`, Kangaroo-style but position-wise; see its module) maps layer ``L``'s state to the final one and scores a
-trimmed vocabulary; the output head's full width is then never computed while drafting. DEL's per-context exit
-choice is :class:`~decodekit.drafters.DynamicExitDrafter`. Kangaroo's early stop on low draft confidence is a
-policy here (a stop rule in the budget), not part of the drafter. Chains only. Lossless with every lossless verifier
-(sampled drafts carry ``q``; tokens outside a trimmed vocabulary have ``q = 0``).
+layers agree with the last one rarely. With ``exit_head=`` a trained adapter
+(:class:`~decodekit.drafters.exit_head.ExitHead`, Kangaroo-style but position-wise; see its module) maps layer
+``L``'s state to the final one and scores a trimmed vocabulary; the output head's full width is then never computed
+while drafting. Kangaroo's early stop on low draft confidence (its defaults: threshold 0.6, at most 6 steps) is a
+policy here, ``ConfidenceStop(0.6, 6)``, not part of the drafter. DEL's per-context exit choice is
+:class:`~decodekit.drafters.DynamicExitDrafter`. Chains only. Lossless with every lossless verifier (sampled drafts
+carry ``q``; tokens outside a trimmed vocabulary have ``q = 0``).
 """
 
 from __future__ import annotations
