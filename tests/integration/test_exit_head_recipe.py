@@ -1,0 +1,48 @@
+"""The exit-head recipe on the real SmolLM2 (a smoke run: files, numbers, the vocabulary pick) and the shipped head
+(greedy output equal to plain decoding, with more drafts accepted than the untrained exit at the same layer)."""
+
+from __future__ import annotations
+
+import pytest
+
+import decodekit as dk
+from decodekit.drafters.early_exit import EarlyExitDrafter
+from decodekit.drafters.exit_head import default_weights, load_exit_head
+from decodekit.train.exit_head import train
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return dk.load_model("smollm2-135m-instruct")
+
+
+def test_smoke_run_trains_and_picks_a_vocabulary(tmp_path, smollm2):
+    summary = train(
+        tmp_path, exit_layer=3, width=64, chat_prompts=2, code_prompts=2, text_chunks=12, max_new_tokens=8,
+        seq_len=64, train_vocab=1024, vocab_sizes=[256, 1024], val_fraction=0.25, batch_size=4, lr=3e-3, epochs=2,
+        progress=False,
+    )  # fmt: skip
+    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    assert summary["vocab"]["picked"] in (256, 1024) and summary["exit_layer"] == 3
+    for name in ("exit_head_smollm2-135m-instruct.safetensors", "loss.png", "summary.json", "history.json"):
+        assert (tmp_path / name).is_file()
+    head, meta = load_exit_head(tmp_path / "exit_head_smollm2-135m-instruct.safetensors", smollm2)
+    assert head.exit_layer == 3 and len(head.vocab) == summary["vocab"]["picked"] and meta["width"] == 64
+
+
+def test_shipped_head_is_greedy_decoding_and_beats_the_untrained_exit(smollm2):
+    assert default_weights().is_file()
+    chat = smollm2.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi! Can you explain what a Python list comprehension is?"}],
+        add_generation_prompt=True, tokenize=True, return_dict=True,
+    )["input_ids"]  # fmt: skip
+    code = 'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same backwards."""\n'
+    ids = [smollm2.tokenizer(code)["input_ids"], list(chat)]
+    plain = dk.generate(smollm2, ids, max_new_tokens=48)
+    trained = EarlyExitDrafter(exit_head=True)
+    out = dk.generate(smollm2, ids, trained, max_new_tokens=48, debug=True)
+    untrained = dk.generate(smollm2, ids, EarlyExitDrafter(trained.layers), max_new_tokens=48)
+    assert out.sequences == plain.sequences == untrained.sequences
+    assert out.stats.mean_acceptance_length > untrained.stats.mean_acceptance_length + 0.1
