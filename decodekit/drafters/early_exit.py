@@ -99,7 +99,7 @@ class EarlyExitDrafter(SamplesLikeTheTarget):
         layers = target.num_layers
         if self.weights is not None:
             self._load(target)
-        default = self.head.exit_layer if self.head is not None and self.weights is not None else layers // 2
+        default = layers // 2 if self.head is None else self.head.exit_layer
         self.layers = default if self.exit_layer is None else self.exit_layer
         if not 1 <= self.layers < layers:
             raise ConfigError(

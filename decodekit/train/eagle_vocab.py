@@ -97,12 +97,21 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
     head.eval()
     acc = agreement(head, target, val, sizes)
     draft = step_ms(head, target, sizes)
-    times = target_ms(target, (1, k + 1))
+    return chain_pick(acc, draft, target_ms(target, (1, k + 1)), k, k + 1)
+
+
+def chain_pick(
+    acc: dict[int, float], draft_ms: dict[int, float], times: dict[int, float], k: int, steps: int
+) -> dict[str, Any]:
+    """Per size ``s``: a chain of ``k`` drafts, each accepted with ``acc[s]``, commits ``tau`` tokens per round at
+    ``v(k + 1) + steps * draft_ms[s]`` (``times``: the target's forward ms per token count, holding 1 and
+    ``k + 1``) against ``v(1)`` per token plainly; the size with the best modelled speedup, with every size's
+    numbers."""
     v1, vk = times[1], times[k + 1]
     rows = {}
-    for s in sizes:
-        a, d = acc[s], draft[s]
+    for s in acc:
+        a, d = acc[s], draft_ms[s]
         tau = float(expected_tokens(a, k)[-1])  # (1 - a^(k+1)) / (1 - a)
-        rows[s] = {"agreement": a, "draft_step_ms": d, "modelled_speedup": tau * v1 / (vk + (k + 1) * d)}
+        rows[s] = {"agreement": a, "draft_step_ms": d, "modelled_speedup": tau * v1 / (vk + steps * d)}
     picked = max(rows, key=lambda s: rows[s]["modelled_speedup"])
     return {"picked": picked, "draft_len": k, "target_ms": times, "sizes": rows}

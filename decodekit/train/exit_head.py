@@ -65,13 +65,12 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
     """The draft vocabulary size with the best modelled chain speedup of ``k`` drafts (module docstring), with
     every size's numbers: held-out agreement with the target's full-vocabulary argmax and the draft step's time."""
     from decodekit.cache import KVCache
+    from decodekit.drafters.head_files import head_rows
     from decodekit.masks import chain_mask
-    from decodekit.policies.analytic import expected_tokens
-    from decodekit.train.eagle_vocab import median_ms, target_ms
+    from decodekit.train.eagle_vocab import chain_pick, median_ms, target_ms
 
     head.eval()
-    w = target.lm_head.weight
-    w = (w.to_dense() if w.is_mkldnn else w)[head.vocab[: max(sizes)]]
+    w = head_rows(target, head.vocab[: max(sizes)])[0]
     hits, total = dict.fromkeys(sizes, 0), 0
     for i in range(0, len(val.lengths), 8):
         tokens, feats, lengths, starts = val.batch(torch.arange(i, min(i + 8, len(val.lengths))))
@@ -94,15 +93,9 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
         n = target.forward(x[:, -1:], pos, mask, cache, empty, exit_layer=head.exit_layer, return_hidden=True)
         (head(n.last_hidden[:, 0]) @ w[:s].T).argmax(-1)
 
-    times = target_ms(target, (1, k + 1))
-    v1, vk = times[1], times[k + 1]
-    rows = {}
-    for s in sizes:
-        a, d = hits[s] / max(total, 1), median_ms(lambda s=s: step(s))
-        tau = float(expected_tokens(a, k)[-1])
-        rows[s] = {"agreement": a, "draft_step_ms": d, "modelled_speedup": tau * v1 / (vk + k * d)}
-    picked = max(rows, key=lambda s: rows[s]["modelled_speedup"])
-    return {"picked": picked, "draft_len": k, "target_ms": times, "sizes": rows}
+    acc = {s: hits[s] / max(total, 1) for s in sizes}
+    draft = {s: median_ms(lambda s=s: step(s)) for s in sizes}
+    return chain_pick(acc, draft, target_ms(target, (1, k + 1)), k, k)  # k draft steps: the pending token and k - 1
 
 
 def train(
@@ -137,18 +130,21 @@ def train(
     """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/exit_head.yaml`` for what each argument does."""
     from decodekit.drafters.exit_head import ExitHead
+    from decodekit.drafters.head_files import head_rows
     from decodekit.train.feature_heads import finish_run, fit, start_run
 
     check_int("draft_len", draft_len, low=1)
     check_int("width", width, low=1)
     check_int("exit_layer", exit_layer, low=1)
-    recipe, out, target, data = start_run(locals())
-    if exit_layer >= target.num_layers:
-        from decodekit.errors import ConfigError
 
-        raise ConfigError(f"exit_layer={exit_layer} must be below the target's {target.num_layers} layers")
-    w = target.lm_head.weight
-    w_d = (w.to_dense() if w.is_mkldnn else w)[data.vocab].detach()
+    def check_target(target: Any) -> None:  # before the data is built (an hour on a CPU)
+        if exit_layer >= target.num_layers:
+            from decodekit.errors import ConfigError
+
+            raise ConfigError(f"exit_layer={exit_layer} must be below the target's {target.num_layers} layers")
+
+    recipe, out, target, data = start_run(locals(), check_target)
+    w_d = head_rows(target, data.vocab)[0]
     head = ExitHead(int(target.hf.config.hidden_size), width, exit_layer, data.vocab)
 
     def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:

@@ -93,10 +93,13 @@ def fit(
     return accelerator.unwrap_model(head).eval(), history, numbers
 
 
-def start_run(args: dict[str, Any]) -> tuple[dict[str, Any], Path, Any, FeatureData]:
+def start_run(
+    args: dict[str, Any], check_target: Callable[[Any], None] | None = None
+) -> tuple[dict[str, Any], Path, Any, FeatureData]:
     """What a feature head's ``train(**args)`` does first: the recipe (its plain arguments, for the weights'
-    metadata), checks, threads and seed, the target (``base``) and the data (:func:`prepare`). Returns the recipe,
-    the run directory, the target and the data."""
+    metadata), checks, threads and seed, the target (``base``; ``check_target(target)`` raises for a recipe that
+    does not fit it, before the data is built) and the data (:func:`prepare`). Returns the recipe, the run
+    directory, the target and the data."""
     from accelerate.utils import set_seed
 
     import decodekit as dk
@@ -109,6 +112,8 @@ def start_run(args: dict[str, Any]) -> tuple[dict[str, Any], Path, Any, FeatureD
     set_seed(args["seed"])
     out = Path(args["out_dir"])
     target = dk.load_model(args["base"])
+    if check_target is not None:  # refuse a recipe that does not fit the target before building the data
+        check_target(target)
     data = prepare(
         target,
         recipe,

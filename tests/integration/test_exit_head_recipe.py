@@ -46,3 +46,11 @@ def test_shipped_head_is_greedy_decoding_and_beats_the_untrained_exit(smollm2):
     untrained = dk.generate(smollm2, ids, EarlyExitDrafter(trained.layers), max_new_tokens=48)
     assert out.sequences == plain.sequences == untrained.sequences
     assert out.stats.mean_acceptance_length > untrained.stats.mean_acceptance_length + 0.1
+
+
+def test_an_exit_layer_past_the_target_is_refused_before_any_data_is_built(tmp_path):
+    from decodekit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="exit_layer=30 must be below the target's 30 layers"):
+        train(tmp_path, exit_layer=30, chat_prompts=2, code_prompts=2, text_chunks=4, progress=False)
+    assert not (tmp_path / "data").exists()
