@@ -115,7 +115,7 @@ def train(
     vocab_sizes: tuple[int, ...] = (1024, 2048, 4096, 8192),
     draft_len: int = 3,
     val_fraction: float = 0.05,
-    epochs: int = 2,
+    epochs: int = 3,
     batch_size: int = 8,
     lr: float = 1e-3,
     weight_decay: float = 0.0,
