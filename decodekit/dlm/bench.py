@@ -78,6 +78,7 @@ def run(
     """
     import decodekit as dk
     from decodekit.bench.tasks import load_task
+    from decodekit.dlm.generate import refusal
 
     check_int("num_prompts", num_prompts, low=1)
     enabled = {name: spec for name, spec in (methods or {}).items() if spec is not None}  # methods.<name>=null: off
@@ -99,11 +100,17 @@ def run(
 
     def save() -> str:  # after every section: a long run stopped midway keeps what it measured
         table = _markdown(results) + ("\n" + _synthetic_markdown(synth) if synth else "")
-        (folder / "results.json").write_text(json.dumps({"methods": results, "synthetic": synth}, indent=1))
+        table += "".join(f"\n- `{name}` not run, refused by this model: {why}" for name, why in refused.items())
+        payload = {"methods": results, "synthetic": synth, "refused": refused}
+        (folder / "results.json").write_text(json.dumps(payload, indent=1))
         (folder / "results.md").write_text(table)
         return table
 
-    plan = {"base": {"rule": None, "cache": None}, **enabled}
+    refused = {name: why for name, spec in enabled.items() if (why := refusal(dlm, spec, block_length))}
+    plan = {"base": {"rule": None, "cache": None}, **{k: v for k, v in enabled.items() if k not in refused}}
+    for name, spec in plan.items():
+        if spec.get("uncached") in refused:  # its reference cannot run on this model: no vs_uncached column
+            plan[name] = {**spec, "uncached": None}
     for gen in gen_lengths:
         steps = {name: _steps(spec, gen) for name, spec in plan.items()}
         runs: dict[str, list[Any]] = {name: [] for name in plan}
@@ -173,7 +180,7 @@ def run_synthetic(
         items = make_items(task, count, seed=seed)
         prompts = [dlm.tokenizer(i.prompt, add_special_tokens=False)["input_ids"] for i in items]
         for name, spec in plan.items():
-            out = _generate(dlm, prompts, spec, gen, gen, seed)
+            out = _generate(dlm, prompts, spec, gen, min(gen, dlm.block_length or gen), seed)
             ok = accuracy(items, [dlm.tokenizer.decode(t) for t in out.sequences])
             rows.append({"method": name, "task": task, "accuracy": ok, "nfe": sum(out.stats.row_nfe) / count})
             bar.update()

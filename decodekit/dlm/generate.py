@@ -104,13 +104,17 @@ def generate(
     cfg_scale = check_float("cfg_scale", cfg_scale, low=0.0)
     rule = LLaDARule(remasking) if rule is None else rule
     check_instance("rule", rule, UnmaskRule, what="an unmasking rule with select(state, proposal, eligible)")
-    cache = Recompute() if cache is None else cache
+    cache = Recompute(block_causal=dlm.block_length is not None) if cache is None else cache
     check_instance("cache", cache, DLMCache, what="a cache strategy with logits(dlm, state)")
     schedule = FixedBlocks() if schedule is None else schedule
     check_instance("schedule", schedule, RegionSchedule, what="a region schedule with rounds() and region()")
     _check_parts(rule, cache, schedule)
+    _check_block_causal(dlm, cache, schedule, block_length)
     if cfg_scale and (not isinstance(cache, Recompute) or cache.block_causal):
-        raise ConfigError("classifier-free guidance runs with cache=None only (a cache strategy keeps one batch's K/V)")
+        raise ConfigError(
+            "classifier-free guidance runs with cache=None on a bidirectional model only (a cache strategy keeps "
+            "one batch's K/V; the unconditional pass attends bidirectionally)"
+        )
     _check_context(dlm, rows, gen_length)
     seed = check_seed(seed, len(rows))
     state = DLMState.from_prompts(
@@ -145,6 +149,8 @@ def _decode_block(
         commit = rule.select(state, proposal, eligible) & state.masked
         stalled = eligible.any(1) & ~commit.any(1)
         state.commit(commit, proposal.tokens)
+        if getattr(schedule, "slides", False):  # the window moves on after a commit: a row is live while it has one
+            schedule.region(state, proposal)
         state.row_steps[:] = [n + int(on) for n, on in zip(state.row_steps, live)]
         state.step += 1
         state.global_step += 1
@@ -166,20 +172,52 @@ def _check_parts(rule: Any, cache: Any, schedule: Any) -> None:
                 raise ConfigError(
                     f"{type(part).__name__} {why}, which needs the same blocks in every row; "
                     f"{type(schedule).__name__} gives rows their own: use schedule=None (fixed blocks)"
-                    + (" or cache=None or DKVCache() (under AdaBlock also prefix or dual)" if part is cache else "")
+                    + (" or cache=None, DKVCache(), PrefixCache() or DualCache()" if part is cache else "")
                 )
-        if getattr(cache, "needs_steady_regions", False) and not getattr(schedule, "steady_regions", False):
-            raise ConfigError(
-                f"{type(cache).__name__} refreshes at each round's first step and feeds each row's region as it "
-                f"stood then, and {type(schedule).__name__} moves a row's region within a round (its window "
-                "slides): use cache=DKVCache() or cache=None, or schedule=AdaBlock()"
-            )
     if getattr(cache, "needs_plan", False) and not getattr(rule, "plans", False):
         raise ConfigError(
             f"{type(cache).__name__} feeds only the slots the rule will commit next (state.planned), and "
             f"{type(rule).__name__} does not know them in advance: use rule=dk.dlm.RandomOrderRule() (random "
             "remasking in an order drawn per block), or cache=dk.dlm.DKVCache() for confidence-based rules"
         )
+
+
+def _check_block_causal(dlm: DLMModel, cache: Any, schedule: Any, block_length: int) -> None:
+    """A block-causally trained model runs block-causally, on its own block length and fixed blocks."""
+    trained = dlm.block_length
+    if trained is None:
+        return
+    if block_length != trained:
+        raise ConfigError(
+            f"this model was trained block-causally with blocks of {trained}; got block_length={block_length}: pass "
+            f"block_length={trained} (a multiple-block gen_length)"
+        )
+    if not getattr(cache, "block_causal", False):
+        raise ConfigError(
+            f"this model was trained block-causally (blocks of {trained}) and {type(cache).__name__} attends "
+            "bidirectionally: use cache=None (block-causal recompute) or cache=dk.dlm.BlockCausalCache() (exact); "
+            "to run it bidirectionally anyway, wrap it as dk.dlm.load_model(model.lm, mask_token_id=..., "
+            "shift_logits=...) without block_length"
+        )
+    if not getattr(schedule, "fixed_blocks", False):
+        raise ConfigError(
+            f"this model was trained block-causally on fixed blocks of {trained}; {type(schedule).__name__} moves the "
+            "block ends: use schedule=None"
+        )
+
+
+def refusal(dlm: DLMModel, spec: dict[str, Any], block_length: int) -> str | None:
+    """Why :func:`generate` would refuse ``dlm`` with a method ``spec`` (``{rule, cache, schedule}``; None = the
+    defaults) before any forward, or None: for a benchmark to list a method the model cannot run instead of
+    failing midway."""
+    cache = spec.get("cache")
+    cache = Recompute(block_causal=dlm.block_length is not None) if cache is None else cache
+    try:
+        _check_parts(spec.get("rule") or LLaDARule(), cache, spec.get("schedule") or FixedBlocks())
+        _check_block_causal(dlm, cache, spec.get("schedule") or FixedBlocks(), block_length)
+    except ConfigError as error:
+        return str(error)
+    return None
 
 
 def _guided_logits(dlm: DLMModel, state: DLMState, cfg_scale: float) -> torch.Tensor:

@@ -26,10 +26,17 @@ class DLMModel:
         shift_logits: the logits for slot ``j`` are the model's output at ``j - 1`` (Dream, Fast-dLLM v2 and other
             models adapted from an autoregressive one); False = at ``j`` (LLaDA).
         vocab_size: ``V``.
+        block_length: None = a bidirectional DLM; a block length = trained block-causally with blocks of that length
+            (block diffusion: SDAR, BD3-LM, Fast-dLLM v2): :func:`~decodekit.dlm.generate` then attends block-causally
+            (its default cache is ``Recompute(block_causal=True)``) and refuses another block length or a
+            bidirectional cache strategy.
     """
 
-    def __init__(self, lm: LanguageModel, mask_token_id: int, shift_logits: bool = False) -> None:
+    def __init__(
+        self, lm: LanguageModel, mask_token_id: int, shift_logits: bool = False, block_length: int | None = None
+    ) -> None:
         self.lm = lm
+        self.block_length = check_int("block_length", block_length, low=1, optional=True)
         self.vocab_size = int(lm.vocab_size)
         self.mask_token_id = check_int(
             "mask_token_id", mask_token_id, low=0, high=self.vocab_size - 1, hint=" (an id inside the vocabulary)"
@@ -51,7 +58,8 @@ class DLMModel:
         return getattr(self.lm, "tokenizer", None)
 
     def __repr__(self) -> str:
-        return f"DLMModel({self.lm!r}, mask_token_id={self.mask_token_id}, shift_logits={self.shift_logits})"
+        block = "" if self.block_length is None else f", block_length={self.block_length}"
+        return f"DLMModel({self.lm!r}, mask_token_id={self.mask_token_id}, shift_logits={self.shift_logits}{block})"
 
     @torch.no_grad()
     def forward(
@@ -92,7 +100,13 @@ class DLMModel:
         return self.lm.forward(canvas, positions, mask, cache, logits_at=at).logits.float(), cache
 
 
-def load_model(spec: Any, mask_token_id: int | None = None, shift_logits: bool = False, **load_kwargs: Any) -> DLMModel:
+def load_model(
+    spec: Any,
+    mask_token_id: int | None = None,
+    shift_logits: bool = False,
+    block_length: int | None = None,
+    **load_kwargs: Any,
+) -> DLMModel:
     """Wrap a decoder LM for :func:`decodekit.dlm.generate`.
 
     Args:
@@ -101,6 +115,8 @@ def load_model(spec: Any, mask_token_id: int | None = None, shift_logits: bool =
             takes (a transformers causal LM, an adapter, a local path, a zoo name).
         mask_token_id: the mask token's id (required unless ``spec`` is a :class:`DLMModel` or a zoo DLM).
         shift_logits: read slot ``j``'s logits at position ``j - 1`` (AR-initialised models).
+        block_length: the block length a block-causally trained model was trained with (None = bidirectional; a zoo
+            DLM knows its own).
         load_kwargs: passed on to :func:`decodekit.load_model` (``dtype``, ``device``, ...).
     """
     if isinstance(spec, DLMModel):
@@ -109,7 +125,8 @@ def load_model(spec: Any, mask_token_id: int | None = None, shift_logits: bool =
 
     if isinstance(spec, str) and spec in DLM_ZOO:
         lm, entry = load_zoo_dlm(spec, **load_kwargs)
-        return DLMModel(lm, entry.mask_token_id if mask_token_id is None else mask_token_id, entry.shift_logits)
+        mask = entry.mask_token_id if mask_token_id is None else mask_token_id
+        return DLMModel(lm, mask, entry.shift_logits, entry.block_length if block_length is None else block_length)
     if mask_token_id is None:
         raise ConfigError(
             "dk.dlm.load_model needs mask_token_id=<the id of the model's mask token> (e.g. LLaDA's 126336); a "
@@ -117,4 +134,4 @@ def load_model(spec: Any, mask_token_id: int | None = None, shift_logits: bool =
         )
     from decodekit.models import load_model as load_lm
 
-    return DLMModel(load_lm(spec, **load_kwargs), mask_token_id, shift_logits)
+    return DLMModel(load_lm(spec, **load_kwargs), mask_token_id, shift_logits, block_length)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ class ZooDLM:
     mask_token_id: int
     shift_logits: bool
     recipe: str
+    block_length: int | None = None  # trained block-causally with blocks of this length (the adapter file's own wins)
 
 
 DLM_ZOO = {
@@ -28,9 +29,17 @@ DLM_ZOO = {
         True,
         "python -m decodekit train recipe=dlm_adapter",
     ),
+    "smollm2-135m-bdlm": ZooDLM(
+        "smollm2-135m-instruct",
+        "smollm2-135m-bdlm.safetensors",
+        16,
+        True,
+        "python -m decodekit train recipe=bdlm_adapter",
+        block_length=32,
+    ),
 }
 """Zoo diffusion LMs: SmolLM2-135M adapted by ``decodekit/train/dlm_adapter.py`` (mask ``<empty_output>``, shifted
-logits)."""
+logits): ``smollm2-135m-dlm`` bidirectional, ``smollm2-135m-bdlm`` block-causal (blocks of 32, self-distilled)."""
 
 
 def weights_path(entry: ZooDLM) -> Path:
@@ -39,7 +48,8 @@ def weights_path(entry: ZooDLM) -> Path:
 
 def load_zoo_dlm(name: str, **load_kwargs: Any) -> tuple[Any, ZooDLM]:
     """The adapted model (the LoRA merged into a fresh copy of the base) as a :class:`~decodekit.models.HFCausalLM`,
-    and its zoo entry. Raises :class:`~decodekit.errors.ModelNotFoundError` when the adapter file is missing."""
+    and its zoo entry (its ``block_length`` the one the adapter file records). Raises
+    :class:`~decodekit.errors.ModelNotFoundError` when the adapter file is missing."""
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
     from safetensors import safe_open
 
@@ -49,8 +59,7 @@ def load_zoo_dlm(name: str, **load_kwargs: Any) -> tuple[Any, ZooDLM]:
     path = weights_path(entry)
     if not path.is_file():
         raise ModelNotFoundError(
-            f"{name}: no adapter at {path}; train it with `{entry.recipe}` and copy its smollm2-135m-dlm.safetensors "
-            "there"
+            f"{name}: no adapter at {path}; train it with `{entry.recipe}` and copy its {entry.weights} there"
         )
     with safe_open(str(path), framework="pt") as f:
         weights = {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
@@ -60,6 +69,7 @@ def load_zoo_dlm(name: str, **load_kwargs: Any) -> tuple[Any, ZooDLM]:
     peft_model = get_peft_model(base.hf, config)
     set_peft_model_state_dict(peft_model, weights)
     merged = peft_model.merge_and_unload().eval()
+    entry = replace(entry, block_length=summary.get("block_length", entry.block_length))  # what it was trained with
     return dk.load_model(merged, tokenizer=base.tokenizer, **load_kwargs), entry
 
 

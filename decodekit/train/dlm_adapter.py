@@ -32,8 +32,20 @@ from tqdm.auto import tqdm
 from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.train.common import Checkpoints, plot_losses, take_step, warmup_cosine
+from decodekit.train.dlm_data import region_rows
+from decodekit.train.dlm_losses import masked_diffusion_loss, region_diffusion_loss
+from decodekit.train.feature_data import DATA_SOURCE as SELF_SOURCE
 
 DATA_SOURCE = "Python standard library test-suite source (Lib/test/**/*.py) and pydoc_data topics"
+SEQUENCES = {  # data=self: the self-distilled sequences, the EAGLE recipe's (shared through data_dir)
+    "chat_prompts": 256,
+    "code_prompts": 256,
+    "text_chunks": 1024,
+    "max_prompt_tokens": 320,
+    "max_new_tokens": 128,
+    "seq_len": 384,
+    "gen_batch_size": 8,
+}
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -73,23 +85,12 @@ def token_chunks(tokenizer: Any, texts: list[str], seq_len: int, max_chunks: int
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
 
-def masked_diffusion_loss(
-    model: torch.nn.Module, tokens: torch.Tensor, mask_token_id: int, generator: torch.Generator, eps: float = 1e-3
-) -> torch.Tensor:
-    """The shifted masked-diffusion ELBO of ``tokens [B, L]`` (see the module docstring): a scalar.
-
-    The first token is never masked (no position predicts it); slot ``j``'s logits are the output at ``j - 1``;
-    attention is bidirectional (an all-True 4-D mask)."""
-    batch, length = tokens.shape
-    t = torch.rand(batch, 1, generator=generator, device=tokens.device)
-    p = (1 - eps) * t + eps
-    masked = torch.rand(batch, length, generator=generator, device=tokens.device) < p
-    masked[:, 0] = False
-    inputs = tokens.masked_fill(masked, mask_token_id)
-    full = torch.ones(batch, 1, length, length, dtype=torch.bool, device=tokens.device)
-    logits = model(input_ids=inputs, attention_mask=full).logits[:, :-1].float()
-    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
-    return (ce * masked[:, 1:] / p).sum() / (batch * length)
+def passes(accelerator: Any, loader: Any, step: int) -> Any:
+    """The loader's batches pass after pass, from batch ``step`` on (a resumed run skips the ones it took)."""
+    skip = step % len(loader)
+    while True:
+        yield from accelerator.skip_first_batches(loader, skip) if skip else loader
+        skip = 0
 
 
 def train(
@@ -113,6 +114,15 @@ def train(
     threads: int | None = None,
     seed: int = 0,
     progress: bool = True,
+    data: str = "corpus",
+    block_length: int | None = None,
+    gen_len: int = 128,
+    context: int = 192,
+    val_fraction: float = 0.03,
+    data_dir: str | None = "results/train/eagle/data",
+    sequences: dict[str, int] | None = None,
+    name: str = "smollm2-135m-dlm",
+    mixed_precision: str = "no",
 ) -> dict[str, Any]:
     """Train the adapter; returns the summary numbers (also in ``summary.json``).
 
@@ -125,6 +135,17 @@ def train(
         rank, alpha: LoRA rank and scale. lr, weight_decay, warmup: AdamW, linear warm-up then cosine decay.
         save_every, eval_every: steps between checkpoints / validation losses; resume: continue the last checkpoint.
         threads: ``torch.set_num_threads`` (None = torch's default).
+        data: ``"corpus"``: plain ``seq_len`` chunks of the corpus, every token but the first a slot
+            (:func:`~decodekit.train.dlm_losses.masked_diffusion_loss`); ``"self"``: the self-distilled rows of
+            :mod:`decodekit.train.dlm_data`, a clean context of at most ``context`` tokens and a region of at most
+            ``gen_len`` slots (:func:`~decodekit.train.dlm_losses.region_diffusion_loss`); ``val_fraction`` of them
+            held out; ``data_dir`` where their sequences are cached (shared with the EAGLE recipe), ``sequences``
+            how they are built (:data:`SEQUENCES`).
+        block_length: None = bidirectional attention; a block length = block-causal training (``data="self"``
+            only), for the block-causal sampler at the same block length.
+        name: the adapter file's stem (``<name>.safetensors``) and the zoo name it is for.
+        mixed_precision: accelerate's ``"no"`` | ``"bf16"`` | ``"fp16"`` (autocast around the loss; bf16 halves a
+            step on CPUs with AVX512-BF16 or AMX).
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -147,6 +168,15 @@ def train(
     check_int("max_steps", max_steps, low=1, optional=True)
     check_int("threads", threads, low=1, optional=True)
     check_float("lr", lr, low=0.0, low_open=True)
+    if data not in ("corpus", "self"):
+        raise ConfigError(f"data must be 'corpus' or 'self'; got {data!r}")
+    check_int("block_length", block_length, low=1, optional=True)
+    if block_length is not None and data != "self":
+        raise ConfigError(
+            "block_length (block-causal training) needs data=self: its loss denoises a region after a clean context"
+        )
+    check_int("gen_len", gen_len, low=1)
+    check_int("context", context, low=1)
     check_bool("resume", resume)
     if threads is not None:
         torch.set_num_threads(threads)
@@ -156,19 +186,42 @@ def train(
     lm = dk.load_model(base)
     tokenizer, hf = lm.tokenizer, lm.hf
     check_int("mask_token_id", mask_token_id, low=0, high=lm.vocab_size - 1)
-    texts = corpus_texts(seed)
-    held = max(1, len(texts) // 50)  # whole files held out for validation
-    val = token_chunks(tokenizer, texts[:held], seq_len, val_chunks, lm.eos_token_ids[0])
-    data = token_chunks(tokenizer, texts[held:], seq_len, train_chunks, lm.eos_token_ids[0])
-    if len(data) < batch_size or len(val) == 0:
-        raise ConfigError(f"too little text: {len(data)} training and {len(val)} validation chunks")
+    if data == "corpus":
+        texts = corpus_texts(seed)
+        held = max(1, len(texts) // 50)  # whole files held out for validation
+        val = token_chunks(tokenizer, texts[:held], seq_len, val_chunks, lm.eos_token_ids[0])
+        rows = token_chunks(tokenizer, texts[held:], seq_len, train_chunks, lm.eos_token_ids[0])
+        val_batches = list(val.split(batch_size))
+
+        def loss_of(batch: torch.Tensor, noise: torch.Generator) -> torch.Tensor:
+            return masked_diffusion_loss(model, batch.to(accelerator.device), mask_token_id, noise)
+
+    else:
+        source = region_rows(lm, {**SEQUENCES, **(sequences or {})}, Path(data_dir or out / "data"), seed, progress)
+        order = torch.randperm(len(source), generator=torch.Generator().manual_seed(seed)).tolist()
+        held = max(1, round(val_fraction * len(source)))
+        rows = torch.tensor(order[held:])
+        draw = random.Random(1234)  # the validation windows: fixed once
+        val_batches = [
+            source.batch(order[i : min(i + batch_size, held)], gen_len, context, draw)
+            for i in range(0, held, batch_size)
+        ]
+        window = random.Random(seed)
+
+        def loss_of(batch: Any, noise: torch.Generator) -> torch.Tensor:
+            parts = batch if isinstance(batch, tuple) else source.batch(batch.tolist(), gen_len, context, window)
+            tokens, lengths, starts = (x.to(accelerator.device) for x in parts)
+            return region_diffusion_loss(model, tokens, lengths, starts, mask_token_id, noise, block_length)
+
+    if len(rows) < batch_size or not val_batches:
+        raise ConfigError(f"too little data: {len(rows)} training rows and {len(val_batches)} validation batches")
 
     model = get_peft_model(hf.train(), LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(TARGET_MODULES)))
-    accelerator = Accelerator()
+    accelerator = Accelerator(mixed_precision=mixed_precision)
     loader = torch.utils.data.DataLoader(
-        data, batch_size=batch_size, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(seed)
+        rows, batch_size=batch_size, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(seed)
     )
-    total = min(len(loader), max_steps or len(loader))
+    total = max_steps or len(loader)  # past one pass, the rows are reshuffled and used again
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     schedule = warmup_cosine(optimizer, total, warmup)
     model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
@@ -179,11 +232,8 @@ def train(
     def validate() -> float:
         model.eval()
         fixed = torch.Generator(accelerator.device).manual_seed(1234)  # the same masks at every evaluation
-        with torch.no_grad():
-            losses = [
-                float(masked_diffusion_loss(model, chunk.to(accelerator.device), mask_token_id, fixed))
-                for chunk in val.split(batch_size)
-            ]
+        with torch.no_grad(), accelerator.autocast():
+            losses = [float(loss_of(batch, fixed)) for batch in val_batches]
         model.train()
         return sum(losses) / len(losses)
 
@@ -191,10 +241,11 @@ def train(
         history["val"].append([0, validate()])
     start = time.perf_counter()
     bar = tqdm(total=total, initial=step, desc="training DLM adapter", unit="step", disable=not progress)
-    for batch in accelerator.skip_first_batches(loader, step) if step else loader:
+    for batch in passes(accelerator, loader, step):
         if step >= total:
             break
-        loss = masked_diffusion_loss(model, batch, mask_token_id, noise)
+        with accelerator.autocast():
+            loss = loss_of(batch, noise)
         step = take_step(accelerator, optimizer, schedule, loss, history, bar, step)
         if step % eval_every == 0 or step == total:
             history["val"].append([step, validate()])
@@ -204,9 +255,11 @@ def train(
     checkpoints.save(step, history)
     recent = [loss for _, loss in history["train"][-50:]]
     summary = {
-        "data_source": DATA_SOURCE,
-        "train_tokens": step * batch_size * seq_len,
-        "val_tokens": val.numel(),
+        "data_source": DATA_SOURCE if data == "corpus" else SELF_SOURCE,
+        "train_tokens": step * batch_size * (seq_len if data == "corpus" else gen_len),
+        "val_tokens": sum(int(b.numel()) if data == "corpus" else int((b[1] - b[2]).sum()) for b in val_batches),
+        "data": data,
+        "block_length": block_length,
         "steps": step,
         "final_train_loss": sum(recent) / max(len(recent), 1),
         "initial_val_loss": history["val"][0][1],
@@ -217,6 +270,7 @@ def train(
         "shift_logits": True,
         "lora_rank": rank,
         "lora_alpha": alpha,
+        "mixed_precision": mixed_precision,
     }
     if accelerator.is_main_process:
         (out / "history.json").write_text(json.dumps(history))
@@ -229,5 +283,5 @@ def train(
             for k, v in get_peft_model_state_dict(accelerator.unwrap_model(model)).items()
         }
         meta = {"summary": json.dumps(summary), "recipe": json.dumps(recipe)}
-        save_file(weights, str(out / "smollm2-135m-dlm.safetensors"), metadata=meta)
+        save_file(weights, str(out / f"{name}.safetensors"), metadata=meta)
     return summary

@@ -83,6 +83,24 @@ def build_sequences(target: Any, cfg: dict[str, int], seed: int, progress: bool)
     return seqs + chunks.tolist()
 
 
+def load_sequences(target: Any, cfg: dict[str, Any], data_dir: Path, seed: int, progress: bool) -> list[list[int]]:
+    """The sequences of :func:`build_sequences`, read from ``data_dir/sequences.json`` when a run (of any recipe
+    sharing ``data_dir``) wrote it, else built and written there (the responses take the longest)."""
+    written = Path(data_dir) / "sequences.json"
+    if written.is_file():
+        return json.loads(written.read_text())
+    seqs = build_sequences(target, cfg, seed, progress)
+    written.parent.mkdir(parents=True, exist_ok=True)
+    written.write_text(json.dumps(seqs))
+    return seqs
+
+
+def response_starts(tokenizer: Any, cfg: dict[str, Any], seed: int, count: int) -> list[int]:
+    """Where each of the ``count`` sequences' response starts: its prompt's length (0 for a plain text chunk)."""
+    prompts = [len(p) for p in training_prompts(tokenizer, cfg, seed)]
+    return prompts + [0] * (count - len(prompts))
+
+
 @torch.no_grad()
 def target_features(target: Any, seqs: list[list[int]], seq_len: int, batch_size: int, progress: bool) -> dict:
     """``tokens [N, L]`` (0-padded), ``lengths [N]`` and the target's final hidden states ``feats [N, L, H]``
@@ -167,17 +185,11 @@ def prepare(
     if cached.is_file():
         data = torch.load(cached)
     else:
-        written = data_dir / "sequences.json"  # the responses took the longest: kept for a rerun
-        if written.is_file():
-            seqs = json.loads(written.read_text())
-        else:
-            seqs = build_sequences(target, cfg, seed, progress)
-            written.write_text(json.dumps(seqs))
+        seqs = load_sequences(target, cfg, data_dir, seed, progress)
         data = target_features(target, seqs, cfg["seq_len"], cfg["gen_batch_size"], progress)
         torch.save(data, cached)
     if "starts" not in data:  # where each sequence's loss starts: its response (0 for plain text)
-        prompts = [len(p) for p in training_prompts(target.tokenizer, cfg, seed)]
-        data["starts"] = torch.tensor(prompts + [0] * (len(data["lengths"]) - len(prompts)))
+        data["starts"] = torch.tensor(response_starts(target.tokenizer, cfg, seed, len(data["lengths"])))
         torch.save(data, cached)
     n, width = data["tokens"].shape
     held = torch.rand(n, generator=torch.Generator().manual_seed(seed)) < val_fraction

@@ -9,7 +9,7 @@ import torch
 
 import decodekit as dk
 from decodekit.dlm import zoo
-from decodekit.errors import ModelNotFoundError
+from decodekit.errors import ConfigError, ModelNotFoundError
 from decodekit.train.dlm_adapter import corpus_texts, masked_diffusion_loss, train
 
 pytestmark = pytest.mark.slow
@@ -39,6 +39,29 @@ def test_smoke_run_lowers_the_loss_resumes_and_loads(tmp_path, monkeypatch):
     assert m.mask_token_id == 16 and m.shift_logits
     out = dk.dlm.generate(m, ["def add(a, b):"], gen_length=8, block_length=4, steps=4)
     assert len(out.sequences[0]) == 8 and 16 not in out.sequences[0]
+
+
+def test_block_causal_recipe_builds_self_distilled_rows_trains_and_loads_block_causal(tmp_path, monkeypatch):
+    """``recipe=bdlm_adapter`` in small: the self-distilled sequences built (the target's own responses) and cached,
+    a block-causal run whose validation loss falls, and the zoo entry loading it as a block-causal model that
+    refuses another block length."""
+    sequences = dict(chat_prompts=2, code_prompts=2, text_chunks=4, max_prompt_tokens=32, max_new_tokens=8, seq_len=64)
+    small = dict(data="self", block_length=4, gen_len=8, context=16, val_fraction=0.25, batch_size=2, lr=3e-3)
+    summary = train(
+        tmp_path, data_dir=str(tmp_path / "data"), sequences={**sequences, "gen_batch_size": 4}, max_steps=6,
+        eval_every=3, save_every=3, progress=False, name="smollm2-135m-bdlm", **small,
+    )  # fmt: skip
+    assert summary["block_length"] == 4 and summary["data"] == "self" and summary["steps"] == 6
+    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    seqs = json.loads((tmp_path / "data" / "sequences.json").read_text())
+    assert len(seqs) == 8 and all(len(s) > 0 for s in seqs)
+    monkeypatch.setattr(zoo, "weights_path", lambda entry: tmp_path / entry.weights)
+    m = dk.dlm.load_model("smollm2-135m-bdlm")
+    assert m.block_length == 4 and m.mask_token_id == 16 and m.shift_logits
+    out = dk.dlm.generate(m, ["def add(a, b):"], gen_length=8, block_length=4, steps=8)
+    assert len(out.sequences[0]) == 8 and 16 not in out.sequences[0]
+    with pytest.raises(ConfigError, match="trained block-causally with blocks of 4"):
+        dk.dlm.generate(m, ["def add(a, b):"], gen_length=8, block_length=8, steps=8)
 
 
 def test_missing_adapter_says_how_to_train_it(tmp_path, monkeypatch):
@@ -89,3 +112,23 @@ def test_dlm_bench_reports_speed_next_to_quality(tmp_path):
         len(synthetic) == 4 * 4 and synthetic["base", "sort"]["nfe"] == 8 and synthetic["threshold", "copy"]["nfe"] == 1
     )
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in synthetic.values()) and "**Synthetic tasks**" in table
+
+
+def test_dlm_bench_lists_what_a_block_causal_model_refuses(tmp_path):
+    """A block-causal model runs its base block-causally and the exact cache agrees with it; a bidirectional cache
+    is listed with the model's reason instead of run."""
+    from decodekit.dlm.bench import run
+
+    m = dk.dlm.load_model("smollm2-135m-instruct", mask_token_id=16, shift_logits=True, block_length=4)
+    methods = {
+        "block_causal": {"rule": None, "cache": dk.dlm.BlockCausalCache(), "uncached": "base_again"},
+        "base_again": {"rule": None, "cache": None},
+        "dual": {"rule": None, "cache": dk.dlm.DualCache()},
+    }
+    kwargs = dict(num_prompts=1, gen_lengths=[8], block_length=4, synthetic=0, progress=False)
+    table = run(tmp_path, model=m, methods=methods, **kwargs)
+    report = json.loads((tmp_path / "results.json").read_text())
+    rows = {r["method"]: r for r in report["methods"]}
+    assert set(rows) == {"base", "block_causal", "base_again"}
+    assert rows["block_causal"]["vs_uncached"] == 1.0 and rows["block_causal"]["agreement"] == 1.0
+    assert "DualCache attends bidirectionally" in report["refused"]["dual"] and "`dual` not run" in table

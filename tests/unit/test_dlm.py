@@ -373,12 +373,17 @@ def test_adaptive_schedules_fill_every_slot_rows_alone_or_batched(dlm):
     fixed = dk.dlm.generate(dlm, PROMPTS, seed=[1, 2, 3], **kwargs)
     assert dk.dlm.generate(dlm, PROMPTS, schedule=never, seed=[1, 2, 3], **kwargs).sequences == fixed.sequences
     one = dk.dlm.generate(dlm, PROMPTS, schedule=dk.dlm.DeferredWindow(size=1), **kwargs)
-    assert one.stats.nfe == 8 and one.stats.block_steps == [1] * 8
+    assert one.stats.nfe == 8 and one.stats.block_steps == [8]  # the window slides on: one round
+    for threshold in (0.5, 0.7):  # a row whose window empties slides on at once, batched or alone
+        rule = dk.dlm.ThresholdRule(threshold)
+        both = dict(kwargs, rule=rule, schedule=dk.dlm.DeferredWindow(size=3))
+        out = dk.dlm.generate(dlm, PROMPTS, seed=[1, 2, 3], **both)
+        alone = [dk.dlm.generate(dlm, [p], seed=[s], **both) for p, s in zip(PROMPTS, [1, 2, 3])]
+        assert [a.sequences[0] for a in alone] == out.sequences
+        assert [a.stats.row_nfe[0] for a in alone] == out.stats.row_nfe
     with pytest.raises(ConfigError, match="same blocks in every row"):
         schedule = dk.dlm.AdaBlock(delimiters=[5])
         dk.dlm.generate(dlm, PROMPTS, schedule=schedule, cache=dk.dlm.BlockCausalCache(), **kwargs)
-    with pytest.raises(ConfigError, match="window slides"):
-        dk.dlm.generate(dlm, PROMPTS, schedule=dk.dlm.DeferredWindow(size=3), cache=dk.dlm.DualCache(), **kwargs)
 
 
 @pytest.mark.parametrize("name", ["prefix", "dual"])
@@ -409,22 +414,24 @@ def test_adaptive_cached_step_feeds_its_span_and_equals_recompute_while_nothing_
 @pytest.mark.parametrize("name", ["prefix", "dual"])
 def test_prefix_and_dual_caches_run_under_adaptive_schedules(dlm, name):
     """AdaBlock that never trusts a delimiter cuts the fixed blocks, and the caches' adaptive form then gives their
-    fixed form's tokens; under AdaBlock every slot is filled and a row's tokens do not depend on its batch mates;
-    DCD's sliding window is refused before any forward."""
+    fixed form's tokens; under AdaBlock and DCD's sliding window (with and without a refresh interval) every slot is
+    filled and a row's tokens do not depend on its batch mates; refreshing every step is the uncached sampler."""
     kwargs = dict(gen_length=8, block_length=4, steps=8, rule=dk.dlm.ThresholdRule(0.5), temperature=0.7)
     never = dk.dlm.AdaBlock(delimiters=[5], threshold=1.01)
 
-    def run(prompts, seeds, schedule=None):
-        cache = dk.build("dlm_cache", name)
+    def run(prompts, seeds, schedule=None, **cache_args):
+        cache = dk.build("dlm_cache", name, **cache_args)
         return dk.dlm.generate(dlm, prompts, cache=cache, schedule=schedule, seed=seeds, **kwargs).sequences
 
     assert run(PROMPTS, [1, 2, 3], never) == run(PROMPTS, [1, 2, 3])
-    ada = dk.dlm.AdaBlock(delimiters=[5, 9], threshold=0.0)
-    out = run(PROMPTS, [1, 2, 3], ada)
-    assert all(MASK not in row for row in out)
-    assert run(PROMPTS[2:], [3], ada)[0] == out[2]
-    with pytest.raises(ConfigError, match="window"):
-        run(PROMPTS, [1, 2, 3], dk.dlm.DeferredWindow(size=3))
+    dcd = dk.dlm.DeferredWindow(size=3)
+    for schedule, refresh in ((dk.dlm.AdaBlock(delimiters=[5, 9], threshold=0.0), None), (dcd, None), (dcd, 2)):
+        out = run(PROMPTS, [1, 2, 3], schedule, refresh=refresh)
+        assert all(MASK not in row for row in out)
+        assert run(PROMPTS[2:], [3], schedule, refresh=refresh)[0] == out[2]
+    uncached = dk.dlm.generate(dlm, PROMPTS, schedule=dcd, seed=[1, 2, 3], **kwargs).sequences
+    assert run(PROMPTS, [1, 2, 3], dcd, refresh=1) == uncached
+    assert run(PROMPTS, [1, 2, 3], refresh=1) == dk.dlm.generate(dlm, PROMPTS, seed=[1, 2, 3], **kwargs).sequences
 
 
 def test_dcd_window_starts_at_the_leftmost_mask_and_caps_its_masks():

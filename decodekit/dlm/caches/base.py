@@ -71,19 +71,28 @@ def predicting(dlm: DLMModel, state: DLMState, lo: torch.Tensor, hi: torch.Tenso
     return real & (slot >= lo[:, None]) & (slot < hi[:, None])
 
 
-class RegionSpans:
-    """The prefix and dual caches under an adaptive region schedule (``state.region``): each round's first step runs
-    the whole canvas, keeps every position's K/V and records each row's first masked slot in its region; a later
-    step feeds each row's positions that predict the slots from there to ``end`` (the generation's end for the
-    prefix cache, ``to_region_end``: the region's end for the dual cache) through :func:`fed_logits`."""
+def refreshes(state: DLMState, refresh: int | None) -> bool:
+    """Whether a prefix / dual cache recomputes the canvas this step: a round's (block's) first step, and every
+    ``refresh`` steps within it."""
+    return state.step == 0 or bool(refresh and state.step % refresh == 0)
 
-    def __init__(self, to_region_end: bool) -> None:
+
+class RegionSpans:
+    """The prefix and dual caches under an adaptive region schedule (``state.region``): a refresh step
+    (:func:`refreshes`) runs the whole canvas, keeps every position's K/V and records each row's first masked slot
+    in its region; a later step feeds each row's positions that predict the slots from there to ``end`` (the
+    generation's end for the prefix cache; ``to_region_end``: the region's current end, for the dual cache) through
+    :func:`fed_logits`. The schedules decode left to right (a row's first masked slot never moves left), so the fed
+    span always covers the region, also when it slides within a round (DCD)."""
+
+    def __init__(self, to_region_end: bool, refresh: int | None = None) -> None:
         self.to_region_end = to_region_end
+        self.refresh = refresh
         self.cache: KVCache | None = None
         self.first: torch.Tensor | None = None  # [B] each row's first fed slot
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
-        if state.step == 0 or self.cache is None or self.first is None:
+        if refreshes(state, self.refresh) or self.cache is None or self.first is None:
             logits, self.cache = full_forward_kept(dlm, state)
             self.first = region_span(state)[0]
             return logits

@@ -29,6 +29,7 @@ class BlockCausalCache:
     """
 
     fixed_blocks = True  # reads state.block: every row in the same block
+    block_causal = True  # attends block-causally (what a block-causally trained model needs)
 
     def __init__(self) -> None:
         self.cache: KVCache | None = None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.dlm.caches.base import RegionSpans, full_forward_kept, rewrite_forward
+from decodekit.checks import check_int
+from decodekit.dlm.caches.base import RegionSpans, full_forward_kept, refreshes, rewrite_forward
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
 from decodekit.registry import register
@@ -22,25 +23,27 @@ class DualCache:
     slots start one position earlier (the block's first slot is predicted from the position before it). The refresh
     counts as a forward.
 
-    Under an adaptive region schedule whose regions hold still within a round (``steady_regions``: AdaBlock; not
-    DCD, whose window slides past the fed slots) each round's first step refreshes; later steps feed each row's
-    slots from the first one masked at the refresh (everything before it committed) to its region's end
-    (:func:`~decodekit.dlm.caches.base.fed_logits`, one host read a step). Rows keep their own spans, so a row's
-    output does not depend on its batch mates.
+    Under an adaptive region schedule (AdaBlock, DCD's sliding window) each round's first step refreshes; later steps
+    feed each row's slots from the first one masked at the refresh (everything before it committed) to its region's
+    current end (:func:`~decodekit.dlm.caches.base.fed_logits`, one host read a step). Rows keep their own spans, so a
+    row's output does not depend on its batch mates.
+
+    Args:
+        refresh: also recompute the canvas every ``refresh`` steps within a block (round); None = at its first step
+            only (the reference). ``refresh=1`` is the uncached sampler exactly.
 
     Faithfulness: the reference scheme; per-row ragged prompts and the adaptive-region form are ours.
     """
 
-    needs_steady_regions = True  # an adaptive schedule must keep each row's region for the whole round
-
-    def __init__(self) -> None:
+    def __init__(self, refresh: int | None = None) -> None:
+        self.refresh = check_int("refresh", refresh, low=1, optional=True)
         self.cache: KVCache | None = None
-        self.adaptive = RegionSpans(to_region_end=True)
+        self.adaptive = RegionSpans(refresh=self.refresh, to_region_end=True)
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
         if state.region is not None:
             return self.adaptive.logits(dlm, state)
-        if state.step == 0 or self.cache is None:
+        if refreshes(state, self.refresh) or self.cache is None:
             logits, self.cache = full_forward_kept(dlm, state)
             return logits
         lo, hi = state.block

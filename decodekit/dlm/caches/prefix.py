@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.dlm.caches.base import RegionSpans, full_forward
+from decodekit.checks import check_int
+from decodekit.dlm.caches.base import RegionSpans, full_forward, refreshes
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
 from decodekit.masks import attend_layout, bidirectional_mask
@@ -23,29 +24,32 @@ class PrefixCache:
     ``shift_logits`` the prefix stops one position earlier, so the block's first slot is predicted from a fresh
     output. The refresh counts as a forward (as in the reference's NFE).
 
-    Under an adaptive region schedule whose regions hold still within a round (``steady_regions``: AdaBlock; not
-    DCD, whose rounds end when every row's window has emptied, so a row's refreshes would depend on its batch mates)
-    each round's first step refreshes, and a row's frozen prefix ends at the first slot that was masked in its
-    region then (everything before it is committed); later steps feed everything from there on
-    (:func:`~decodekit.dlm.caches.base.fed_logits`, one host read a step). Rows keep their own prefixes, so a row's
-    output does not depend on its batch mates.
+    Under an adaptive region schedule (AdaBlock, DCD's sliding window) each round's first step refreshes, and a row's
+    frozen prefix ends at the first slot that was masked in its region then (everything before it is committed);
+    later steps feed everything from there on (:func:`~decodekit.dlm.caches.base.fed_logits`, one host read a step).
+    DCD's window only moves right, so the fed span keeps covering it. Rows keep their own prefixes, so a row's output
+    does not depend on its batch mates.
+
+    Args:
+        refresh: also recompute the canvas every ``refresh`` steps within a block (round); None = at its first step
+            only (the reference). DCD decodes the whole generation in one round, so without ``refresh`` its prefix
+            is the prompt alone; ``refresh=1`` is the uncached sampler exactly.
 
     Faithfulness: the reference scheme (refresh at each block start, suffix of block + later masks fed each step,
     commits only in the block); per-row ragged prompts and the adaptive-region form are ours.
     """
 
-    needs_steady_regions = True  # an adaptive schedule must keep each row's region for the whole round
-
-    def __init__(self) -> None:
+    def __init__(self, refresh: int | None = None) -> None:
+        self.refresh = check_int("refresh", refresh, low=1, optional=True)
         self.cache: KVCache | None = None
-        self.adaptive = RegionSpans(to_region_end=False)
+        self.adaptive = RegionSpans(refresh=self.refresh, to_region_end=False)
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
         if state.region is not None:
             return self.adaptive.logits(dlm, state)
         shift = int(dlm.shift_logits)
         first = state.block[0] - shift  # the first fed slot (-1: the prompt's last token)
-        if state.step == 0 or self.cache is None:
+        if refreshes(state, self.refresh) or self.cache is None:
             logits, cache = full_forward(dlm, state)
             cache.keep(state.starts + first, host_counts=[s + first for s in state.host_starts])
             self.cache = cache

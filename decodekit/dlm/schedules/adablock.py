@@ -36,7 +36,6 @@ class AdaBlock:
     """
 
     fixed_blocks = False
-    steady_regions = True  # a row's block holds from the round's second step on
 
     def __init__(self, delimiters: list[int] | None = None, threshold: float = 0.3, window: float = 0.25) -> None:
         self.delimiters = None if delimiters is None else [int(i) for i in delimiters]

@@ -23,9 +23,9 @@ class DeferredWindow:
     paper's rule.
 
     Faithfulness: a **reconstruction** from the paper's description (the window bounds and the cap on masks in it;
-    no reference code was available); rows slide independently. Cache strategies: ``None`` (recompute) and ``dkv``; not
-    ``prefix`` or ``dual``, which refresh per round and feed the region as it stood then, while the window slides
-    within a round.
+    no reference code was available); rows slide independently. Cache strategies: ``None`` (recompute), ``dkv``, and
+    ``prefix`` / ``dual`` (the paper pairs DCD with both): the whole generation is one round, so give those a
+    ``refresh`` interval (``PrefixCache(refresh=8)``), else they refresh only at the first step.
 
     Args:
         size: ``s_max``, the most slots in the window; None = ``block_length``.
@@ -33,6 +33,7 @@ class DeferredWindow:
     """
 
     fixed_blocks = False
+    slides = True  # the loop re-slides the window after each commit, so a row stays live while it has masked slots
 
     def __init__(self, size: int | None = None, max_masked: int | None = None) -> None:
         self.size = check_int("size", size, low=1, optional=True)

@@ -18,7 +18,6 @@ class FixedBlocks:
     strategies that keep a block's K/V (``prefix``, ``dual``, ``block_causal``) can read ``state.block``."""
 
     fixed_blocks = True
-    steady_regions = True
 
     def rounds(self, dlm: DLMModel, state: DLMState) -> Iterator[None]:
         for b in range(state.gen_length // state.block_length):
