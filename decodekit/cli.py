@@ -1,6 +1,6 @@
 """Command line: ``python -m decodekit bench [hydra overrides]`` (see ``decodekit/recipes/bench.yaml``),
 ``python -m decodekit train recipe=<name> [hydra overrides]`` (``decodekit/recipes/train/<name>.yaml``),
-``python -m decodekit dlm-bench [hydra overrides]`` (``decodekit/recipes/dlm_bench.yaml``);
+``python -m decodekit dlm-bench [hydra overrides]`` (``decodekit/recipes/dlm_bench/dlm_bench.yaml``);
 ``python -m decodekit --help`` lists the commands."""
 
 from __future__ import annotations
@@ -332,13 +332,14 @@ def train_main(args: list[str]) -> None:
 
 
 def dlm_bench_main(args: list[str]) -> None:
-    """``python -m decodekit dlm-bench [overrides]``: the diffusion-LM benchmark (``recipes/dlm_bench.yaml``)."""
+    """``python -m decodekit dlm-bench [overrides]``: the diffusion-LM benchmark (``recipes/dlm_bench/dlm_bench.yaml``,
+    in a folder of its own so that ``model=`` and ``task=`` are its plain keys, not the bench's config groups)."""
 
     def bench(cfg: Any, out_dir: Path) -> None:
         print(_or_exit(lambda: run_recipe(cfg, out_dir, "dlm-bench")))
         print(f"results: {out_dir}/results.json, results.md")
 
-    _hydra_run(RECIPES, "dlm_bench", "dlm-bench", args, bench)
+    _hydra_run(RECIPES / "dlm_bench", "dlm_bench", "dlm-bench", args, bench)
 
 
 def _or_exit(call: Callable[[], Any]) -> Any:

@@ -1,4 +1,4 @@
-"""The diffusion-LM benchmark (``python -m decodekit dlm-bench``, ``decodekit/recipes/dlm_bench.yaml``): every
+"""The diffusion-LM benchmark (``python -m decodekit dlm-bench``, ``decodekit/recipes/dlm_bench/dlm_bench.yaml``): every
 sampler and cache against the base sampler, speed next to what it cost in quality.
 
 Protocol, per generation length ``G``: the base sampler (LLaDA's rule, one token per step: ``steps = G``) and each

@@ -12,9 +12,15 @@ Data: source files of the Python standard library's own test suite (``Lib/test``
 tokenized, cut into ``seq_len`` chunks; neither is a benchmark prompt source (the ``stdlib`` task mines ``Lib``
 outside ``test`` and ``pydoc_data``; HumanEval and MT-Bench are not read). A few files are held out for validation.
 
-Writes to ``out_dir``: ``checkpoints/step_*`` (accelerate state; ``resume=true`` continues), ``history.json``,
-``summary.json``, ``loss.png`` and ``smollm2-135m-dlm.safetensors`` (the adapter, with its recipe and numbers in the
-safetensors metadata); copy that file to ``decodekit/weights/`` to ship it.
+With ``data="self"`` (``recipe=bdlm_adapter``, the zoo's ``smollm2-135m-bdlm``) the rows are self-distilled instead
+(:mod:`decodekit.train.dlm_data`: SmolLM2's own responses after their prompts, and text windows), the loss denoises
+each row's region after a clean context, and ``block_length`` makes it block-causal (BD3-LM's vectorised loss,
+:func:`~decodekit.train.dlm_losses.region_diffusion_loss`).
+
+Writes to ``out_dir``: ``checkpoints/step_*`` (accelerate state; ``resume=true`` continues; the text windows of
+``data="self"`` are drawn afresh, so a resumed run is not bit-identical to an uninterrupted one), ``history.json``,
+``summary.json``, ``loss.png`` and ``<name>.safetensors`` (the adapter, with its recipe and numbers in the safetensors
+metadata); copy that file to ``decodekit/weights/`` to ship it.
 """
 
 from __future__ import annotations
@@ -155,7 +161,7 @@ def train(
 
     recipe = {k: v for k, v in locals().items() if isinstance(v, (str, int, float, bool, type(None)))}
     recipe.pop("out_dir", None)
-    for name, value in (
+    for key, value in (
         ("seq_len", seq_len),
         ("train_chunks", train_chunks),
         ("val_chunks", val_chunks),
@@ -164,7 +170,7 @@ def train(
         ("save_every", save_every),
         ("eval_every", eval_every),
     ):
-        check_int(name, value, low=1)
+        check_int(key, value, low=1)
     check_int("max_steps", max_steps, low=1, optional=True)
     check_int("threads", threads, low=1, optional=True)
     check_float("lr", lr, low=0.0, low_open=True)

@@ -138,10 +138,16 @@ def train(
     check_int("exit_layer", exit_layer, low=1)
 
     def check_target(target: Any) -> None:  # before the data is built (an hour on a CPU)
-        if exit_layer >= target.num_layers:
-            from decodekit.errors import ConfigError
+        from decodekit.errors import ConfigError
 
+        if exit_layer >= target.num_layers:
             raise ConfigError(f"exit_layer={exit_layer} must be below the target's {target.num_layers} layers")
+        if head_rows(target, torch.zeros(1, dtype=torch.long)) is None:
+            raise ConfigError(
+                f"the exit head scores a trimmed vocabulary with rows of the target's output head, and "
+                f"{type(getattr(target, 'hf', target)).__name__} has no plain linear lm_head (weight [V, H]): "
+                "use a target whose output head is a linear layer"
+            )
 
     recipe, out, target, data = start_run(locals(), check_target)
     w_d = head_rows(target, data.vocab)[0]

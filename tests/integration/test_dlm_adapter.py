@@ -54,7 +54,7 @@ def test_block_causal_recipe_builds_self_distilled_rows_trains_and_loads_block_c
     assert summary["block_length"] == 4 and summary["data"] == "self" and summary["steps"] == 6
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     seqs = json.loads((tmp_path / "data" / "sequences.json").read_text())
-    assert len(seqs) == 8 and all(len(s) > 0 for s in seqs)
+    assert len(seqs) >= 4 and all(len(s) > 0 for s in seqs)  # the responses, then the text chunks
     monkeypatch.setattr(zoo, "weights_path", lambda entry: tmp_path / entry.weights)
     m = dk.dlm.load_model("smollm2-135m-bdlm")
     assert m.block_length == 4 and m.mask_token_id == 16 and m.shift_logits

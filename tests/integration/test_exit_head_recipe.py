@@ -54,3 +54,13 @@ def test_an_exit_layer_past_the_target_is_refused_before_any_data_is_built(tmp_p
     with pytest.raises(ConfigError, match="exit_layer=30 must be below the target's 30 layers"):
         train(tmp_path, exit_layer=30, chat_prompts=2, code_prompts=2, text_chunks=4, progress=False)
     assert not (tmp_path / "data").exists()
+
+
+def test_a_target_without_a_linear_output_head_is_refused_before_any_data_is_built(tmp_path, monkeypatch):
+    import decodekit.drafters.head_files as recipe
+    from decodekit.errors import ConfigError
+
+    monkeypatch.setattr(recipe, "head_rows", lambda target, ids: None)  # as for a target whose head is not linear
+    with pytest.raises(ConfigError, match="no plain linear lm_head"):
+        train(tmp_path, chat_prompts=2, code_prompts=2, text_chunks=4, progress=False)
+    assert not (tmp_path / "data").exists()
