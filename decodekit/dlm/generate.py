@@ -102,14 +102,7 @@ def generate(
         raise ConfigError(f"steps ({steps}) must be a multiple of the number of blocks ({num_blocks})")
     temperature = check_float("temperature", temperature, low=0.0)
     cfg_scale = check_float("cfg_scale", cfg_scale, low=0.0)
-    rule = LLaDARule(remasking) if rule is None else rule
-    check_instance("rule", rule, UnmaskRule, what="an unmasking rule with select(state, proposal, eligible)")
-    cache = Recompute(block_causal=dlm.block_length is not None) if cache is None else cache
-    check_instance("cache", cache, DLMCache, what="a cache strategy with logits(dlm, state)")
-    schedule = FixedBlocks() if schedule is None else schedule
-    check_instance("schedule", schedule, RegionSchedule, what="a region schedule with rounds() and region()")
-    _check_parts(rule, cache, schedule)
-    _check_block_causal(dlm, cache, schedule, block_length)
+    rule, cache, schedule = _parts(dlm, rule, cache, schedule, remasking, block_length)
     if cfg_scale and (not isinstance(cache, Recompute) or cache.block_causal):
         raise ConfigError(
             "classifier-free guidance runs with cache=None on a bidirectional model only (a cache strategy keeps "
@@ -164,6 +157,20 @@ def _decode_block(
     return state.step
 
 
+def _parts(dlm: DLMModel, rule: Any, cache: Any, schedule: Any, remasking: str, block_length: int) -> tuple:
+    """The rule, cache and schedule a call runs (None = the defaults: LLaDA's rule, recompute, fixed blocks),
+    checked alone and together before any forward."""
+    rule = LLaDARule(remasking) if rule is None else rule
+    check_instance("rule", rule, UnmaskRule, what="an unmasking rule with select(state, proposal, eligible)")
+    cache = Recompute(block_causal=dlm.block_length is not None) if cache is None else cache
+    check_instance("cache", cache, DLMCache, what="a cache strategy with logits(dlm, state)")
+    schedule = FixedBlocks() if schedule is None else schedule
+    check_instance("schedule", schedule, RegionSchedule, what="a region schedule with rounds() and region()")
+    _check_parts(rule, cache, schedule)
+    _check_block_causal(dlm, cache, schedule, block_length)
+    return rule, cache, schedule
+
+
 def _check_parts(rule: Any, cache: Any, schedule: Any) -> None:
     """Refuse a rule, cache and schedule that cannot work together, before any forward."""
     if not getattr(schedule, "fixed_blocks", False):
@@ -210,11 +217,8 @@ def refusal(dlm: DLMModel, spec: dict[str, Any], block_length: int) -> str | Non
     """Why :func:`generate` would refuse ``dlm`` with a method ``spec`` (``{rule, cache, schedule}``; None = the
     defaults) before any forward, or None: for a benchmark to list a method the model cannot run instead of
     failing midway."""
-    cache = spec.get("cache")
-    cache = Recompute(block_causal=dlm.block_length is not None) if cache is None else cache
     try:
-        _check_parts(spec.get("rule") or LLaDARule(), cache, spec.get("schedule") or FixedBlocks())
-        _check_block_causal(dlm, cache, spec.get("schedule") or FixedBlocks(), block_length)
+        _parts(dlm, spec.get("rule"), spec.get("cache"), spec.get("schedule"), "low_confidence", block_length)
     except ConfigError as error:
         return str(error)
     return None

@@ -124,9 +124,9 @@ def load_model(
     from decodekit.dlm.zoo import DLM_ZOO, load_zoo_dlm
 
     if isinstance(spec, str) and spec in DLM_ZOO:
-        lm, entry = load_zoo_dlm(spec, **load_kwargs)
+        lm, entry, trained = load_zoo_dlm(spec, **load_kwargs)
         mask = entry.mask_token_id if mask_token_id is None else mask_token_id
-        return DLMModel(lm, mask, entry.shift_logits, entry.block_length if block_length is None else block_length)
+        return DLMModel(lm, mask, entry.shift_logits, trained if block_length is None else block_length)
     if mask_token_id is None:
         raise ConfigError(
             "dk.dlm.load_model needs mask_token_id=<the id of the model's mask token> (e.g. LLaDA's 126336); a "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,6 @@ class ZooDLM:
     mask_token_id: int
     shift_logits: bool
     recipe: str
-    block_length: int | None = None  # trained block-causally with blocks of this length (the adapter file's own wins)
 
 
 DLM_ZOO = {
@@ -35,7 +34,6 @@ DLM_ZOO = {
         16,
         True,
         "python -m decodekit train recipe=bdlm_adapter",
-        block_length=32,
     ),
 }
 """Zoo diffusion LMs: SmolLM2-135M adapted by ``decodekit/train/dlm_adapter.py`` (mask ``<empty_output>``, shifted
@@ -46,10 +44,10 @@ def weights_path(entry: ZooDLM) -> Path:
     return shipped_weights(entry.weights)
 
 
-def load_zoo_dlm(name: str, **load_kwargs: Any) -> tuple[Any, ZooDLM]:
+def load_zoo_dlm(name: str, **load_kwargs: Any) -> tuple[Any, ZooDLM, int | None]:
     """The adapted model (the LoRA merged into a fresh copy of the base) as a :class:`~decodekit.models.HFCausalLM`,
-    and its zoo entry (its ``block_length`` the one the adapter file records). Raises
-    :class:`~decodekit.errors.ModelNotFoundError` when the adapter file is missing."""
+    its zoo entry, and the block length it was trained block-causally with (None: bidirectional), as the adapter file
+    records it. Raises :class:`~decodekit.errors.ModelNotFoundError` when the adapter file is missing."""
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
     from safetensors import safe_open
 
@@ -69,8 +67,7 @@ def load_zoo_dlm(name: str, **load_kwargs: Any) -> tuple[Any, ZooDLM]:
     peft_model = get_peft_model(base.hf, config)
     set_peft_model_state_dict(peft_model, weights)
     merged = peft_model.merge_and_unload().eval()
-    entry = replace(entry, block_length=summary.get("block_length", entry.block_length))  # what it was trained with
-    return dk.load_model(merged, tokenizer=base.tokenizer, **load_kwargs), entry
+    return dk.load_model(merged, tokenizer=base.tokenizer, **load_kwargs), entry, summary.get("block_length")
 
 
 def _targets(weights: dict[str, Any]) -> list[str]:

@@ -162,6 +162,15 @@ class FeatureData:
 
 
 DATA_KEYS = ("chat_prompts", "code_prompts", "text_chunks", "max_prompt_tokens", "max_new_tokens", "seq_len")
+SEQUENCES = {  # the EAGLE recipe's sequences (its defaults), which other recipes share through its data_dir
+    "chat_prompts": 256,
+    "code_prompts": 256,
+    "text_chunks": 1024,
+    "max_prompt_tokens": 320,
+    "max_new_tokens": 128,
+    "seq_len": 384,
+    "gen_batch_size": 8,
+}
 
 
 def prepare(
