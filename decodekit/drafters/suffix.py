@@ -9,6 +9,7 @@ import torch
 
 from decodekit.checks import check_float, check_int
 from decodekit.drafters.suffix_trie import GlobalCache, RowTrie, TrieNode, distinct_matches
+from decodekit.errors import ConfigError
 from decodekit.registry import register
 from decodekit.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
@@ -86,6 +87,21 @@ class SuffixDrafter:
     def clear(self) -> None:
         """Empty the global cache of earlier outputs."""
         self._cache.clear()
+
+    def remember(self, outputs: list[list[int]]) -> None:
+        """Add earlier outputs (token ids, no prompts) to the global cache, oldest first, as if rows had finished
+        with them: SuffixDecoding's cache of historical outputs, for a workload whose outputs repeat (agents, a
+        fixed response format). On SmolLM2 and the benchmark tasks, 512 of its own self-distilled responses (61k
+        tokens, 2.3 s to add, ~270 MB) raised tokens per forward 1.58 -> 1.75 (MT-Bench) and 2.57 -> 2.77 (stdlib),
+        but not the wall time: the extra drafts cost as much to verify as they gained on a 2-core CPU."""
+        if not self.cache_tokens:
+            raise ConfigError(
+                "this SuffixDrafter has no global cache (cache_tokens=0): set cache_tokens to keep outputs"
+            )
+        for tokens in outputs:
+            if not all(isinstance(t, int) and t >= 0 for t in tokens):
+                raise ConfigError("remember() takes lists of non-negative int token ids (no tensors, no strings)")
+            self._cache.add(list(tokens))
 
     @property
     def cached_outputs(self) -> list[list[int]]:

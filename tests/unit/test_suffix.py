@@ -8,6 +8,7 @@ import torch
 
 import decodekit as dk
 from decodekit.drafters.suffix import SuffixDrafter
+from decodekit.errors import ConfigError
 from decodekit.policies import FixedLength
 from decodekit.verifiers import GreedyVerifier
 from tests.conftest import assert_greedy_twice
@@ -154,6 +155,18 @@ def test_cache_is_bounded_lru_and_clearable():
     drafter.clear()
     assert drafter.cached_outputs == []
     assert not propose(drafter, [[77]], budget([2])).valid.any()
+
+
+def test_remembered_outputs_draft_like_finished_rows():
+    drafter = SuffixDrafter(cache_tokens=10)
+    drafter.remember([[40, 41, 42, 43], [50, 51, 52, 53], [60, 61, 62, 63]])  # 12 > 10 tokens: the oldest goes
+    assert drafter.cached_outputs == [[50, 51, 52, 53], [60, 61, 62, 63]]
+    assert row(propose(drafter, [[1, 51]], budget([4])), 0) == ([52, 53], [-1, 0])
+    assert not propose(drafter, [[1, 41]], budget([4])).valid.any()
+    with pytest.raises(ConfigError, match="non-negative int"):
+        drafter.remember([torch.tensor([1, 2])])
+    with pytest.raises(ConfigError, match="cache_tokens=0"):
+        SuffixDrafter(cache_tokens=0).remember([[1, 2]])
 
 
 def test_no_cache():
