@@ -226,6 +226,7 @@ commands:
 
   dlm-bench  benchmark diffusion-LM samplers and caches against the base sampler (Hydra key=value overrides)
            e.g. python -m decodekit dlm-bench gen_lengths=[128,256] num_prompts=8
+           or a protocol of recipes/dlm_bench/experiment: dlm-bench experiment=bdlm_g256
 
 python -m decodekit <command> --help lists a command's config groups and options."""
 

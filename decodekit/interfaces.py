@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from decodekit.cache import KVCache
     from decodekit.dlm.model import DLMModel
-    from decodekit.dlm.state import DLMState, Proposal
+    from decodekit.dlm.state import DLMState, Proposal, SlotLogits
     from decodekit.models.base import LanguageModel
     from decodekit.round import Round
 
@@ -105,9 +105,11 @@ class DLMCache(Protocol):
     Optional: ``begin(state)``, called when a :func:`decodekit.dlm.generate` call starts (drop an earlier call's
     K/V)."""
 
-    def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
+    def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor | SlotLogits:
         """``[B, G, V]`` float32 logits of the generation region for this step (``state.step == 0``: a block's
-        first step). Slots a strategy does not recompute may hold anything: they are committed."""
+        first step), zeros for slots it did not predict; or a :class:`~decodekit.dlm.state.SlotLogits` window
+        ``[B, W, V]`` from slot ``lo`` when it predicts one span (the current block), which saves the step the
+        other ``G - W`` slots' softmax. Rules commit only slots of the window (and ``eligible`` lies in it)."""
         ...
 
 

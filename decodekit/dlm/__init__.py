@@ -18,7 +18,7 @@ from decodekit.dlm.rules import (
     ThresholdRule,
 )
 from decodekit.dlm.schedules import AdaBlock, DeferredWindow, FixedBlocks
-from decodekit.dlm.state import DLMState, Proposal, propose
+from decodekit.dlm.state import DLMState, Proposal, SlotLogits, dense_logits, propose
 
 __all__ = [
     "AdaBlock",
@@ -40,7 +40,9 @@ __all__ = [
     "ProphetRule",
     "RandomOrderRule",
     "Proposal",
+    "SlotLogits",
     "ThresholdRule",
+    "dense_logits",
     "generate",
     "load_model",
     "propose",

@@ -8,6 +8,7 @@ Shapes: ``B`` rows, ``G`` the generation region's length (slot ``j`` of a row is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -128,41 +129,88 @@ class DLMState:
         self.canvas.scatter_(1, index, torch.where(slots, tokens, self.canvas.gather(1, index)))
 
 
+class SlotLogits(NamedTuple):
+    """The logits a step computed for the generation slots ``lo .. lo + W - 1`` only: ``logits [B, W, V]``. A cache
+    that runs part of the canvas returns this instead of a ``[B, G, V]`` tensor, so that no step allocates, zeroes
+    and soft-maxes ``G x V`` values for slots nobody predicted (at G = 256 that was a quarter of a block-causal
+    step on a CPU). The other slots have no proposal."""
+
+    logits: torch.Tensor
+    lo: int
+
+    def dense(self, gen_length: int) -> torch.Tensor:
+        """``[B, G, V]`` with zeros outside the window (the form the tests compare)."""
+        b, w, v = self.logits.shape
+        out = self.logits.new_zeros(b, gen_length, v)
+        out[:, self.lo : self.lo + w] = self.logits
+        return out
+
+
+def dense_logits(logits: torch.Tensor | SlotLogits, gen_length: int) -> torch.Tensor:
+    """``[B, G, V]`` from either form a cache returns."""
+    return logits.dense(gen_length) if isinstance(logits, SlotLogits) else logits
+
+
 @dataclass
 class Proposal:
     """One step's proposals for every slot of the generation region.
 
     Attributes:
         tokens: ``[B, G]`` the proposed token of each slot (argmax at temperature 0, else a float64 Gumbel-max
-            sample from ``softmax(logits / temperature)``).
+            sample from ``softmax(logits / temperature)``); the mask id where nothing was predicted.
         confidence: ``[B, G]`` float32: the probability of the proposed token under the untempered
-            ``softmax(logits)`` (LLaDA's and Fast-dLLM's confidence, also when sampling).
-        logits: ``[B, G, V]`` float32, what the proposals came from (after classifier-free guidance).
+            ``softmax(logits)`` (LLaDA's and Fast-dLLM's confidence, also when sampling); 0 where nothing was
+            predicted.
+        logits: ``[B, W, V]`` float32, what the proposals of slots ``lo .. lo + W - 1`` came from (after
+            classifier-free guidance); ``W = G`` and ``lo = 0`` unless the cache computed a window.
+        lo: the first slot ``logits`` covers.
     """
 
     tokens: torch.Tensor
     confidence: torch.Tensor
     logits: torch.Tensor
+    lo: int = 0
+
+    def _spread(self, window: torch.Tensor, fill: float | bool) -> torch.Tensor:
+        """``[B, G]`` from a ``[B, W]`` value of the window, ``fill`` elsewhere."""
+        out = torch.full_like(self.confidence, fill, dtype=window.dtype)
+        out[:, self.lo : self.lo + window.shape[1]] = window
+        return out
+
+    @property
+    def predicted(self) -> torch.Tensor:
+        """``[B, G]`` bool: the slots some forward predicted this step: the window, less the slots in it a cache
+        left at zero (a cache that feeds scattered positions, such as dKV-Cache, zeroes the others). A rule that
+        reads beyond ``eligible`` must not commit the rest: their proposals mean nothing."""
+        return self._spread(self.logits.ne(0).any(-1), False)
 
     def logit_gap(self) -> torch.Tensor:
-        """``[B, G]`` the top-1 minus top-2 **logit** (Prophet's certainty; not a probability gap)."""
+        """``[B, G]`` the top-1 minus top-2 **logit** (Prophet's certainty; not a probability gap); 0 outside the
+        window."""
         top = self.logits.topk(2, dim=-1).values
-        return top[..., 0] - top[..., 1]
+        return self._spread(top[..., 0] - top[..., 1], 0.0)
 
 
-def propose(logits: torch.Tensor, temperature: float, state: DLMState) -> Proposal:
-    """Proposals from ``logits [B, G, V]``: argmax at ``temperature == 0``, else Gumbel-max in float64
-    (``argmax(z / T + g)``, ``g = -log(-log U)``: a sample from ``softmax(z / T)``, as LLaDA's
-    ``exp(z) / (-log U)^T`` in float64; low-precision noise would truncate its tail). The mask token is never
-    proposed (a model that ranks it first would otherwise commit a slot that is still masked; the reference assumes a
-    model trained never to); confidences come from the unmodified softmax. Per-row seeds draw with key ``"gumbel"``."""
-    never = logits.new_zeros(logits.shape[-1]).index_fill_(
-        0, torch.tensor([state.mask_token_id], device=logits.device), float("-inf")
-    )
+def propose(logits: torch.Tensor | SlotLogits, temperature: float, state: DLMState) -> Proposal:
+    """Proposals from ``logits`` (``[B, G, V]``, or a :class:`SlotLogits` window): argmax at ``temperature == 0``,
+    else Gumbel-max in float64 (``argmax(z / T + g)``, ``g = -log(-log U)``: a sample from ``softmax(z / T)``, as
+    LLaDA's ``exp(z) / (-log U)^T`` in float64; low-precision noise would truncate its tail). The mask token is
+    never proposed (a model that ranks it first would otherwise commit a slot that is still masked; the reference
+    assumes a model trained never to); confidences come from the unmodified softmax. Per-row seeds draw with key
+    ``"gumbel"``, always for all ``G`` slots, so a windowed cache samples what a full recompute would."""
+    window, lo = (logits.logits, logits.lo) if isinstance(logits, SlotLogits) else (logits, 0)
+    b, w, v = window.shape
+    never = window.new_zeros(v).index_fill_(0, torch.tensor([state.mask_token_id], device=window.device), float("-inf"))
     if temperature == 0:
-        tokens = (logits + never).argmax(-1)
+        tokens = (window + never).argmax(-1)
     else:
-        u = uniform(tuple(logits.shape), state.generator, logits.device, key="gumbel", dtype=torch.float64)
-        tokens = ((logits + never).double() / temperature - (-u.log()).log()).argmax(-1)
-    confidence = logits.softmax(-1).gather(-1, tokens[..., None])[..., 0]
-    return Proposal(tokens, confidence, logits)
+        u = uniform((b, state.gen_length, v), state.generator, window.device, key="gumbel", dtype=torch.float64)
+        tokens = ((window + never).double() / temperature - (-u[:, lo : lo + w].log()).log()).argmax(-1)
+    confidence = window.softmax(-1).gather(-1, tokens[..., None])[..., 0]
+    if w == state.gen_length:
+        return Proposal(tokens, confidence, window)
+    full_tokens = torch.full((b, state.gen_length), state.mask_token_id, dtype=tokens.dtype, device=tokens.device)
+    full_tokens[:, lo : lo + w] = tokens
+    full_confidence = confidence.new_zeros(b, state.gen_length)
+    full_confidence[:, lo : lo + w] = confidence
+    return Proposal(full_tokens, full_confidence, window, lo)

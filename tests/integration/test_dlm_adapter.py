@@ -132,3 +132,20 @@ def test_dlm_bench_lists_what_a_block_causal_model_refuses(tmp_path):
     assert set(rows) == {"base", "block_causal", "base_again"}
     assert rows["block_causal"]["vs_uncached"] == 1.0 and rows["block_causal"]["agreement"] == 1.0
     assert "DualCache attends bidirectionally" in report["refused"]["dual"] and "`dual` not run" in table
+
+
+def test_dlm_bench_base_may_run_with_an_exact_cache(tmp_path):
+    """On a block-causal model the base may use the exact block-causal cache (the G = 256 protocol): the uncached
+    base, run as a method, agrees with it token for token; a base with another rule is refused before any call."""
+    from decodekit.dlm.bench import run
+
+    m = dk.dlm.load_model("smollm2-135m-instruct", mask_token_id=16, shift_logits=True, block_length=4)
+    kwargs = dict(num_prompts=1, gen_lengths=[8], block_length=4, synthetic=0, progress=False)
+    base = {"rule": None, "cache": dk.dlm.BlockCausalCache()}
+    run(tmp_path, model=m, methods={"recompute": {"rule": None, "cache": None}}, base=base, **kwargs)
+    rows = {r["method"]: r for r in json.loads((tmp_path / "results.json").read_text())["methods"]}
+    assert rows["recompute"]["agreement"] == 1.0 and rows["base"]["nfe"] == rows["recompute"]["nfe"] == 8
+    with pytest.raises(ConfigError, match="base must be LLaDA's rule"):
+        run(tmp_path, model=m, methods={}, base={"rule": dk.dlm.ThresholdRule(0.9)}, **kwargs)
+    with pytest.raises(ConfigError, match="base sampler cannot run on this model"):
+        run(tmp_path, model=m, methods={}, base={"rule": None, "cache": dk.dlm.DualCache()}, **kwargs)

@@ -14,6 +14,12 @@ from decodekit.models.tiny import tiny_llama
 from tests.unit.spies import fed_positions
 from tests.unit.stats import chi_square_pvalue, total_variation, tv_noise
 
+
+def dense(logits) -> torch.Tensor:
+    """``[B, G, V]`` of a cache's step, whichever form it returned."""
+    return dk.dlm.dense_logits(logits, 8)
+
+
 MASK = 127
 
 
@@ -161,6 +167,20 @@ def test_prophet_fills_every_masked_slot_once_sure():
     assert rule.select(state, prop, elig).all()
 
 
+def test_prophet_never_fills_slots_no_forward_predicted(hf):
+    """Under the block-causal cache, which predicts only the current block, Prophet's all-in commit fills that
+    block and decoding goes on: with thresholds 0 it equals LLaDA committing each block in one step under the same
+    cache. Filling later blocks, which have no proposal (the bug this catches), ends the call after one forward."""
+    sure = dk.dlm.ProphetRule(thresholds=(0.0, 0.0, 0.0))
+    kwargs = dict(gen_length=12, block_length=4, temperature=0.0)
+    model = dk.dlm.load_model(hf, mask_token_id=MASK, block_length=4)
+    got = dk.dlm.generate(model, PROMPTS, steps=12, rule=sure, cache=dk.dlm.BlockCausalCache(), **kwargs)
+    want = dk.dlm.generate(model, PROMPTS, steps=3, cache=dk.dlm.BlockCausalCache(), **kwargs)
+    assert got.sequences == want.sequences and got.stats.nfe == 3
+    state, prop, elig = synthetic([[0.5] * 4], [[True, True, False, False]], gaps=[[9.0, 9.0, 0.0, 0.0]])
+    assert sure.select(state, prop, elig).tolist() == [[True, True, False, False]]  # slots 2, 3: all-zero logits
+
+
 def test_a_rule_that_commits_nothing_is_refused(dlm):
     class Idle:
         def select(self, state, proposal, eligible):
@@ -213,9 +233,9 @@ def test_cached_step_equals_recompute_while_nothing_changed(hf, name, shift):
     state.commit(torch.ones(3, 8, dtype=torch.bool) & (torch.arange(8) < 4), torch.randint(0, 100, (3, 8)))
     state.block, state.step = (4, 8), 0
     cache = dk.build("dlm_cache", name)
-    first = cache.logits(model, state)
+    first = dense(cache.logits(model, state))
     state.step = 1
-    again = cache.logits(model, state)
+    again = dense(cache.logits(model, state))
     reference = dk.dlm.Recompute().logits(model, state)
     torch.testing.assert_close(first, reference)
     torch.testing.assert_close(again[:, 4:], reference[:, 4:], atol=1e-5, rtol=1e-5)
@@ -232,7 +252,7 @@ def test_dkv_feeds_each_token_one_step_after_it_is_decoded(hf, shift):
     with fed_positions(model, state) as fed:
         for step in range(5):
             state.step = step
-            logits = cache.logits(model, state)
+            logits = dense(cache.logits(model, state))
             if step == 2:  # nothing committed since the full step 1: the cached K/V are current
                 want = dk.dlm.Recompute().logits(model, state)
                 torch.testing.assert_close(logits[:, 1:], want[:, 1:], atol=1e-5, rtol=1e-5)
@@ -318,7 +338,7 @@ def test_block_causal_logits_match_at_every_step(hf, shift):
         state.block = (lo, lo + 4)
         for step in range(2):
             state.step = step
-            got, want = cache.logits(model, state), reference.logits(model, state)
+            got, want = dense(cache.logits(model, state)), dense(reference.logits(model, state))
             torch.testing.assert_close(got[:, lo : lo + 4], want[:, lo : lo + 4], atol=1e-4, rtol=1e-4)
             slots = torch.zeros(3, 8, dtype=torch.bool)
             slots[:, lo + 2 * step : lo + 2 * step + 2] = True
@@ -399,10 +419,10 @@ def test_adaptive_cached_step_feeds_its_span_and_equals_recompute_while_nothing_
     state.region = (j >= torch.tensor([[2], [3], [1]])) & (j < torch.tensor([[5], [8], [4]]))
     cache = dk.build("dlm_cache", name)
     state.step = 0
-    cache.logits(model, state)
+    dense(cache.logits(model, state))
     state.step = 1
     with fed_positions(model, state) as fed:
-        again = cache.logits(model, state)
+        again = dense(cache.logits(model, state))
     reference = dk.dlm.Recompute().logits(model, state)
     for row, (prompt, lo, hi) in enumerate(zip(PROMPTS, (2, 3, 1), (5, 8, 4))):
         hi = 8 if name == "prefix" else hi
@@ -468,3 +488,27 @@ def test_dlm_bench_refuses_an_uncached_reference_to_a_disabled_method(tmp_path):
     methods = {"cached": {"rule": None, "cache": dk.dlm.DKVCache(), "uncached": "threshold"}, "threshold": None}
     with pytest.raises(ConfigError, match="not an enabled method"):
         run(tmp_path, model="no-such-model", methods=methods)
+
+
+@pytest.mark.parametrize("experiment", [None, "bdlm_g256", "dcd_caches"])
+def test_dlm_bench_experiments_compose_and_build(experiment):
+    """The dlm-bench recipe and each of its experiments compose, build every method and the base, and every
+    ``uncached`` reference names an enabled method (the check ``run`` makes before loading a model)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from decodekit.cli import RECIPES
+
+    overrides = [] if experiment is None else [f"experiment={experiment}"]
+    with initialize_config_dir(str(RECIPES / "dlm_bench"), version_base="1.3"):
+        cfg = compose("dlm_bench", overrides=overrides)
+    methods = {k: v for k, v in instantiate(cfg.methods, _convert_="all").items() if v is not None}
+    base = instantiate(cfg.base, _convert_="all")
+    assert base["rule"] is None and methods
+    for name, spec in methods.items():
+        assert spec.get("uncached") in (None, *methods), name
+    if experiment == "bdlm_g256":
+        assert cfg.model == "smollm2-135m-bdlm" and isinstance(base["cache"], dk.dlm.BlockCausalCache)
+        assert all(isinstance(spec["cache"], dk.dlm.BlockCausalCache) for spec in methods.values())
+    if experiment == "dcd_caches":
+        assert set(methods) == {"dcd", "dcd_prefix", "dcd_dual"} and cfg.synthetic == 0

@@ -15,6 +15,12 @@ from decodekit.models.tiny import tiny_llama
 from tests.unit.spies import fed_positions
 from tests.unit.stats import chi_square_pvalue
 
+
+def dense(logits) -> torch.Tensor:
+    """``[B, G, V]`` of a cache's step, whichever form it returned."""
+    return dk.dlm.dense_logits(logits, 8)
+
+
 MASK = 127
 PROMPTS = [[5, 9, 14, 2], [33, 7], [1, 2, 3, 4, 5, 6, 7]]
 
@@ -104,10 +110,10 @@ def test_dkv_greedy_feeds_due_slots_last_commits_and_their_window(hf, shift):
     state.block = (0, 8)
     cache = dk.dlm.DKVGreedyCache(refresh=100, window=2)
     with fed_positions(model, state) as fed:
-        cache.logits(model, state)  # step 0: the whole canvas
+        dense(cache.logits(model, state))  # step 0: the whole canvas
         state.commit(torch.arange(8)[None, :].expand(3, 8) == 2, torch.full((3, 8), 11))  # step 0 committed slot 2
         state.step, state.planned = 1, torch.arange(8)[None, :].expand(3, 8) == 5  # slot 5 is due at step 1
-        cache.logits(model, state)
+        dense(cache.logits(model, state))
     for row, prompt in enumerate(PROMPTS):
         want = {2, 4, 5, 6}  # the last commit, the due slot, its window of 2 (left, then right)
         assert fed[1][row] == sorted(len(prompt) + j for j in want | ({4} if shift else set()))
@@ -152,7 +158,7 @@ def test_dkv_greedy_due_logits_equal_a_recompute_while_nothing_changed(hf, shift
     model = dk.dlm.load_model(hf, mask_token_id=MASK, shift_logits=shift)
     state = DLMState.from_prompts(PROMPTS, 8, MASK, total_steps=8, generator=None, device="cpu")
     state.block, cache = (0, 8), dk.dlm.DKVGreedyCache(refresh=100, window=1)
-    cache.logits(model, state)
+    dense(cache.logits(model, state))
     state.step, state.planned = 1, torch.tensor([[j in (1, 6) for j in range(8)]] * 3)
-    got, want = cache.logits(model, state), dk.dlm.Recompute().logits(model, state)
+    got, want = dense(cache.logits(model, state)), dk.dlm.Recompute().logits(model, state)
     torch.testing.assert_close(got[:, [1, 6]], want[:, [1, 6]], atol=1e-5, rtol=1e-5)

@@ -6,7 +6,7 @@ import torch
 
 from decodekit.cache import KVCache
 from decodekit.dlm.model import DLMModel
-from decodekit.dlm.state import DLMState
+from decodekit.dlm.state import DLMState, SlotLogits
 from decodekit.masks import attend_layout, block_causal_mask, staged_layout
 from decodekit.registry import register
 
@@ -41,7 +41,8 @@ class BlockCausalCache:
         self.cache = None
         self.forwards = 0
 
-    def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
+    def logits(self, dlm: DLMModel, state: DLMState) -> SlotLogits:
+        """The current block's logits only (:class:`~decodekit.dlm.state.SlotLogits`)."""
         shift = int(dlm.shift_logits)
         lo, hi = state.block
         if self.cache is None:
@@ -58,11 +59,9 @@ class BlockCausalCache:
         mask, positions = block_causal_mask(keys, state.block_length, origin=state.starts)
         at = torch.arange(width - shift, device=state.device).expand(state.batch_size, width - shift)
         fresh = dlm.lm.forward(tokens, positions, mask, self.cache, logits_at=at).logits.float()
-        out = fresh.new_zeros(state.batch_size, state.gen_length, fresh.shape[-1])
-        out[:, lo + shift : hi] = fresh
         if shift:  # the block's first slot: the previous block's last output, from the store forward
-            out[:, lo] = self.last
-        return out
+            fresh = torch.cat([self.last[:, None], fresh], 1)
+        return SlotLogits(fresh, lo)
 
     def _store(self, dlm: DLMModel, state: DLMState, target: list[int]) -> None:
         """Run canvas positions ``stored[b] .. target[b] - 1`` of each row (whole blocks: the prompt, then each

@@ -8,7 +8,7 @@ from decodekit.cache import KVCache
 from decodekit.checks import check_int
 from decodekit.dlm.caches.base import RegionSpans, full_forward_kept, refreshes, rewrite_forward
 from decodekit.dlm.model import DLMModel
-from decodekit.dlm.state import DLMState
+from decodekit.dlm.state import DLMState, SlotLogits
 from decodekit.registry import register
 
 
@@ -40,7 +40,7 @@ class DualCache:
         self.cache: KVCache | None = None
         self.adaptive = RegionSpans(refresh=self.refresh, to_region_end=True)
 
-    def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
+    def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor | SlotLogits:
         if state.region is not None:
             return self.adaptive.logits(dlm, state)
         if refreshes(state, self.refresh) or self.cache is None:
@@ -49,7 +49,4 @@ class DualCache:
         lo, hi = state.block
         shift = int(dlm.shift_logits)
         slots = state.starts[:, None] + torch.arange(lo - shift, hi - shift, device=state.device)
-        fresh = rewrite_forward(dlm, self.cache, state, slots)
-        out = fresh.new_zeros(state.batch_size, state.gen_length, fresh.shape[-1])
-        out[:, lo:hi] = fresh
-        return out
+        return SlotLogits(rewrite_forward(dlm, self.cache, state, slots), lo)  # the block's slots only

@@ -8,7 +8,7 @@ from decodekit.cache import KVCache
 from decodekit.checks import check_int
 from decodekit.dlm.caches.base import RegionSpans, full_forward, refreshes
 from decodekit.dlm.model import DLMModel
-from decodekit.dlm.state import DLMState
+from decodekit.dlm.state import DLMState, SlotLogits
 from decodekit.masks import attend_layout, bidirectional_mask
 from decodekit.registry import register
 
@@ -44,7 +44,7 @@ class PrefixCache:
         self.cache: KVCache | None = None
         self.adaptive = RegionSpans(refresh=self.refresh, to_region_end=False)
 
-    def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
+    def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor | SlotLogits:
         if state.region is not None:
             return self.adaptive.logits(dlm, state)
         shift = int(dlm.shift_logits)
@@ -61,4 +61,4 @@ class PrefixCache:
         width = state.gen_length - state.block[0]
         at = torch.arange(width, device=state.device).expand(state.batch_size, width)
         fresh = dlm.lm.forward(tokens, positions, mask, self.cache, logits_at=at).logits.float()
-        return torch.cat([fresh.new_zeros(state.batch_size, state.block[0], fresh.shape[-1]), fresh], 1)
+        return SlotLogits(fresh, state.block[0])  # the block and everything after it

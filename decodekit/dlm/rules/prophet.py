@@ -22,7 +22,10 @@ class ProphetRule:
     each step, the top-1 minus top-2 **logit** gap of the proposals is reduced over a region; once it reaches the
     threshold of the current stage (progress = steps taken / the call's ``steps``: ``7.5`` before 1/3, ``5.0``
     before 2/3, ``2.5`` after), every masked slot of the generation region, later blocks included, takes its current
-    proposal and the row is done. Until then the ``base`` rule decides.
+    proposal and the row is done. Until then the ``base`` rule decides. Under a cache that does not predict every
+    slot each step (``dual`` and ``block_causal`` predict the current block only), later blocks have no proposal:
+    they neither count in the gap nor get filled, so the all-in commit fills the rest of what was predicted, and
+    decoding goes on with the next block.
 
     Faithfulness: the staged thresholds and the all-in fill follow the reference code (pixeli99/Prophet); its gap
     is averaged over 5 fixed answer slots pinned by a task prompt, which we generalise to a ``region`` (all masked
@@ -64,8 +67,8 @@ class ProphetRule:
         return self.thresholds[sum(progress >= s for s in self.stages)]
 
     def select(self, state: DLMState, proposal: Proposal, eligible: torch.Tensor) -> torch.Tensor:
-        masked = state.masked
-        region = masked if self.region == "masked" else eligible
+        masked = state.masked & proposal.predicted  # a cache's unpredicted slots (later blocks) count for nothing
+        region = masked if self.region == "masked" else eligible & masked
         gap = proposal.logit_gap()
         if self.reduce == "mean":
             score = (gap * region).sum(1) / region.sum(1).clamp(min=1)
