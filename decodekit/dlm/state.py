@@ -140,10 +140,18 @@ class SlotLogits(NamedTuple):
 
     def dense(self, gen_length: int) -> torch.Tensor:
         """``[B, G, V]`` with zeros outside the window (the form the tests compare)."""
-        b, w, v = self.logits.shape
-        out = self.logits.new_zeros(b, gen_length, v)
-        out[:, self.lo : self.lo + w] = self.logits
-        return out
+        return spread(self.logits, self.lo, gen_length)
+
+
+def spread(window: torch.Tensor, lo: int, gen_length: int, fill: float | bool = 0) -> torch.Tensor:
+    """``[B, G, ...]`` holding ``window [B, W, ...]`` at slots ``lo .. lo + W - 1`` and ``fill`` elsewhere (the
+    window itself when it covers all ``G``)."""
+    b, w = window.shape[:2]
+    if w == gen_length:
+        return window
+    out = window.new_full((b, gen_length, *window.shape[2:]), fill)
+    out[:, lo : lo + w] = window
+    return out
 
 
 def dense_logits(logits: torch.Tensor | SlotLogits, gen_length: int) -> torch.Tensor:
@@ -171,24 +179,18 @@ class Proposal:
     logits: torch.Tensor
     lo: int = 0
 
-    def _spread(self, window: torch.Tensor, fill: float | bool) -> torch.Tensor:
-        """``[B, G]`` from a ``[B, W]`` value of the window, ``fill`` elsewhere."""
-        out = torch.full_like(self.confidence, fill, dtype=window.dtype)
-        out[:, self.lo : self.lo + window.shape[1]] = window
-        return out
-
     @property
     def predicted(self) -> torch.Tensor:
         """``[B, G]`` bool: the slots some forward predicted this step: the window, less the slots in it a cache
         left at zero (a cache that feeds scattered positions, such as dKV-Cache, zeroes the others). A rule that
         reads beyond ``eligible`` must not commit the rest: their proposals mean nothing."""
-        return self._spread(self.logits.ne(0).any(-1), False)
+        return spread(self.logits.ne(0).any(-1), self.lo, self.tokens.shape[1], False)
 
     def logit_gap(self) -> torch.Tensor:
         """``[B, G]`` the top-1 minus top-2 **logit** (Prophet's certainty; not a probability gap); 0 outside the
         window."""
         top = self.logits.topk(2, dim=-1).values
-        return self._spread(top[..., 0] - top[..., 1], 0.0)
+        return spread(top[..., 0] - top[..., 1], self.lo, self.tokens.shape[1])
 
 
 def propose(logits: torch.Tensor | SlotLogits, temperature: float, state: DLMState) -> Proposal:
@@ -207,10 +209,5 @@ def propose(logits: torch.Tensor | SlotLogits, temperature: float, state: DLMSta
         u = uniform((b, state.gen_length, v), state.generator, window.device, key="gumbel", dtype=torch.float64)
         tokens = ((window + never).double() / temperature - (-u[:, lo : lo + w].log()).log()).argmax(-1)
     confidence = window.softmax(-1).gather(-1, tokens[..., None])[..., 0]
-    if w == state.gen_length:
-        return Proposal(tokens, confidence, window)
-    full_tokens = torch.full((b, state.gen_length), state.mask_token_id, dtype=tokens.dtype, device=tokens.device)
-    full_tokens[:, lo : lo + w] = tokens
-    full_confidence = confidence.new_zeros(b, state.gen_length)
-    full_confidence[:, lo : lo + w] = confidence
-    return Proposal(full_tokens, full_confidence, window, lo)
+    g = state.gen_length
+    return Proposal(spread(tokens, lo, g, state.mask_token_id), spread(confidence, lo, g), window, lo)
