@@ -59,6 +59,7 @@ def run(
     block_length: int = 32,
     methods: dict[str, dict[str, Any]] | None = None,
     base: dict[str, Any] | None = None,
+    only: list[str] | None = None,
     seed: int = 0,
     synthetic: int = 8,
     synthetic_length: int = 32,
@@ -78,6 +79,8 @@ def run(
             base. A cache that equals the uncached base token for token may stand in to save time: the exact
             ``BlockCausalCache`` on a block-causal model (at G = 256 the recompute takes ~15 min a prompt on 2 CPU
             cores). Every ``agreement`` and ``speedup`` is then against that run.
+        only: run just these of ``methods`` (None = every enabled one): a protocol names what it runs instead of
+            switching the others off one by one, so a method added to the recipe later does not join it.
         synthetic, synthetic_length: items per synthetic task (0 = skip that table) and their generation length
             (one block).
     """
@@ -94,6 +97,10 @@ def run(
             "samplers under methods"
         )
     enabled = {name: spec for name, spec in (methods or {}).items() if spec is not None}  # methods.<name>=null: off
+    if only is not None:
+        if unknown := [name for name in only if name not in enabled]:
+            raise ConfigError(f"only names {unknown}, which are not enabled methods; enabled: {sorted(enabled)}")
+        enabled = {name: enabled[name] for name in only}
     for name, spec in enabled.items():
         if spec.get("uncached") is not None and spec["uncached"] not in enabled:
             raise ConfigError(

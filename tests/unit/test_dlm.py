@@ -488,6 +488,8 @@ def test_dlm_bench_refuses_an_uncached_reference_to_a_disabled_method(tmp_path):
     methods = {"cached": {"rule": None, "cache": dk.dlm.DKVCache(), "uncached": "threshold"}, "threshold": None}
     with pytest.raises(ConfigError, match="not an enabled method"):
         run(tmp_path, model="no-such-model", methods=methods)
+    with pytest.raises(ConfigError, match=r"only names \['threshold'\]"):
+        run(tmp_path, model="no-such-model", methods=methods, only=["cached", "threshold"])
 
 
 @pytest.mark.parametrize("experiment", [None, "bdlm_g256", "dcd_caches"])
@@ -503,6 +505,9 @@ def test_dlm_bench_experiments_compose_and_build(experiment):
     with initialize_config_dir(str(RECIPES / "dlm_bench"), version_base="1.3"):
         cfg = compose("dlm_bench", overrides=overrides)
     methods = {k: v for k, v in instantiate(cfg.methods, _convert_="all").items() if v is not None}
+    if cfg.only is not None:
+        assert set(cfg.only) <= set(methods)
+        methods = {name: methods[name] for name in cfg.only}
     base = instantiate(cfg.base, _convert_="all")
     assert base["rule"] is None and methods
     for name, spec in methods.items():
