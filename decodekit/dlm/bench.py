@@ -64,6 +64,7 @@ def run(
     synthetic: int = 8,
     synthetic_length: int = 32,
     progress: bool = True,
+    device: str | None = None,
 ) -> str:
     """Run the benchmark; write ``results.json`` and ``results.md`` to ``out_dir``; return the markdown.
 
@@ -83,6 +84,7 @@ def run(
             switching the others off one by one, so a method added to the recipe later does not join it.
         synthetic, synthetic_length: items per synthetic task (0 = skip that table) and their generation length
             (one block).
+        device: where the diffusion LM and the scorer run (``"cuda"``; None = the CPU).
     """
     import decodekit as dk
     from decodekit.bench.tasks import load_task
@@ -107,8 +109,8 @@ def run(
                 f"methods.{name}.uncached names {spec['uncached']!r}, which is not an enabled method: enable it, or "
                 f"drop the reference (methods.{name}.uncached=null)"
             )
-    dlm = dk.dlm.load_model(model)
-    ar = dk.load_model(scorer)
+    dlm = dk.dlm.load_model(model, device=device)
+    ar = dk.load_model(scorer, device=device)
     rows = load_task(task, dlm.tokenizer, num_prompts=num_prompts, max_prompt_tokens=max_prompt_tokens, seed=seed)
     prompts, texts = [list(r["input_ids"]) for r in rows], [r["prompt"] for r in rows]
     code = [r.get("category") == "code" for r in rows]

@@ -1,0 +1,116 @@
+"""Every drafter, verifier, DLM rule, cache and schedule on a GPU (skipped without CUDA): greedy output equal to the
+CPU's, token for token, and sampling that runs, stays on the device and is reproducible under a seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.drafters.eagle import EagleDrafter, EagleHead
+from decodekit.drafters.head_files import head_metadata
+from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
+from decodekit.models.tiny import perturbed, tiny_llama
+from decodekit.policies import FixedLength
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+PROMPTS = [[5, 9, 14, 2], [33, 7], [1, 2, 3, 4, 5, 6, 7]]
+MASK = 127
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    """Untrained EAGLE and Medusa head files for tiny_llama(0) (any head drafts; greedy output must not change)."""
+    lm = dk.load_model(tiny_llama(0))
+    folder = tmp_path_factory.mktemp("heads")
+    eagle = EagleHead(lm.hf.config, None)
+    eagle.init_from(lm)
+    eagle.save(folder / "eagle.safetensors", head_metadata(lm, base="eagle"))
+    medusa = MedusaHeads(lm.hf.config.hidden_size, 3, torch.arange(lm.vocab_size))
+    medusa.save(folder / "medusa.safetensors", head_metadata(lm, base="medusa"))
+    return folder
+
+
+def drafters(device: str, heads) -> dict[str, tuple]:
+    """name -> (drafter, policy) built for a target on ``device``."""
+    draft = dk.load_model(perturbed(tiny_llama(0), 0.3, seed=1), device=device)
+    return {
+        "ngram": (dk.drafters.NGramDrafter(), FixedLength(4)),
+        "suffix": (dk.drafters.SuffixDrafter(), FixedLength(8, depth=8)),
+        "recycling": (dk.drafters.RecyclingDrafter(template="smollm2_8"), FixedLength(8, depth=4)),
+        "model_chain": (dk.drafters.ModelDrafter(draft), FixedLength(3)),
+        "model_tree": (dk.build("drafter", "model_tree", draft), FixedLength(6, depth=3)),
+        "eagle": (EagleDrafter(heads / "eagle.safetensors"), FixedLength(3)),
+        "eagle_tree": (EagleDrafter(heads / "eagle.safetensors", shape="dynamic", top_k=2), FixedLength(6, depth=3)),
+        "medusa": (MedusaDrafter(heads / "medusa.safetensors"), FixedLength(2)),
+        "early_exit": (dk.drafters.EarlyExitDrafter(1), FixedLength(3)),
+        "layer_skip": (dk.drafters.LayerSkipDrafter(), FixedLength(3)),
+    }
+
+
+def test_every_drafter_greedy_on_cuda_equals_cpu(heads, ragged_prompts):
+    cpu = dk.load_model(tiny_llama(0))
+    expected = dk.generate(cpu, ragged_prompts, max_new_tokens=24, eos_token_id=()).sequences
+    target = dk.load_model(tiny_llama(0), device="cuda")
+    for name, (drafter, policy) in drafters("cuda", heads).items():
+        kwargs = dict(policy=policy, max_new_tokens=24, eos_token_id=(), debug=True)
+        out = dk.generate(target, ragged_prompts, drafter, **kwargs)
+        assert out.sequences == expected, name
+
+
+@pytest.mark.parametrize("verifier", ["rejection", "block", "traversal", "specinfer", "spectr", "typical"])
+def test_every_verifier_samples_on_cuda(verifier, ragged_prompts):
+    target = dk.load_model(tiny_llama(0), device="cuda")
+    draft = dk.load_model(perturbed(tiny_llama(0), 0.3, seed=1), device="cuda")
+    chain = verifier in ("rejection", "block")
+    drafter = dk.drafters.ModelDrafter(draft) if chain else dk.build("drafter", "model_tree", draft, shape="iid")
+    policy = FixedLength(3) if chain else FixedLength(6, depth=3)
+
+    def run(seed):
+        out = dk.generate(
+            target, ragged_prompts, drafter, dk.build("verifier", verifier), policy,
+            temperature=0.8, top_p=0.9, max_new_tokens=16, eos_token_id=(), seed=seed,
+        )  # fmt: skip
+        return out.sequences
+
+    first = run(3)
+    assert first == run(3) and all(len(row) == 16 for row in first)
+
+
+def dlm_methods() -> dict[str, dict]:
+    """name -> generate kwargs: every rule uncached, every cache and schedule under the threshold rule."""
+    methods = {name: {"rule": dk.build("dlm_rule", name)} for name in ("llada", "threshold", "factor", "local_leap")}
+    methods["prophet"] = {"rule": dk.build("dlm_rule", "prophet")}
+    for cache in ("prefix", "dual", "dkv", "block_causal"):
+        methods[cache] = {"rule": dk.dlm.ThresholdRule(0.5), "cache": dk.build("dlm_cache", cache)}
+    schedules = {"adablock": dk.dlm.AdaBlock(delimiters=[5, 9], threshold=0.0), "dcd": dk.dlm.DeferredWindow(size=3)}
+    for name, schedule in schedules.items():
+        methods[name] = {"rule": dk.dlm.ThresholdRule(0.5), "schedule": schedule}
+    return methods
+
+
+def test_every_dlm_rule_cache_and_schedule_greedy_on_cuda_equals_cpu():
+    hf = tiny_llama(3, init=0.6)  # peaked distributions: no near-ties for the two devices' rounding to flip
+    cpu = dk.dlm.load_model(hf, mask_token_id=MASK)
+    gpu = dk.dlm.load_model(dk.load_model(tiny_llama(3, init=0.6), device="cuda"), mask_token_id=MASK)
+    kwargs = dict(gen_length=8, block_length=4, steps=8)
+    for name, method in dlm_methods().items():
+        want = dk.dlm.generate(cpu, PROMPTS, **method, **kwargs).sequences
+        assert dk.dlm.generate(gpu, PROMPTS, **dlm_methods()[name], **kwargs).sequences == want, name
+
+
+@pytest.mark.parametrize("name", ["random_order", "dkv_greedy"])
+def test_dlm_sampling_on_cuda_is_seeded(name):
+    gpu = dk.dlm.load_model(dk.load_model(tiny_llama(3, init=0.6), device="cuda"), mask_token_id=MASK)
+
+    def run():
+        cache = dk.build("dlm_cache", "dkv_greedy") if name == "dkv_greedy" else None
+        out = dk.dlm.generate(
+            gpu, PROMPTS, gen_length=8, block_length=4, steps=8, rule=dk.dlm.RandomOrderRule(), cache=cache,
+            temperature=0.9, seed=[1, 2, 3],
+        )  # fmt: skip
+        return out.sequences
+
+    first = run()
+    assert first == run() and all(MASK not in row for row in first)
