@@ -16,6 +16,7 @@ from decodekit.errors import ConfigError, UnsupportedModelError
 from decodekit.masks import to_additive
 from decodekit.models.attention_scores import recorded_attention, restricted_masks
 from decodekit.models.base import LanguageModel, ModelOutput, check_layer
+from decodekit.models.grouped_attention import TORCH_HAS_GQA, grouped_query_sdpa
 from decodekit.models.hf_attention import attention_plan, per_layer_masks
 from decodekit.models.hf_support import CHAIN_ONLY, cache_argument, check_supported
 
@@ -91,6 +92,7 @@ class HFCausalLM(LanguageModel):
             model.set_attn_implementation("sdpa")
             attn = "sdpa"
         self._additive_mask = _MASK_KINDS[attn] == "additive"
+        self._grouped = not self._additive_mask and TORCH_HAS_GQA  # sdpa: multi-query CPU calls without repeat_kv
         self._layers_attr = next(
             (a for a in _LAYER_LISTS if isinstance(getattr(self.decoder, a, None), torch.nn.ModuleList)), None
         )
@@ -174,6 +176,7 @@ class HFCausalLM(LanguageModel):
         hidden: dict[int, torch.Tensor] = {}
         sink, self._attention_sink = self._attention_sink, None
         with (
+            grouped_query_sdpa() if self._grouped else contextlib.nullcontext(),
             recorded_attention(sink) if sink is not None else contextlib.nullcontext(),
             self._run_layers(exit_layer, skip_layers),
             self._capture(hidden_layers, hidden),
