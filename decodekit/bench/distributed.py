@@ -203,7 +203,7 @@ def _move(model: Any, world: World) -> None:
 def _cpu_kernel(module: torch.nn.Module) -> bool:
     """Whether ``module`` is one of decodekit's CPU linear kernels (:mod:`decodekit.kernels.cpu`)."""
     kind = type(module)
-    return kind.__name__ == "MkldnnLinear" or kind.__module__.startswith("torch.ao.nn.quantized")
+    return kind.__name__ in ("MkldnnLinear", "PackedLinear") or kind.__module__.startswith("torch.ao.nn.quantized")
 
 
 def merge(

@@ -1,10 +1,13 @@
 """CPU linear-layer kernels for small models, where decoding is memory-bound and the linear layers are ~85% of
 a forward.
 
-* ``"onednn"``: float32 ``nn.Linear`` layers run as oneDNN (MKL-DNN) linears with weights prepacked once
-  (``torch.utils.mkldnn.MkldnnLinear``). Same dtype and results to ~1e-4 in the logits; on our 2-core AMD EPYC it
-  is ~10% faster for one token and ~25% faster for the 2-9 token forwards speculative decoding verifies, where
-  the default MKL path processes small batches of rows almost row by row (docs/benchmarks.md).
+* ``"onednn"``: float32 ``nn.Linear`` layers run as oneDNN (MKL-DNN) linears with weights reordered once
+  (:class:`PackedLinear`), on ordinary dense activations. Same dtype and results to ~1e-4 in the logits; faster
+  than the default MKL path for one token and much faster for the 2-17 token forwards speculative decoding
+  verifies, where MKL processes small batches of rows almost row by row (docs/benchmarks.md). Before 2026-11-26
+  this was ``torch.utils.mkldnn.MkldnnLinear``, which converts every input to oneDNN's layout and every output
+  back (~20 us each way, ~8 ms of a SmolLM2 forward); on SmolLM2's shapes the dense-input kernel is 1.5-2.5x
+  faster per layer for 1-17 rows, with the same outputs.
 * ``"int8"``: a copy with dynamically quantized int8 linears (``torch.ao.quantization.quantize_dynamic``):
   ~2.5x faster and close to the original's predictions, a cheap *draft* model for a float32 target (its outputs
   are not the original's, so never use it as the target of a lossless comparison).
@@ -24,19 +27,53 @@ from decodekit.errors import ConfigError
 KERNELS = ("onednn", "int8")
 
 
+class PackedLinear(torch.nn.Module):
+    """A float32 ``nn.Linear`` whose weight is reordered once into oneDNN's blocked layout; inputs and outputs stay
+    ordinary dense tensors (``torch.ops.mkldnn._linear_pointwise``, the kernel PyTorch's own CPU compiler emits for
+    frozen linears). ``x [..., in_features]`` -> ``[..., out_features]``.
+
+    The layout is chosen for ``BATCH_HINT`` rows; any number of rows runs. ``weight`` is an opaque MKL-DNN tensor
+    (``weight.to_dense()`` gives the original matrix); copies and pickles carry the dense matrix and reorder it
+    again."""
+
+    BATCH_HINT = 8  # on SmolLM2's shapes: as fast as a hint of 1 for one row, up to 2x faster for 3-17 rows
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self._pack(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
+
+    def _pack(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(weight, self.BATCH_HINT))
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_buffers"] = {**self._buffers, "weight": self.weight.to_dense()}  # opaque tensors cannot be copied
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._pack(self._buffers["weight"], self._buffers["bias"])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
 def onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
-    """Replace every float32 ``nn.Linear`` of ``model`` (in place) by a prepacked oneDNN linear; returns ``model``.
+    """Replace every float32 ``nn.Linear`` of ``model`` (in place) by a :class:`PackedLinear`; returns ``model``.
 
     Tied weights are untied (the output head gets its own packed copy of the embedding matrix).
     """
-    if not torch.backends.mkldnn.is_available():
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         raise ConfigError("kernels='onednn' needs a PyTorch build with MKL-DNN (oneDNN); use kernels=None")
-    from torch.utils.mkldnn import MkldnnLinear
-
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32 and child.weight.is_cpu:
-                setattr(module, name, MkldnnLinear(child, torch.float32))
+                setattr(module, name, PackedLinear(child))
     return model
 
 

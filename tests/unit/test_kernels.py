@@ -41,3 +41,20 @@ def test_load_model_applies_kernels():
     assert model.vocab_size == 128 and type(model.lm_head) is not torch.nn.Linear
     with pytest.raises(dk.ConfigError, match="unknown kernels"):
         apply_kernels(tiny_llama(0), "fp4")
+
+
+def test_packed_linears_survive_copies_and_pickles():
+    """PackedLinear's weight is an opaque oneDNN tensor: deepcopy and torch.save carry its dense matrix and reorder
+    it again, giving the same logits; ``weight.to_dense()`` is the original matrix."""
+    import copy
+    import io
+
+    reference, model = tiny_llama(0), onednn_linears(tiny_llama(0))
+    layer = model.model.layers[0].mlp.up_proj
+    assert type(layer).__name__ == "PackedLinear"
+    assert torch.equal(layer.weight.to_dense(), reference.model.layers[0].mlp.up_proj.weight)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for other in (copy.deepcopy(model), torch.load(buffer, weights_only=False)):
+        assert torch.equal(logits(other, [1, 2, 3, 4]), logits(model, [1, 2, 3, 4]))
