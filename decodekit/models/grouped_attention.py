@@ -8,10 +8,11 @@ diffusion step) took the copying path. :func:`grouped_query_sdpa` routes those c
 ``scaled_dot_product_attention(..., enable_gqa=True)`` instead: the same arithmetic on the same values (the logits
 are bit-identical in ``tests/unit/test_grouped_attention.py``), without the copies.
 
-Measured on SmolLM2-135M (9 query heads, 3 key/value heads) on the 2-core CPU, onednn kernels, one forward over N
-positions at a context of 900: N = 2 72.8 -> 62.1 ms, N = 5 79.8 -> 71.2 ms, N = 17 103.7 -> 95.6 ms; at a context
-of 300, 6-7% for N = 2 and 5. GPUs keep transformers' path: there a masked ``enable_gqa`` call may fall back to
-torch's math kernel, which would cost more than the copy (not measured here).
+Measured on SmolLM2-135M (9 query heads, 3 key/value heads) on the 2-core CPU with the onednn kernels of the time
+(``MkldnnLinear``), one forward over N positions at a context of 900: N = 2 72.8 -> 62.1 ms, N = 5 79.8 -> 71.2
+ms, N = 17 103.7 -> 95.6 ms; at a context of 300, 6-7% for N = 2 and 5. GPUs keep transformers' path: there a
+masked ``enable_gqa`` call may fall back to torch's math kernel, which would cost more than the copy (not measured
+here).
 """
 
 from __future__ import annotations
