@@ -9,7 +9,7 @@ head ``h // g``, as transformers' ``repeat_kv`` pairs them), ``Q`` queries, ``S`
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,22 +34,31 @@ def attention_mass(
 
 
 @contextlib.contextmanager
-def recorded_attention(sink: dict[int, torch.Tensor]) -> Iterator[None]:
-    """During the block, every transformers SDPA attention call also stores :func:`attention_mass` of its queries in
-    ``sink[layer index]`` (one extra ``Q x S`` product per head; the attention output is unchanged). Models that do
-    not run ``sdpa`` record nothing. It swaps transformers' process-wide ``sdpa`` entry for the block, so another
-    thread's forward in the meantime would record into ``sink`` too."""
+def wrapped_sdpa(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """During the block, transformers' process-wide ``sdpa`` attention entry is ``wrap(the current entry)``
+    (restored afterwards). Another thread's forward in the meantime runs the wrapper too."""
     original = ALL_ATTENTION_FUNCTIONS["sdpa"]
-
-    def scored(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any, *a: Any, **kw: Any):
-        sink[module.layer_idx] = attention_mass(query, key, mask, kw.get("scaling"))
-        return original(module, query, key, value, mask, *a, **kw)
-
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = scored
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = wrap(original)
     try:
         yield
     finally:
         ALL_ATTENTION_FUNCTIONS["sdpa"] = original
+
+
+def recorded_attention(sink: dict[int, torch.Tensor]) -> contextlib.AbstractContextManager[None]:
+    """During the block, every transformers SDPA attention call also stores :func:`attention_mass` of its queries in
+    ``sink[layer index]`` (one extra ``Q x S`` product per head; the attention output is unchanged). Models that do
+    not run ``sdpa`` record nothing. It swaps transformers' process-wide ``sdpa`` entry for the block
+    (:func:`wrapped_sdpa`), so another thread's forward in the meantime would record into ``sink`` too."""
+
+    def scoring(original: Callable[..., Any]) -> Callable[..., Any]:
+        def scored(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any, *a, **kw):
+            sink[module.layer_idx] = attention_mass(query, key, mask, kw.get("scaling"))
+            return original(module, query, key, value, mask, *a, **kw)
+
+        return scored
+
+    return wrapped_sdpa(scoring)
 
 
 def restricted_masks(mask: torch.Tensor, attend: torch.Tensor, query_heads: int) -> list[torch.Tensor]:

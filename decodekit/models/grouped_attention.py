@@ -18,11 +18,12 @@ here).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from decodekit.models.attention_scores import wrapped_sdpa
 
 __all__ = ["TORCH_HAS_GQA", "grouped_query_sdpa"]
 
@@ -43,35 +44,32 @@ def _takes_over(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
     )
 
 
-@contextlib.contextmanager
-def grouped_query_sdpa() -> Iterator[None]:
+def grouped_query_sdpa() -> contextlib.AbstractContextManager[None]:
     """During the block, transformers' ``sdpa`` attention runs masked multi-query CPU calls of grouped-query layers
     with torch's ``enable_gqa`` (module docstring); every other call goes to transformers' function unchanged.
 
     Tensors: ``query [B, Hq, Q, D]``, ``key`` / ``value [B, Hkv, S, D]``, ``mask [B, 1 | Hq, Q, S]`` (boolean, True
     attends, or additive); returns ``[B, Q, Hq, D]`` as transformers' function does. It swaps the process-wide
-    ``sdpa`` entry for the block, as :func:`~decodekit.models.attention_scores.recorded_attention` does."""
-    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    ``sdpa`` entry for the block (:func:`~decodekit.models.attention_scores.wrapped_sdpa`)."""
 
-    def grouped(
-        module: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: Any,
-        dropout: float = 0.0,
-        scaling: float | None = None,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, None]:
-        if not _takes_over(query, key, value, attention_mask, kwargs):
-            return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
-        )
-        return out.transpose(1, 2).contiguous(), None
+    def grouping(original: Callable[..., Any]) -> Callable[..., Any]:
+        def grouped(
+            module: Any,
+            query: torch.Tensor,
+            key: torch.Tensor,
+            value: torch.Tensor,
+            attention_mask: Any,
+            dropout: float = 0.0,
+            scaling: float | None = None,
+            **kwargs: Any,
+        ) -> tuple[torch.Tensor, None]:
+            if not _takes_over(query, key, value, attention_mask, kwargs):
+                return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+            )
+            return out.transpose(1, 2).contiguous(), None
 
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = grouped
-    try:
-        yield
-    finally:
-        ALL_ATTENTION_FUNCTIONS["sdpa"] = original
+        return grouped
+
+    return wrapped_sdpa(grouping)
