@@ -13,12 +13,29 @@ import numpy as np
 import torch
 
 
+class WarmupCosine:
+    """The learning-rate factor at a step: linear warm-up over the first ``warmup`` fraction of ``total`` steps,
+    then cosine decay to 0 at ``total``. ``total`` may be reset mid-run (a time budget fixes it once the step time
+    is measured); a callable object, so a checkpoint of its ``LambdaLR`` keeps it."""
+
+    def __init__(self, total: int, warmup: float) -> None:
+        self.total, self.warmup = total, warmup
+
+    def __call__(self, step: int) -> float:
+        warm = max(1, round(self.warmup * self.total))
+        return min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / self.total)))
+
+
 def warmup_cosine(optimizer: torch.optim.Optimizer, total: int, warmup: float) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over the first ``warmup`` fraction of ``total`` steps, then cosine decay to 0."""
-    warm = max(1, round(warmup * total))
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))
-    )
+    """Linear warm-up over the first ``warmup`` fraction of ``total`` steps, then cosine decay to 0
+    (:class:`WarmupCosine`, reachable as ``schedule.lr_lambdas[0]``)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(total, warmup))
+
+
+def budgeted_steps(budget_s: float, elapsed_s: float, step: int, step_s: float, eval_s: float, eval_every: int) -> int:
+    """The step count a ``budget_s``-second run can reach: ``elapsed_s`` spent at ``step``, then ``step_s`` a step
+    plus ``eval_s`` every ``eval_every`` steps (at least one more step)."""
+    return step + max(1, int((budget_s - elapsed_s) / (step_s + eval_s / eval_every)))
 
 
 def take_step(

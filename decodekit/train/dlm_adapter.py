@@ -37,13 +37,14 @@ from tqdm.auto import tqdm
 
 from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
-from decodekit.train.common import Checkpoints, plot_losses, take_step, warmup_cosine
+from decodekit.train.common import Checkpoints, budgeted_steps, plot_losses, take_step, warmup_cosine
 from decodekit.train.dlm_data import region_rows
 from decodekit.train.dlm_losses import masked_diffusion_loss, region_diffusion_loss
 from decodekit.train.feature_data import DATA_SOURCE as SELF_SOURCE
 from decodekit.train.feature_data import SEQUENCES
 
 DATA_SOURCE = "Python standard library test-suite source (Lib/test/**/*.py) and pydoc_data topics"
+BUDGET_PROBE = 10  # steps timed to turn a time budget into a step count
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -121,6 +122,7 @@ def train(
     sequences: dict[str, int] | None = None,
     name: str = "smollm2-135m-dlm",
     mixed_precision: str = "no",
+    time_budget_s: float | None = None,
 ) -> dict[str, Any]:
     """Train the adapter; returns the summary numbers (also in ``summary.json``).
 
@@ -144,6 +146,9 @@ def train(
         name: the adapter file's stem (``<name>.safetensors``) and the zoo name it is for.
         mixed_precision: accelerate's ``"no"`` | ``"bf16"`` | ``"fp16"`` (autocast around the loss; bf16 halves a
             step on CPUs with AVX512-BF16 or AMX).
+        time_budget_s: train for about this many seconds (the loop and its validations, not the loading): after a
+            few steps the measured step time fixes the step count (at most ``max_steps``, or one pass), and the
+            learning-rate schedule anneals over it. None: ``max_steps``.
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -166,6 +171,7 @@ def train(
     check_int("max_steps", max_steps, low=1, optional=True)
     check_int("threads", threads, low=1, optional=True)
     check_float("lr", lr, low=0.0, low_open=True)
+    check_float("time_budget_s", time_budget_s, low=0.0, low_open=True, optional=True)
     if data not in ("corpus", "self"):
         raise ConfigError(f"data must be 'corpus' or 'self'; got {data!r}")
     check_int("block_length", block_length, low=1, optional=True)
@@ -181,7 +187,8 @@ def train(
     set_seed(seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lm = dk.load_model(base)
+    accelerator = Accelerator(mixed_precision=mixed_precision)
+    lm = dk.load_model(base, device=accelerator.device)  # on a GPU, the self-distilled responses are written there
     tokenizer, hf = lm.tokenizer, lm.hf
     check_int("mask_token_id", mask_token_id, low=0, high=lm.vocab_size - 1)
     if data == "corpus":
@@ -215,36 +222,51 @@ def train(
         raise ConfigError(f"too little data: {len(rows)} training rows and {len(val_batches)} validation batches")
 
     model = get_peft_model(hf.train(), LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(TARGET_MODULES)))
-    accelerator = Accelerator(mixed_precision=mixed_precision)
     loader = torch.utils.data.DataLoader(
         rows, batch_size=batch_size, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(seed)
     )
     total = max_steps or len(loader)  # past one pass, the rows are reshuffled and used again
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     schedule = warmup_cosine(optimizer, total, warmup)
+    shape = schedule.lr_lambdas[0]
     model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
     checkpoints = Checkpoints(accelerator, out)
     step, history = (checkpoints.resume() if resume else None) or (0, {"train": [], "val": []})
+    shape.total = total  # a checkpoint restores its own; this run's max_steps decides
     noise = torch.Generator(accelerator.device).manual_seed(seed + step)
 
+    eval_s = 0.0  # the last validation's time (a time budget counts it)
+
     def validate() -> float:
+        nonlocal eval_s
+        began = time.perf_counter()
         model.eval()
         fixed = torch.Generator(accelerator.device).manual_seed(1234)  # the same masks at every evaluation
         with torch.no_grad(), accelerator.autocast():
             losses = [float(loss_of(batch, fixed)) for batch in val_batches]
         model.train()
+        eval_s = time.perf_counter() - began
         return sum(losses) / len(losses)
 
+    start = time.perf_counter()
     if not history["val"]:
         history["val"].append([0, validate()])
-    start = time.perf_counter()
+    probe = (step + 2, step + 2 + BUDGET_PROBE)  # the steps timed for a time budget (the first ones warm up)
     bar = tqdm(total=total, initial=step, desc="training DLM adapter", unit="step", disable=not progress)
     for batch in passes(accelerator, loader, step):
         if step >= total:
             break
+        if step == probe[0]:
+            probe_began = time.perf_counter()
         with accelerator.autocast():
             loss = loss_of(batch, noise)
         step = take_step(accelerator, optimizer, schedule, loss, history, bar, step)
+        if time_budget_s is not None and step == probe[1]:
+            step_s = (time.perf_counter() - probe_began) / BUDGET_PROBE
+            spent = time.perf_counter() - start
+            total = shape.total = min(total, budgeted_steps(time_budget_s, spent, step, step_s, eval_s, eval_every))
+            bar.total = total
+            bar.refresh()
         if step % eval_every == 0 or step == total:
             history["val"].append([step, validate()])
         if step % save_every == 0:
@@ -269,6 +291,7 @@ def train(
         "lora_rank": rank,
         "lora_alpha": alpha,
         "mixed_precision": mixed_precision,
+        "time_budget_s": time_budget_s,
     }
     if accelerator.is_main_process:
         (out / "history.json").write_text(json.dumps(history))

@@ -58,10 +58,9 @@ class RegionRows:
 def region_rows(target: Any, cfg: dict[str, Any], data_dir: Path, seed: int, progress: bool) -> RegionRows:
     """The self-distilled sequences (read from ``data_dir/sequences.json`` or built there: see
     :func:`decodekit.train.feature_data.load_sequences`) as :class:`RegionRows`."""
-    from decodekit.train.feature_data import load_sequences, response_starts
+    from decodekit.train.feature_data import load_sequences
 
-    seqs = load_sequences(target, cfg, data_dir, seed, progress)
-    starts = response_starts(target.tokenizer, cfg, seed, len(seqs))
+    seqs, starts = load_sequences(target, cfg, data_dir, seed, progress)
     kept = [(s, st if st else None) for s, st in zip(seqs, starts) if len(s) > max(st, 1) + 1]
     if not kept:
         raise ConfigError(f"no usable sequences in {data_dir}: raise chat_prompts / code_prompts / text_chunks")

@@ -38,20 +38,26 @@ DATA_SOURCE = (
 
 
 def code_prompts(tokenizer: Any, num: int, max_prompt_tokens: int, seed: int = 0) -> list[list[int]]:
-    """``num`` code-completion prompts: up to 30 lines of a ``Lib/test`` file ending at a ``def`` line."""
+    """``num`` distinct code-completion prompts: up to 30 lines of a ``Lib/test`` file ending at a ``def`` line.
+
+    One prompt per file and pass over the files (the first pass is the recipe's original prompt list, where two
+    files can give the same prompt); when ``num`` asks for more prompts than there are files with a ``def``, later
+    passes pick other ``def`` lines and skip prompts already taken, up to 8 passes."""
     from decodekit.train.dlm_adapter import corpus_texts
 
-    rng, prompts = random.Random(seed), []
-    for text in corpus_texts(seed):
-        lines = text.splitlines(keepends=True)
-        starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("def ")]
-        if not starts:
-            continue
-        end = rng.choice(starts) + 1
-        ids = tokenizer("".join(lines[max(0, end - 30) : end]))["input_ids"][-max_prompt_tokens:]
-        prompts.append(list(ids))
-        if len(prompts) == num:
-            break
+    rng, prompts, seen = random.Random(seed), [], set()
+    files = [text.splitlines(keepends=True) for text in corpus_texts(seed)]
+    files = [(lines, [i for i, line in enumerate(lines) if line.lstrip().startswith("def ")]) for lines in files]
+    files = [(lines, starts) for lines, starts in files if starts]
+    for later in range(8):
+        for lines, starts in files:
+            end = rng.choice(starts) + 1
+            ids = tokenizer("".join(lines[max(0, end - 30) : end]))["input_ids"][-max_prompt_tokens:]
+            if not later or tuple(ids) not in seen:
+                seen.add(tuple(ids))
+                prompts.append(list(ids))
+            if len(prompts) == num:
+                return prompts
     return prompts
 
 
@@ -63,42 +69,65 @@ def training_prompts(tokenizer: Any, cfg: dict[str, int], seed: int) -> list[lis
     return prompts + code_prompts(tokenizer, cfg["code_prompts"], cfg["max_prompt_tokens"], seed + 1)
 
 
-def build_sequences(target: Any, cfg: dict[str, int], seed: int, progress: bool) -> list[list[int]]:
-    """The training sequences (token ids): prompts with the target's greedy responses, then text chunks."""
-    import decodekit as dk
+def sequence_plan(tokenizer: Any, cfg: dict[str, int], seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """What :func:`build_sequences` needs from the corpus: the prompts the target answers (chat, then code) and the
+    plain text chunks (``seq_len`` tokens each). Built on one machine, they can be answered on another (a GPU
+    machine whose Python has a different standard library)."""
     from decodekit.train.dlm_adapter import corpus_texts, token_chunks
 
-    tok = target.tokenizer
-    prompts = training_prompts(tok, cfg, seed)
-    seqs = []
+    chunks = token_chunks(tokenizer, corpus_texts(seed + 2), cfg["seq_len"], cfg["text_chunks"], tokenizer.eos_token_id)
+    return training_prompts(tokenizer, cfg, seed), chunks.tolist()
+
+
+def answer(
+    target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int, progress: bool
+) -> list[list[int]]:
+    """The target's greedy responses to ``prompts`` (token ids, up to ``max_new_tokens`` each, its end-of-text
+    token kept), in order; the prompts are batched by length (``batch_size`` a batch) to waste little padding."""
+    import decodekit as dk
+
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    responses: list[list[int]] = [[] for _ in prompts]
     bar = tqdm(total=len(prompts), desc="target responses", unit="prompt", disable=not progress)
-    for i in range(0, len(prompts), cfg["gen_batch_size"]):
-        batch = prompts[i : i + cfg["gen_batch_size"]]
-        out = dk.generate(target, batch, max_new_tokens=cfg["max_new_tokens"])
-        seqs += [p + s for p, s in zip(batch, out.sequences)]
-        bar.update(len(batch))
+    for i in range(0, len(order), batch_size):
+        rows = order[i : i + batch_size]
+        out = dk.generate(target, [prompts[r] for r in rows], max_new_tokens=max_new_tokens)
+        for r, response in zip(rows, out.sequences):
+            responses[r] = response
+        bar.update(len(rows))
     bar.close()
-    texts = corpus_texts(seed + 2)
-    chunks = token_chunks(tok, texts, cfg["seq_len"], cfg["text_chunks"], target.eos_token_ids[0])
-    return seqs + chunks.tolist()
+    return responses
 
 
-def load_sequences(target: Any, cfg: dict[str, Any], data_dir: Path, seed: int, progress: bool) -> list[list[int]]:
-    """The sequences of :func:`build_sequences`, read from ``data_dir/sequences.json`` when a run (of any recipe
-    sharing ``data_dir``) wrote it, else built and written there (the responses take the longest)."""
-    written = Path(data_dir) / "sequences.json"
-    if written.is_file():
-        return json.loads(written.read_text())
-    seqs = build_sequences(target, cfg, seed, progress)
-    written.parent.mkdir(parents=True, exist_ok=True)
-    written.write_text(json.dumps(seqs))
-    return seqs
+def write_sequences(
+    target: Any, prompts: list[list[int]], chunks: list[list[int]], cfg: dict[str, int], data_dir: Path, progress: bool
+) -> tuple[list[list[int]], list[int]]:
+    """Answer ``prompts`` (:func:`answer`), then write the sequences (prompt + response, then the text ``chunks``)
+    to ``data_dir/sequences.json`` and where each one's response starts (0 for a chunk) to ``starts.json``."""
+    responses = answer(target, prompts, cfg["max_new_tokens"], cfg["gen_batch_size"], progress)
+    seqs = [p + r for p, r in zip(prompts, responses)] + chunks
+    starts = [len(p) for p in prompts] + [0] * len(chunks)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "sequences.json").write_text(json.dumps(seqs))
+    (data_dir / "starts.json").write_text(json.dumps(starts))
+    return seqs, starts
 
 
-def response_starts(tokenizer: Any, cfg: dict[str, Any], seed: int, count: int) -> list[int]:
-    """Where each of the ``count`` sequences' response starts: its prompt's length (0 for a plain text chunk)."""
-    prompts = [len(p) for p in training_prompts(tokenizer, cfg, seed)]
-    return prompts + [0] * (count - len(prompts))
+def load_sequences(
+    target: Any, cfg: dict[str, Any], data_dir: Path, seed: int, progress: bool
+) -> tuple[list[list[int]], list[int]]:
+    """The self-distilled sequences (token ids: prompts with the target's greedy responses, then plain text chunks)
+    and where each one's response starts, read from ``data_dir`` when a run (of any recipe sharing ``data_dir``)
+    wrote them, else built and written there (the responses take the longest)."""
+    data_dir = Path(data_dir)
+    written = data_dir / "sequences.json"
+    if not written.is_file():
+        return write_sequences(target, *sequence_plan(target.tokenizer, cfg, seed), cfg, data_dir, progress)
+    seqs = json.loads(written.read_text())
+    if (data_dir / "starts.json").is_file():
+        return seqs, json.loads((data_dir / "starts.json").read_text())
+    prompts = [len(p) for p in training_prompts(target.tokenizer, cfg, seed)]  # a cache written before starts.json
+    return seqs, prompts + [0] * (len(seqs) - len(prompts))
 
 
 @torch.no_grad()
@@ -194,11 +223,12 @@ def prepare(
     if cached.is_file():
         data = torch.load(cached)
     else:
-        seqs = load_sequences(target, cfg, data_dir, seed, progress)
+        seqs, starts = load_sequences(target, cfg, data_dir, seed, progress)
         data = target_features(target, seqs, cfg["seq_len"], cfg["gen_batch_size"], progress)
+        data["starts"] = torch.tensor([st for s, st in zip(seqs, starts) if len(s) >= 3])
         torch.save(data, cached)
-    if "starts" not in data:  # where each sequence's loss starts: its response (0 for plain text)
-        data["starts"] = torch.tensor(response_starts(target.tokenizer, cfg, seed, len(data["lengths"])))
+    if "starts" not in data:  # a cache written before the starts were stored: its response (0 for plain text)
+        data["starts"] = torch.tensor(load_sequences(target, cfg, data_dir, seed, progress)[1][: len(data["lengths"])])
         torch.save(data, cached)
     n, width = data["tokens"].shape
     held = torch.rand(n, generator=torch.Generator().manual_seed(seed)) < val_fraction

@@ -55,6 +55,9 @@ def test_block_causal_recipe_builds_self_distilled_rows_trains_and_loads_block_c
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     seqs = json.loads((tmp_path / "data" / "sequences.json").read_text())
     assert len(seqs) >= 4 and all(len(s) > 0 for s in seqs)  # the responses, then the text chunks
+    starts = json.loads((tmp_path / "data" / "starts.json").read_text())
+    answered = len(seqs) - 4  # the prompts that fit max_prompt_tokens (chat prompts rarely do at 32), then 4 chunks
+    assert len(starts) == len(seqs) and answered > 0 and all(starts[:answered]) and set(starts[answered:]) == {0}
     monkeypatch.setattr(zoo, "weights_path", lambda entry: tmp_path / entry.weights)
     m = dk.dlm.load_model("smollm2-135m-bdlm")
     assert m.block_length == 4 and m.mask_token_id == 16 and m.shift_logits
@@ -62,6 +65,18 @@ def test_block_causal_recipe_builds_self_distilled_rows_trains_and_loads_block_c
     assert len(out.sequences[0]) == 8 and 16 not in out.sequences[0]
     with pytest.raises(ConfigError, match="trained block-causally with blocks of 4"):
         dk.dlm.generate(m, ["def add(a, b):"], gen_length=8, block_length=8, steps=8)
+
+
+def test_a_time_budget_fixes_the_step_count_after_the_probe_and_anneals_over_it(tmp_path):
+    """A budget no step fits in: the run stops one step after the timed probe (the fewest a budget allows), with
+    the learning rate annealed to 0 at that step rather than cut off mid-schedule."""
+    from decodekit.train.dlm_adapter import BUDGET_PROBE
+
+    small = dict(seq_len=32, train_chunks=64, val_chunks=4, batch_size=4, eval_every=100, lr=3e-3, progress=False)
+    summary = train(tmp_path, max_steps=1000, time_budget_s=1e-3, **small)
+    assert summary["steps"] == 2 + BUDGET_PROBE + 1 and summary["time_budget_s"] == 1e-3
+    state = torch.load(next((tmp_path / "checkpoints").glob("step_*")) / "scheduler.bin", weights_only=False)
+    assert state["lr_lambdas"][0]["total"] == summary["steps"] and state["_last_lr"][0] == pytest.approx(0.0)
 
 
 def test_missing_adapter_says_how_to_train_it(tmp_path, monkeypatch):

@@ -29,6 +29,13 @@ def test_code_prompts_are_not_benchmark_prompts(smollm2):
     assert all("def " in smollm2.tokenizer.decode(p).splitlines()[-1] for p in prompts)
 
 
+def test_code_prompts_past_one_a_file_are_new_def_lines(smollm2):
+    prompts = code_prompts(smollm2.tokenizer, 2000, 200)  # about 700 files have a def line
+    assert len(prompts) == 2000 and prompts[:256] == code_prompts(smollm2.tokenizer, 256, 200)
+    assert len({tuple(p) for p in prompts[1000:]}) == 1000  # later passes repeat no prompt
+    assert all("def " in smollm2.tokenizer.decode(p).splitlines()[-1] for p in prompts[1000:])
+
+
 def test_smoke_run_trains_picks_a_vocabulary_and_resumes(tmp_path):
     small = dict(
         chat_prompts=2, code_prompts=2, text_chunks=12, max_new_tokens=8, seq_len=64, train_vocab=1024,

@@ -1,0 +1,55 @@
+"""What the training recipes share: the learning-rate schedule (resettable for a time budget), the budget's step
+count, and the self-distilled sequences (answered in length-sorted batches, cached with their response starts)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.train.common import WarmupCosine, budgeted_steps, warmup_cosine
+from decodekit.train.feature_data import answer, load_sequences, write_sequences
+
+
+def test_warmup_cosine_warms_up_anneals_to_zero_and_follows_a_new_total():
+    shape = WarmupCosine(100, 0.1)
+    assert shape(0) == pytest.approx(0.1) and shape(9) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.09)))
+    assert shape(50) == pytest.approx(0.5) and shape(100) == pytest.approx(0.0, abs=1e-12)
+    shape.total = 20  # a time budget shortened the run: the cosine now ends at step 20
+    assert shape(10) == pytest.approx(0.5) and shape(20) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_warmup_cosine_total_survives_a_checkpoint():
+    weight = torch.nn.Parameter(torch.zeros(1))
+    schedule = warmup_cosine(torch.optim.SGD([weight], lr=1.0), 100, 0.0)
+    schedule.lr_lambdas[0].total = 30
+    state = schedule.state_dict()
+    fresh = warmup_cosine(torch.optim.SGD([weight], lr=1.0), 100, 0.0)
+    fresh.load_state_dict(state)
+    assert fresh.lr_lambdas[0].total == 30
+
+
+def test_budgeted_steps_counts_steps_and_validations_in_the_time_left():
+    # 60 s left; a step 0.5 s and a 5 s validation every 10 steps: 1 s a step on average.
+    assert budgeted_steps(100.0, 40.0, 12, 0.5, 5.0, 10) == 12 + 60
+    assert budgeted_steps(10.0, 40.0, 12, 0.5, 5.0, 10) == 13  # over budget already: one more step, not fewer
+
+
+def test_answer_batches_by_length_and_returns_each_prompts_own_greedy_response(target, ragged_prompts):
+    out = answer(target, ragged_prompts, max_new_tokens=6, batch_size=2, progress=False)
+    alone = [dk.generate(target, [p], max_new_tokens=6).sequences[0] for p in ragged_prompts]
+    assert out == alone
+
+
+def test_sequences_are_cached_with_their_response_starts(target, ragged_prompts, tmp_path):
+    cfg = {"max_new_tokens": 4, "gen_batch_size": 3}
+    chunks = [[5, 6, 7, 8], [9, 10, 11, 12]]
+    seqs, starts = write_sequences(target, ragged_prompts, chunks, cfg, tmp_path, progress=False)
+    assert starts == [len(p) for p in ragged_prompts] + [0, 0]
+    assert all(s[: len(p)] == p and len(s) > len(p) for s, p in zip(seqs, ragged_prompts)) and seqs[-2:] == chunks
+    assert json.loads((tmp_path / "starts.json").read_text()) == starts
+    # read back without rebuilding (this model has no tokenizer, so a rebuild would fail)
+    assert load_sequences(target, cfg, tmp_path, 0, False) == (seqs, starts)
