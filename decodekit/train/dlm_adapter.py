@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import random
-import sysconfig
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from tqdm.auto import tqdm
 from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.train.common import Checkpoints, budgeted_steps, plot_losses, take_step, warmup_cosine
+from decodekit.train.corpus import corpus_texts, token_chunks
 from decodekit.train.dlm_data import region_rows
 from decodekit.train.dlm_losses import masked_diffusion_loss, region_diffusion_loss
 from decodekit.train.feature_data import DATA_SOURCE as SELF_SOURCE
@@ -46,42 +46,6 @@ from decodekit.train.feature_data import SEQUENCES
 DATA_SOURCE = "Python standard library test-suite source (Lib/test/**/*.py) and pydoc_data topics"
 BUDGET_PROBE = 10  # steps timed to turn a time budget into a step count
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def corpus_texts(seed: int = 0) -> list[str]:
-    """The training texts: every ``Lib/test`` source file and each ``pydoc_data`` topic, in a seeded order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    texts = []
-    for path in sorted((root / "test").rglob("*.py")):
-        try:
-            texts.append(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError):
-            continue
-    try:
-        from pydoc_data.topics import topics
-
-        texts += [topics[k] for k in sorted(topics)]
-    except ImportError:
-        pass
-    if not texts:
-        raise ConfigError(
-            f"no training text: this Python has neither {root / 'test'} nor pydoc_data (some distributions strip "
-            "them; install the full standard library, e.g. the python3-test package)"
-        )
-    random.Random(seed).shuffle(texts)
-    return texts
-
-
-def token_chunks(tokenizer: Any, texts: list[str], seq_len: int, max_chunks: int, eos: int) -> torch.Tensor:
-    """``[N, seq_len]`` long: the texts tokenized, joined by ``eos``, cut into chunks (``N <= max_chunks``)."""
-    ids: list[int] = []
-    need = max_chunks * seq_len
-    for text in texts:
-        ids += tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
-        if len(ids) >= need:
-            break
-    n = min(len(ids) // seq_len, max_chunks)
-    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
 
 def passes(accelerator: Any, loader: Any, step: int) -> Any:

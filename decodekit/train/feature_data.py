@@ -43,7 +43,7 @@ def code_prompts(tokenizer: Any, num: int, max_prompt_tokens: int, seed: int = 0
     One prompt per file and pass over the files (the first pass is the recipe's original prompt list, where two
     files can give the same prompt); when ``num`` asks for more prompts than there are files with a ``def``, later
     passes pick other ``def`` lines and skip prompts already taken, up to 8 passes."""
-    from decodekit.train.dlm_adapter import corpus_texts
+    from decodekit.train.corpus import corpus_texts
 
     rng, prompts, seen = random.Random(seed), [], set()
     files = [text.splitlines(keepends=True) for text in corpus_texts(seed)]
@@ -73,7 +73,7 @@ def sequence_plan(tokenizer: Any, cfg: dict[str, int], seed: int) -> tuple[list[
     """What :func:`build_sequences` needs from the corpus: the prompts the target answers (chat, then code) and the
     plain text chunks (``seq_len`` tokens each). Built on one machine, they can be answered on another (a GPU
     machine whose Python has a different standard library)."""
-    from decodekit.train.dlm_adapter import corpus_texts, token_chunks
+    from decodekit.train.corpus import corpus_texts, token_chunks
 
     chunks = token_chunks(tokenizer, corpus_texts(seed + 2), cfg["seq_len"], cfg["text_chunks"], tokenizer.eos_token_id)
     return training_prompts(tokenizer, cfg, seed), chunks.tolist()

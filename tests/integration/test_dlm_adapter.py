@@ -10,7 +10,8 @@ import torch
 import decodekit as dk
 from decodekit.dlm import zoo
 from decodekit.errors import ConfigError, ModelNotFoundError
-from decodekit.train.dlm_adapter import corpus_texts, masked_diffusion_loss, train
+from decodekit.train.corpus import corpus_texts
+from decodekit.train.dlm_adapter import masked_diffusion_loss, train
 
 pytestmark = pytest.mark.slow
 
