@@ -10,6 +10,9 @@ alike. Reported per method:
 * ``agreement``: the fraction of generated tokens equal to the base sampler's at the same slot; ``vs_uncached``: for
   a method with a cache strategy and ``uncached: <method>`` in its spec, the same fraction against that method (the
   same rule without the cache): what the cache alone changes;
+* ``similarity``: difflib's ratio between each output and the base's as token sequences (``2 M / (|a| + |b|)``, ``M``
+  the tokens matched in order), averaged over the prompts. One shifted or dropped token makes every later slot
+  disagree but keeps most of the similarity, so the two columns together tell a late local slip from a different text;
 * ``ar_nll``: the mean negative log-likelihood per generated token under the autoregressive base model (the
   zoo's SmolLM2), a perplexity proxy for fluency: lower is better, compare with the base sampler's row;
 * ``parses``: for code prompts, the fraction whose prompt + completion, cut after its last complete line, is valid
@@ -41,6 +44,7 @@ COLUMNS = (
     "wall_s",
     "speedup",
     "agreement",
+    "similarity",
     "vs_uncached",
     "ar_nll",
     "parses",
@@ -168,6 +172,7 @@ def _row(name: str, gen: int, outs: list[Any], base: list[Any], prompts, texts, 
         "wall_s": wall,
         "speedup": base_wall / wall if wall > 0 else None,
         "agreement": _agreement(outs, base),
+        "similarity": similarity([o.sequences[0] for o in outs], [b.sequences[0] for b in base]),
         "ar_nll": ar_nll(ar, prompts, tokens),
         "parses": sum(parsed) / len(parsed) if parsed else None,
     }
@@ -237,6 +242,15 @@ def _agreement(outs: list[Any], reference: list[Any]) -> float:
     return same / max(sum(len(o.sequences[0]) for o in outs), 1)
 
 
+def similarity(outputs: list[list[int]], references: list[list[int]]) -> float:
+    """Mean over the pairs of difflib's ratio of the two token sequences: ``2 M / (|a| + |b|)``, ``M`` the tokens of
+    their longest matching blocks in order (1.0 identical, 0.0 nothing in common)."""
+    from difflib import SequenceMatcher
+
+    ratios = [SequenceMatcher(a=r, b=o, autojunk=False).ratio() for o, r in zip(outputs, references)]
+    return sum(ratios) / max(len(ratios), 1)
+
+
 @torch.no_grad()
 def ar_nll(model: Any, prompts: list[list[int]], outputs: list[list[int]]) -> float:
     """Mean negative log-likelihood per output token under the autoregressive ``model`` (each prompt + output
@@ -280,4 +294,4 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["ar_nll", "run", "run_synthetic"]
+__all__ = ["ar_nll", "run", "run_synthetic", "similarity"]

@@ -119,6 +119,7 @@ def test_dlm_bench_reports_speed_next_to_quality(tmp_path):
     report = json.loads((tmp_path / "results.json").read_text())
     rows = {r["method"]: r for r in report["methods"]}
     assert rows["base"]["agreement"] == 1.0 and rows["base"]["nfe"] == 8 and rows["base"]["speedup"] == 1.0
+    assert rows["base"]["similarity"] == 1.0 and 0.0 <= rows["threshold"]["similarity"] <= 1.0
     assert rows["threshold"]["nfe"] == 2 and rows["threshold"]["tokens_per_forward"] == 4.0
     assert rows["base"]["vs_uncached"] is None and 0.0 <= rows["dual"]["vs_uncached"] <= 1.0
     assert rows["base"]["ar_nll"] > 0 and rows["base"]["parses"] in (0.0, 1.0)

@@ -517,3 +517,13 @@ def test_dlm_bench_experiments_compose_and_build(experiment):
         assert all(isinstance(spec["cache"], dk.dlm.BlockCausalCache) for spec in methods.values())
     if experiment == "dcd_caches":
         assert set(methods) == {"dcd", "dcd_prefix", "dcd_dual"} and cfg.synthetic == 0
+
+
+def test_dlm_bench_similarity_tells_a_late_shift_from_a_different_text():
+    from decodekit.dlm.bench import similarity
+
+    base = list(range(20))
+    shifted = base[:5] + base[6:] + [99]  # one dropped token: every later slot disagrees
+    assert sum(a == b for a, b in zip(shifted, base)) == 5
+    assert similarity([shifted], [base]) == pytest.approx(2 * 19 / 40)
+    assert similarity([base, list(range(100, 120))], [base, base]) == pytest.approx(0.5)  # the mean over prompts
