@@ -11,21 +11,14 @@ from decodekit.dlm import DLMState, Proposal
 from decodekit.dlm.rules.common import transfer_counts
 from decodekit.errors import ConfigError, ContextLengthError, NoProgressError
 from decodekit.models.tiny import tiny_llama
+from tests.unit.dlm_common import MASK, dense, peaked_llama
 from tests.unit.spies import fed_positions
 from tests.unit.stats import chi_square_pvalue, total_variation, tv_noise
 
 
-def dense(logits) -> torch.Tensor:
-    """``[B, G, V]`` of a cache's step, whichever form it returned."""
-    return dk.dlm.dense_logits(logits, 8)
-
-
-MASK = 127
-
-
 @pytest.fixture(scope="module")
 def hf():
-    return tiny_llama(3, init=0.6)  # peaked distributions: confidences far apart, no near-ties
+    return peaked_llama()
 
 
 @pytest.fixture(scope="module")

@@ -11,23 +11,16 @@ import decodekit as dk
 from decodekit.dlm import DLMState, Proposal
 from decodekit.dlm.caches.dkv_greedy import window_slots
 from decodekit.errors import ConfigError
-from decodekit.models.tiny import tiny_llama
+from tests.unit.dlm_common import MASK, dense, peaked_llama
 from tests.unit.spies import fed_positions
 from tests.unit.stats import chi_square_pvalue
 
-
-def dense(logits) -> torch.Tensor:
-    """``[B, G, V]`` of a cache's step, whichever form it returned."""
-    return dk.dlm.dense_logits(logits, 8)
-
-
-MASK = 127
 PROMPTS = [[5, 9, 14, 2], [33, 7], [1, 2, 3, 4, 5, 6, 7]]
 
 
 @pytest.fixture(scope="module")
 def hf():
-    return tiny_llama(3, init=0.6)
+    return peaked_llama()
 
 
 def first_commits(rule, trials: int = 3000, biased: bool = False) -> torch.Tensor:
