@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+from torch.utils.mkldnn import MkldnnLinear
 
 from decodekit.errors import ConfigError
+from decodekit.kernels.cpu import PackedLinear
 from decodekit.models import HFCausalLM, LanguageModel
 
 if TYPE_CHECKING:
@@ -202,8 +204,8 @@ def _move(model: Any, world: World) -> None:
 
 def _cpu_kernel(module: torch.nn.Module) -> bool:
     """Whether ``module`` is one of decodekit's CPU linear kernels (:mod:`decodekit.kernels.cpu`)."""
-    kind = type(module)
-    return kind.__name__ in ("MkldnnLinear", "PackedLinear") or kind.__module__.startswith("torch.ao.nn.quantized")
+    quantized = type(module).__module__.startswith("torch.ao.nn.quantized")
+    return isinstance(module, (PackedLinear, MkldnnLinear)) or quantized
 
 
 def merge(

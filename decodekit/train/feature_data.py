@@ -70,7 +70,7 @@ def training_prompts(tokenizer: Any, cfg: dict[str, int], seed: int) -> list[lis
 
 
 def sequence_plan(tokenizer: Any, cfg: dict[str, int], seed: int) -> tuple[list[list[int]], list[list[int]]]:
-    """What :func:`build_sequences` needs from the corpus: the prompts the target answers (chat, then code) and the
+    """What :func:`write_sequences` needs from the corpus: the prompts the target answers (chat, then code) and the
     plain text chunks (``seq_len`` tokens each). Built on one machine, they can be answered on another (a GPU
     machine whose Python has a different standard library)."""
     from decodekit.train.corpus import corpus_texts, token_chunks
@@ -131,12 +131,21 @@ def load_sequences(
 
 
 @torch.no_grad()
-def target_features(target: Any, seqs: list[list[int]], seq_len: int, batch_size: int, progress: bool) -> dict:
+def target_features(
+    target: Any,
+    seqs: list[list[int]],
+    seq_len: int,
+    batch_size: int,
+    progress: bool,
+    starts: list[int] | None = None,
+) -> dict:
     """``tokens [N, L]`` (0-padded), ``lengths [N]`` and the target's final hidden states ``feats [N, L, H]``
-    (float16) of the sequences, each cut to ``L = seq_len`` tokens."""
+    (float16) of the sequences, each cut to ``L = seq_len`` tokens (sequences of fewer than 3 tokens are dropped);
+    with ``starts`` (one per sequence: where its response starts), also ``starts [N]`` of the sequences kept."""
     from decodekit.train.acceptance_data import _forward
 
-    seqs = [s[:seq_len] for s in seqs if len(s) >= 3]
+    kept = [i for i, s in enumerate(seqs) if len(s) >= 3]
+    seqs = [seqs[i][:seq_len] for i in kept]
     lengths = torch.tensor([len(s) for s in seqs])
     tokens = torch.zeros(len(seqs), seq_len, dtype=torch.long)
     for i, s in enumerate(seqs):
@@ -145,7 +154,8 @@ def target_features(target: Any, seqs: list[list[int]], seq_len: int, batch_size
     for i in tqdm(range(0, len(seqs), batch_size), desc="target features", unit="batch", disable=not progress):
         batch = tokens[i : i + batch_size]
         feats.append(_forward(target, batch, torch.zeros(len(batch), 1, dtype=torch.long), True).last_hidden.half())
-    return {"tokens": tokens, "lengths": lengths, "feats": torch.cat(feats)}
+    data = {"tokens": tokens, "lengths": lengths, "feats": torch.cat(feats)}
+    return data if starts is None else {**data, "starts": torch.tensor([starts[i] for i in kept])}
 
 
 @dataclass
@@ -224,8 +234,7 @@ def prepare(
         data = torch.load(cached)
     else:
         seqs, starts = load_sequences(target, cfg, data_dir, seed, progress)
-        data = target_features(target, seqs, cfg["seq_len"], cfg["gen_batch_size"], progress)
-        data["starts"] = torch.tensor([st for s, st in zip(seqs, starts) if len(s) >= 3])
+        data = target_features(target, seqs, cfg["seq_len"], cfg["gen_batch_size"], progress, starts)
         torch.save(data, cached)
     if "starts" not in data:  # a cache written before the starts were stored: its response (0 for plain text)
         data["starts"] = torch.tensor(load_sequences(target, cfg, data_dir, seed, progress)[1][: len(data["lengths"])])

@@ -53,3 +53,13 @@ def test_sequences_are_cached_with_their_response_starts(target, ragged_prompts,
     assert json.loads((tmp_path / "starts.json").read_text()) == starts
     # read back without rebuilding (this model has no tokenizer, so a rebuild would fail)
     assert load_sequences(target, cfg, tmp_path, 0, False) == (seqs, starts)
+
+
+def test_target_features_keep_the_starts_of_the_sequences_they_keep(target):
+    from decodekit.train.feature_data import target_features
+
+    lm = dk.load_model(target)
+    seqs, starts = [[1, 2, 3, 4], [5, 6], [7, 8, 9]], [2, 1, 0]  # the 2-token sequence is dropped
+    data = target_features(lm, seqs, seq_len=4, batch_size=2, progress=False, starts=starts)
+    assert data["lengths"].tolist() == [4, 3] and data["starts"].tolist() == [2, 0]
+    assert "starts" not in target_features(lm, seqs, seq_len=4, batch_size=2, progress=False)
