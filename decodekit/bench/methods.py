@@ -33,12 +33,14 @@ class Run:
         wall_s: wall time of the call.
         prefill_s: time to the first token (prefill); the rest of ``wall_s`` is decoding.
         stats: decodekit's counters (None for transformers baselines).
+        forwards: a transformers baseline's target forwards after prefill, at batch 1 (None where not counted).
     """
 
     sequences: list[list[int]]
     wall_s: float
     prefill_s: float
     stats: dk.SpecStats | None = None
+    forwards: int | None = None
 
 
 @dataclass
@@ -129,11 +131,18 @@ class TransformersBaseline:
         torch.manual_seed(seed)
         _, prefill = timed_call(lambda: hf.generate(ids, max_new_tokens=1, **kwargs), model.device)
         torch.manual_seed(seed)
-        out, wall = timed_call(lambda: hf.generate(ids, max_new_tokens=max_new_tokens, **kwargs), model.device)
+        calls = [0]
+        counter = hf.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        try:
+            out, wall = timed_call(lambda: hf.generate(ids, max_new_tokens=max_new_tokens, **kwargs), model.device)
+        finally:
+            counter.remove()
         rows = [_strip(row[width:].tolist(), model.eos_token_ids) for row in out]
+        # the early-exit assistant's drafts are forwards of the same module; a batch's forwards serve all its rows
+        forwards = calls[0] - 1 if self.kind != "early_exit" and len(prompts) == 1 else None
         # separate calls: a burst in the first may make it look as long as the whole (tiny models, where both are
         # mostly Python overhead); the decode part is then floored at one of the max_new_tokens tokens' share
-        return Run(rows, wall, min(prefill, wall * (1 - 1 / max(max_new_tokens, 2))))
+        return Run(rows, wall, min(prefill, wall * (1 - 1 / max(max_new_tokens, 2))), forwards=forwards)
 
 
 def _constant_draft_length(config: Any, k: int) -> None:

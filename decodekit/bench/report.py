@@ -124,6 +124,8 @@ def markdown(
                 f"{r.prefill_s:.1f} | {greedy_match(r)} |"
                 + (f" {_fmt(r.oracle, suffix='x')} | {_fmt(s.rejected_per_token if s else None)} |" if oracle else "")
             )
+        if rows[0].lookup_bound:
+            lines += ["", lookup_line(rows)]
         if tasks is not None and batch == 1 and len(set(tasks)) > 1:
             lines += ["", f"Speedup per task ({setting}, batch 1; median of per-pass ratios):", ""]
             lines += task_speedups(rows, tasks)
@@ -135,6 +137,18 @@ def markdown(
             lines += ["", "Greedy outputs that differ from the reference (first differing token, target's top-2):"]
             lines += diffs
     return "\n".join(lines) + "\n"
+
+
+def lookup_line(rows: Sequence[Result]) -> str:
+    """The context-lookup bound of a greedy table (:mod:`decodekit.bench.lookup_bound`) and each decodekit method's
+    tokens a forward next to it."""
+    bound = rows[0].lookup_bound or {}
+    depths = " / ".join(str(d) for d in bound)
+    measured = ", ".join(f"{r.method} {r.tokens_per_forward:.2f}" for r in rows[1:] if r.tokens_per_forward)
+    return (
+        f"Context-lookup bound, tokens a forward (the best draft copied from the prompt and output so far, depth "
+        f"{depths}): {' / '.join(f'{v:.2f}' for v in bound.values())}" + (f"; measured: {measured}" if measured else "")
+    )
 
 
 def plot(results: Sequence[Result], path: Path) -> None:

@@ -22,6 +22,10 @@ min-max spread. Every timed call is kept (:class:`Call`, in ``results.json``). R
   near-tie is told apart from a bug. The diagnostics run after all timing;
 * ``warnings``: a wide spread across passes, calls still disturbed after their re-runs (the machine was busy),
   and decodekit's autoregressive loop slower than transformers' ``generate`` by more than 10%.
+
+At temperature 0 every result also gets ``lookup_bound``: the tokens a forward of the best drafter that copies its
+drafts from the prompt and output so far, at draft depths 4, 8 and 16 (:mod:`decodekit.bench.lookup_bound`), which
+the model-free drafters' tokens a forward are read against.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ import decodekit as dk
 from decodekit.bench.distributed import World, current_world, merge, place
 from decodekit.bench.greedy_diff import GreedyDiff, greedy_diffs
 from decodekit.bench.load import disturbed_warning, least_disturbed
+from decodekit.bench.lookup_bound import DEPTHS as LOOKUP_DEPTHS
+from decodekit.bench.lookup_bound import lookup_tokens_per_forward
 from decodekit.bench.methods import Method, Run, Setting, TransformersBaseline
 from decodekit.checks import check_int
 from decodekit.errors import ConfigError
@@ -91,6 +97,8 @@ class Result:
     pass_decode_s: list[float] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list, repr=False)
+    lookup_bound: dict[int, float] | None = None  # greedy: {draft depth: tokens a forward} (bench.lookup_bound)
+    tokens_per_forward: float | None = None  # per row, after prefill: stats' tokens_per_step, or a baseline's count
 
     @property
     def decode_s(self) -> float:
@@ -144,7 +152,12 @@ def run_benchmark(
         for batch_size in batch_sizes:
             fitting = [m for m in methods if _fits(m, batch_size)]
             measured = _measure(model, prompts, fitting, setting, batch_size, max_new_tokens, seed, passes, bar, world)
-            results += _results(fitting, *merge(world, *measured), setting, batch_size, len(prompts))
+            group = _results(fitting, *merge(world, *measured), setting, batch_size, len(prompts))
+            if setting.greedy and group:
+                bound = {d: lookup_tokens_per_forward(prompts, group[0].sequences, d) for d in LOOKUP_DEPTHS}
+                for result in group:
+                    result.lookup_bound = bound
+            results += group
     bar.close()
     for result in results:
         if result.greedy_match is not None and result.greedy_match < 1:
@@ -262,6 +275,7 @@ def _results(
             speedup_range=(min(speedups), max(speedups)),
             pass_decode_s=decode_s,
             calls=method_calls,
+            tokens_per_forward=_tokens_per_forward(passes[m]),
         )
         if setting.greedy:
             reference = results[0].sequences if results else sequences
@@ -281,6 +295,18 @@ def _results(
             results[0].warnings.append(warning)
         results.append(result)
     return results
+
+
+def _tokens_per_forward(runs: list[Run]) -> float | None:
+    """Tokens committed per row per target forward after prefill over a pass: decodekit's ``tokens_per_step``, or
+    from a transformers baseline's counted forwards (batch 1); None where not counted."""
+    stats = _merged(runs)
+    if stats is not None:
+        return stats.tokens_per_step
+    if not runs or any(r.forwards is None for r in runs):
+        return None
+    forwards = sum(r.forwards or 0 for r in runs)
+    return sum(len(s) - 1 for r in runs for s in r.sequences) / forwards if forwards else None
 
 
 def _rates(runs: list[Run], prompts: int) -> tuple[float, float]:

@@ -94,6 +94,22 @@ def test_reports_are_written(results, tmp_path):
     assert markdown(rows).count("| autoregressive |") == 4
 
 
+def test_tokens_per_forward_and_the_lookup_bound(results):
+    """Every greedy table reads the lookup drafters against the context-lookup bound; transformers' forwards are
+    counted at batch 1 (greedy: one a token)."""
+    _, rows = results
+    one = {r.method: r for r in rows if (r.setting, r.batch_size) == ("greedy", 1)}
+    assert one["transformers greedy"].tokens_per_forward == 1.0
+    assert one["ngram k=3"].tokens_per_forward == one["ngram k=3"].stats.tokens_per_step
+    looked_up = one["transformers prompt lookup k=3"].tokens_per_forward
+    assert looked_up is not None and 1.0 <= looked_up <= one["ngram k=3"].lookup_bound[4] + 1e-9
+    assert one["ngram k=3"].tokens_per_forward <= one["ngram k=3"].lookup_bound[4] + 1e-9  # drafts of 3 <= 4
+    assert all(r.tokens_per_forward is None for r in rows if r.batch_size == 2 and r.stats is None)
+    assert all(r.lookup_bound is None for r in rows if r.setting != "greedy")
+    assert "Context-lookup bound, tokens a forward" in markdown([r for r in rows if r.setting == "greedy"])
+    assert "Context-lookup bound" not in markdown([r for r in rows if r.setting != "greedy"])
+
+
 @dataclass
 class EditedAutoregressive:
     """Autoregressive decoding whose output is edited per prompt: stands in for a method with a bug."""
