@@ -93,7 +93,9 @@ class SuffixDrafter:
         with them: SuffixDecoding's cache of historical outputs, for a workload whose outputs repeat (agents, a
         fixed response format). On SmolLM2 and the benchmark tasks, 512 of its own self-distilled responses (61k
         tokens, 2.3 s to add, ~270 MB) raised tokens per forward 1.58 -> 1.75 (MT-Bench) and 2.57 -> 2.77 (stdlib),
-        but not the wall time: the extra drafts cost as much to verify as they gained on a 2-core CPU."""
+        but not the wall time with 16-node trees: the extra drafts cost as much to verify as they gained on a 2-core
+        CPU. With 8-node trees (``FixedLength(8, depth=8)``), 1.56 -> 1.72 on 8 MT-Bench prompts and 7-9% less decode
+        time (docs/benchmarks.md, "How far the model-free drafters are from what lookup can give")."""
         if not self.cache_tokens:
             raise ConfigError(
                 "this SuffixDrafter has no global cache (cache_tokens=0): set cache_tokens to keep outputs"
