@@ -9,7 +9,12 @@ import random
 import pytest
 
 import decodekit as dk
-from decodekit.bench.lookup_bound import lookup_rounds, lookup_speedup_bound, lookup_tokens_per_forward
+from decodekit.bench.lookup_bound import (
+    lookup_matches,
+    lookup_rounds,
+    lookup_speedup_bound,
+    lookup_tokens_per_forward,
+)
 from decodekit.drafters import NGramDrafter, SuffixDrafter
 from decodekit.policies import FixedLength
 from decodekit.policies.analytic import CostModel
@@ -86,8 +91,11 @@ def test_lookup_drafters_never_beat_it(target, drafter, policy):
     assert max(measured) > 1.1  # the drafters did copy (the tiny model's outputs repeat little)
 
 
+SPEEDUP_ROWS = ([[1, 2, 3, 4, 5, 6, 7, 8], [4, 5]], [[1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 4, 5, 9]])
+
+
 def test_speedup_bound_prices_each_round_at_its_length():
-    prompts, outputs = [[1, 2, 3, 4, 5, 6, 7, 8], [4, 5]], [[1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 4, 5, 9]]
+    prompts, outputs = SPEEDUP_ROWS
     flat = lookup_speedup_bound(prompts, outputs, CostModel((0.0,) * 5, (1.0,) * 5))  # verifying is free
     assert flat == {d: lookup_tokens_per_forward(prompts, outputs, d) for d in range(1, 5)}
     steep = lookup_speedup_bound(prompts, outputs, CostModel((0.0,) * 5, (1.0, 2.0, 3.0, 4.0, 5.0), overhead=1.0))
@@ -96,6 +104,11 @@ def test_speedup_bound_prices_each_round_at_its_length():
     matches = [4, 1, 0, 0, 1]
     assert steep[4] == pytest.approx((7 + 4) * 2.0 / sum(2.0 + m for m in matches))
     assert steep[4] < flat[4]
+    # a wider forward that costs less is taken, within the depth: one position costs 3, two 2, four or five 1
+    dip = lookup_speedup_bound(prompts, outputs, CostModel((0.0,) * 5, (3.0, 2.0, 2.0, 1.0, 1.0)))
+    assert dip[4] == pytest.approx((7 + 4) * 3.0 / len(matches))
+    rounds = sum(len(lookup_matches(p, o, 1)) for p, o in zip(prompts, outputs))
+    assert dip[1] == pytest.approx((7 + 4) * 3.0 / (2.0 * rounds))
 
 
 def test_bad_arguments():
