@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -11,6 +13,7 @@ from decodekit.checks import check_float, check_int
 from decodekit.drafters.suffix_trie import GlobalCache, RowTrie, TrieNode, distinct_matches
 from decodekit.errors import ConfigError
 from decodekit.registry import register
+from decodekit.resources import shipped_weights
 from decodekit.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
 
@@ -65,6 +68,11 @@ class SuffixDrafter:
         cache_tokens: capacity of the global cache in tokens (0 = no global cache). Memory: up to ``trie_depth``
             trie nodes per cached token, ~5.5 KiB a token at depth 24 (45 MiB for 8192 tokens of varied text);
             adding a 128-token output takes ~10 ms (once, when its row finishes).
+        preload: earlier outputs the global cache starts with, and returns to on ``clear()`` (a warm start, as a
+            server that has answered other requests): lists of token ids, a safetensors file of them
+            (:func:`load_outputs`), or a zoo model's name for the responses shipped for it
+            (``"smollm2-135m-instruct"``: 512 of its own greedy answers to the EAGLE recipe's prompts, 61,491
+            tokens, no benchmark prompt; ~2.3 s to add and ~270 MB at depth 24). ``cache_tokens`` must hold them.
     """
 
     def __init__(
@@ -73,6 +81,7 @@ class SuffixDrafter:
         min_prob: float = 0.1,
         trie_depth: int = 24,
         cache_tokens: int = 8192,
+        preload: str | Path | Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.factor = check_float("factor", factor, low=0.0, low_open=True, hint=" (draft nodes per matched token)")
         self.min_prob = check_float("min_prob", min_prob, low=0.0, high=1.0)
@@ -80,13 +89,22 @@ class SuffixDrafter:
         self.cache_tokens = check_int("cache_tokens", cache_tokens, low=0, hint=" (0 = no global cache)")
         self._cache = GlobalCache(self.cache_tokens, self.trie_depth)
         self._rows: list[RowTrie] = []
+        self._preload = [] if preload is None else load_outputs(preload)
+        size = sum(len(tokens) for tokens in self._preload)
+        if size > self.cache_tokens:
+            raise ConfigError(
+                f"preload holds {size} tokens but cache_tokens={self.cache_tokens} would evict them; set cache_tokens "
+                f">= {size} (plus room for new outputs)"
+            )
+        self.remember(self._preload)
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
         return DraftKind.DETERMINISTIC
 
     def clear(self) -> None:
-        """Empty the global cache of earlier outputs."""
+        """Empty the global cache of earlier outputs, back to the ``preload`` outputs if any."""
         self._cache.clear()
+        self.remember(self._preload)
 
     def remember(self, outputs: list[list[int]]) -> None:
         """Add earlier outputs (token ids, no prompts) to the global cache, oldest first, as if rows had finished
@@ -96,6 +114,8 @@ class SuffixDrafter:
         but not the wall time with 16-node trees: the extra drafts cost as much to verify as they gained on a 2-core
         CPU. With 8-node trees (``FixedLength(8, depth=8)``), 1.56 -> 1.72 on 8 MT-Bench prompts and 7-9% less decode
         time (docs/benchmarks.md, "How far the model-free drafters are from what lookup can give")."""
+        if not outputs:
+            return
         if not self.cache_tokens:
             raise ConfigError(
                 "this SuffixDrafter has no global cache (cache_tokens=0): set cache_tokens to keep outputs"
@@ -216,3 +236,27 @@ class SuffixDrafter:
             if d < depth:
                 push(node, -neg, len(tokens) - 1, d + 1)
         return score, tokens, parents
+
+
+def load_outputs(source: str | Path | Sequence[Sequence[int]]) -> list[list[int]]:
+    """Token-id lists from ``source``: lists themselves; a zoo model's name (the responses shipped for it,
+    ``decodekit/weights/suffix_responses_<name>.safetensors``); or a safetensors file holding ``tokens [T]`` (all
+    outputs concatenated) and ``offsets [N + 1]`` (where each starts, then ``T``)."""
+    if not isinstance(source, (str, Path)):
+        return [list(tokens) for tokens in source]
+    path = Path(source)
+    if not path.is_file():
+        shipped = shipped_weights(f"suffix_responses_{source}.safetensors")
+        if not shipped.is_file():
+            raise ConfigError(
+                f"preload {str(source)!r} is neither a file nor a zoo model with shipped responses "
+                f"({shipped.name} is missing); pass lists of token ids or a safetensors file with tokens and offsets"
+            )
+        path = shipped
+    from safetensors.torch import load_file
+
+    data = load_file(str(path))
+    if set(data) != {"tokens", "offsets"}:
+        raise ConfigError(f"{path} must hold exactly 'tokens' and 'offsets' tensors, found {sorted(data)}")
+    tokens, offsets = data["tokens"].tolist(), data["offsets"].tolist()
+    return [tokens[a:b] for a, b in zip(offsets, offsets[1:])]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.drafters.suffix import SuffixDrafter
+from decodekit.drafters.suffix import SuffixDrafter, load_outputs
 from decodekit.errors import ConfigError
 from decodekit.policies import FixedLength
 from decodekit.verifiers import GreedyVerifier
@@ -167,6 +167,43 @@ def test_remembered_outputs_draft_like_finished_rows():
         drafter.remember([torch.tensor([1, 2])])
     with pytest.raises(ConfigError, match="cache_tokens=0"):
         SuffixDrafter(cache_tokens=0).remember([[1, 2]])
+
+
+def test_preload_warms_the_cache_and_clear_returns_to_it(tmp_path):
+    from safetensors.torch import save_file
+
+    outputs = [[40, 41, 42, 43], [50, 51, 52]]
+    path = tmp_path / "outputs.safetensors"
+    tokens = torch.tensor([t for o in outputs for t in o], dtype=torch.int32)
+    save_file({"tokens": tokens, "offsets": torch.tensor([0, 4, 7])}, str(path))
+    for source in (outputs, path, str(path)):
+        drafter = SuffixDrafter(cache_tokens=20, preload=source)
+        assert drafter.cached_outputs == outputs
+        assert row(propose(drafter, [[1, 51]], budget([4])), 0) == ([52], [-1])
+        finish(drafter, [1], [60, 61, 62])
+        drafter.clear()  # back to the preloaded outputs, without the finished row's
+        assert drafter.cached_outputs == outputs
+    with pytest.raises(ConfigError, match="cache_tokens >= 7"):
+        SuffixDrafter(cache_tokens=6, preload=outputs)
+    with pytest.raises(ConfigError, match="neither a file nor a zoo model"):
+        SuffixDrafter(preload="no-such-model")
+    save_file({"tokens": tokens}, str(path))
+    with pytest.raises(ConfigError, match="'tokens' and 'offsets'"):
+        SuffixDrafter(preload=path)
+
+
+def test_the_zoo_targets_shipped_outputs():
+    from safetensors import safe_open
+
+    from decodekit.resources import shipped_weights
+
+    outputs = load_outputs("smollm2-135m-instruct")
+    with safe_open(str(shipped_weights("suffix_responses_smollm2-135m-instruct.safetensors")), "pt") as f:
+        meta = f.metadata()
+    assert len(outputs) == int(meta["responses"]) == 512
+    assert sum(map(len, outputs)) == int(meta["tokens"]) and "no benchmark prompt" in meta["source"]
+    assert all(0 <= t < int(meta["vocab_size"]) for o in outputs for t in o)
+    assert all(len(o) <= 128 for o in outputs)
 
 
 def test_no_cache():
