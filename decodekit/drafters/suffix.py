@@ -260,3 +260,14 @@ def load_outputs(source: str | Path | Sequence[Sequence[int]]) -> list[list[int]
         raise ConfigError(f"{path} must hold exactly 'tokens' and 'offsets' tensors, found {sorted(data)}")
     tokens, offsets = data["tokens"].tolist(), data["offsets"].tolist()
     return [tokens[a:b] for a, b in zip(offsets, offsets[1:])]
+
+
+def save_outputs(path: str | Path, outputs: Sequence[Sequence[int]], metadata: dict[str, str] | None = None) -> None:
+    """Write token-id lists as :func:`load_outputs` reads them (``tokens`` int32, ``offsets`` int64), with
+    ``metadata`` (where they came from, how many tokens) in the file's header."""
+    from safetensors.torch import save_file
+
+    lengths = torch.tensor([len(o) for o in outputs], dtype=torch.int64)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    tokens = torch.tensor([t for o in outputs for t in o], dtype=torch.int32)
+    save_file({"tokens": tokens, "offsets": offsets}, str(path), metadata=metadata)

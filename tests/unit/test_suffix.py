@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.drafters.suffix import SuffixDrafter, load_outputs
+from decodekit.drafters.suffix import SuffixDrafter, load_outputs, save_outputs
 from decodekit.errors import ConfigError
 from decodekit.policies import FixedLength
 from decodekit.verifiers import GreedyVerifier
@@ -174,8 +174,8 @@ def test_preload_warms_the_cache_and_clear_returns_to_it(tmp_path):
 
     outputs = [[40, 41, 42, 43], [50, 51, 52]]
     path = tmp_path / "outputs.safetensors"
-    tokens = torch.tensor([t for o in outputs for t in o], dtype=torch.int32)
-    save_file({"tokens": tokens, "offsets": torch.tensor([0, 4, 7])}, str(path))
+    save_outputs(path, outputs, {"source": "a test"})
+    assert load_outputs(path) == outputs
     for source in (outputs, path, str(path)):
         drafter = SuffixDrafter(cache_tokens=20, preload=source)
         assert drafter.cached_outputs == outputs
@@ -187,7 +187,7 @@ def test_preload_warms_the_cache_and_clear_returns_to_it(tmp_path):
         SuffixDrafter(cache_tokens=6, preload=outputs)
     with pytest.raises(ConfigError, match="neither a file nor a zoo model"):
         SuffixDrafter(preload="no-such-model")
-    save_file({"tokens": tokens}, str(path))
+    save_file({"tokens": torch.tensor([1, 2])}, str(path))
     with pytest.raises(ConfigError, match="'tokens' and 'offsets'"):
         SuffixDrafter(preload=path)
 
