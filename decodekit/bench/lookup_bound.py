@@ -110,10 +110,10 @@ def lookup_speedup_bound(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Print the bound on SmolLM2 (onednn kernels) for a task's first prompts: tokens a forward and speedup per
-    depth, the forward costs profiled on this machine first (about 2 minutes for ``--max-len 16``)."""
+    depth, the target's forward costs profiled on this machine first (``max_len + 1`` timed calls of ``4 max_len``
+    tokens, each after a warm-up call)."""
     import decodekit as dk
     from decodekit.bench.tasks import TASKS, load_task
-    from decodekit.drafters import NGramDrafter
     from decodekit.policies import profile_costs
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = dk.load_model("smollm2-135m-instruct", kernels="onednn")
     prompts = [list(r["input_ids"]) for r in load_task(args.task, model.tokenizer, num_prompts=args.prompts)]
     outputs = [dk.generate(model, [p], max_new_tokens=args.tokens).sequences[0] for p in prompts]
-    cost = profile_costs(model, NGramDrafter(), prompts[:1], max_len=args.max_len, new_tokens=4 * args.max_len)[1]
+    cost = profile_costs(model, None, prompts[:1], max_len=args.max_len, new_tokens=4 * args.max_len)[1]
     bound = lookup_speedup_bound(prompts, outputs, cost, args.min_match)
     print(
         f"{args.task}, {len(prompts)} prompts, {args.tokens} new tokens, greedy, batch 1; one forward of k + 1 "

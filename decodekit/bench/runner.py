@@ -257,6 +257,7 @@ def _results(
         decode_s = [sum(r.wall_s - r.prefill_s for r in runs_) for runs_ in passes]
         m = _median_index(speedups if results else decode_s)  # the reference's ratios are all 1: its median time
         sequences = [s for run in passes[0] for s in run.sequences]  # the same in every pass (same seeds)
+        stats = _merged(passes[m])
         result = Result(
             method=method.name,
             setting=setting.name,
@@ -266,7 +267,7 @@ def _results(
             wall_s=sum(r.wall_s for r in passes[m]),
             prefill_s=sum(r.prefill_s for r in passes[m]),
             sequences=sequences,
-            stats=_merged(passes[m]),
+            stats=stats,
             speedup=speedups[m],
             e2e_speedup=e2e[m],
             zero_overhead=zero[m],
@@ -275,7 +276,7 @@ def _results(
             speedup_range=(min(speedups), max(speedups)),
             pass_decode_s=decode_s,
             calls=method_calls,
-            tokens_per_forward=_tokens_per_forward(passes[m]),
+            tokens_per_forward=_tokens_per_forward(passes[m], stats),
         )
         if setting.greedy:
             reference = results[0].sequences if results else sequences
@@ -297,10 +298,10 @@ def _results(
     return results
 
 
-def _tokens_per_forward(runs: list[Run]) -> float | None:
-    """Tokens committed per row per target forward after prefill over a pass: decodekit's ``tokens_per_step``, or
-    from a transformers baseline's counted forwards (batch 1); None where not counted."""
-    stats = _merged(runs)
+def _tokens_per_forward(runs: list[Run], stats: dk.SpecStats | None) -> float | None:
+    """Tokens committed per row per target forward after prefill over a pass: decodekit's ``tokens_per_step``
+    (``stats``, the pass's merged counters), or from a transformers baseline's counted forwards (batch 1); None where
+    not counted."""
     if stats is not None:
         return stats.tokens_per_step
     if not runs or any(r.forwards is None for r in runs):

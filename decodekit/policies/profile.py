@@ -47,7 +47,7 @@ class _TimedLength(FixedLength):
 
 def profile_costs(
     model: Any,
-    drafter: Any,
+    drafter: Any | None,
     prompts: Sequence[Sequence[int]],
     max_len: int = 8,
     batch_sizes: Sequence[int] = (1,),
@@ -62,7 +62,8 @@ def profile_costs(
     first round of each call left out (where a draft model reads the prompt: a per-call cost, not a per-round one).
     ``2 * (max_len + 1)`` calls of ``new_tokens`` tokens (default ``4 * max_len``) per batch size, after one
     warm-up call each. The loop shortens drafts near a row's last tokens, so ``new_tokens`` must be well above
-    ``max_len`` for the long lengths to be measured as such.
+    ``max_len`` for the long lengths to be measured as such. ``drafter=None`` measures the target alone (every draft
+    entry 0, half the calls), for bounds that take drafting as free.
     """
     max_len = check_int("max_len", max_len, low=0)
     new_tokens = max(4 * max_len, 8) if new_tokens is None else new_tokens
@@ -77,8 +78,11 @@ def profile_costs(
         table = []  # (draft, verify, other) seconds per round, k = 0..max_len
         for k in range(max_len + 1):
             filler = _per_round(model, rows, _Filler(), k, new_tokens)
-            real = filler if k == 0 else _per_round(model, rows, drafter, k, new_tokens)
-            table.append((real[0], filler[1], filler[2]))
+            if drafter is None:
+                draft = 0.0
+            else:
+                draft = (filler if k == 0 else _per_round(model, rows, drafter, k, new_tokens))[0]
+            table.append((draft, filler[1], filler[2]))
             bar.update()
         draft, verify, other = zip(*table)
         out[b] = CostModel(tuple(draft), tuple(verify), float(torch.tensor(other).median()))

@@ -381,6 +381,8 @@ def test_profile_costs_measures_every_length(target, ragged_prompts):
     assert sorted(costs) == [1, 2]
     for cost in costs.values():
         assert len(cost.verify) == 4 and all(cost.draft[0] < t for t in cost.draft[1:])
+    alone = profile_costs(target, None, ragged_prompts, 3, (1,), 8, False)[1]  # the target alone: drafting free
+    assert alone.draft == (0.0,) * 4 and all(t > 0 for t in alone.verify)
 
 
 def test_the_benchmark_reports_the_oracle_column(target, ragged_prompts):
