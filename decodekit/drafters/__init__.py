@@ -3,6 +3,7 @@
 from decodekit.drafters.delayed import DelayedTreeDrafter
 from decodekit.drafters.dynamic_exit import DynamicExitDrafter
 from decodekit.drafters.eagle import EagleDrafter, EagleHead
+from decodekit.drafters.eagle3 import Eagle3Drafter
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.drafters.exit_head import ExitHead
 from decodekit.drafters.fallback import FallbackDrafter
@@ -18,6 +19,7 @@ from decodekit.drafters.suffix import SuffixDrafter
 __all__ = [
     "DelayedTreeDrafter",
     "EagleDrafter",
+    "Eagle3Drafter",
     "DynamicExitDrafter",
     "EarlyExitDrafter",
     "ExitHead",

@@ -12,6 +12,10 @@ each round's verification forward: ``Round.hidden``); draft positions are fed th
 keeps its own :class:`~decodekit.cache.KVCache`, one entry per position, cropped back to the committed entries
 after every round, so a position's entry is written once with the target's features and never recomputed.
 
+An EAGLE-3 head (:mod:`decodekit.drafters.eagle3`) differs only in what a committed position feeds: its file
+names target layers (``hidden_layers``, kept by every verification forward) and the head's ``fuse`` turns their
+concatenated outputs into the feature; ``needs`` is then empty (no final hidden states).
+
 Vocabulary trimming (FR-Spec, and EAGLE-3's reduced draft vocabulary; the seed "Balancing Coverage and Draft
 Latency in Vocabulary Trimming"): the head scores only ``V_d`` frequent tokens (``EagleHead.vocab``), the rows of
 the target's output matrix for those ids. Draft logits outside ``V_d`` are ``-inf``: such tokens are never
@@ -37,13 +41,14 @@ from decodekit.cache import KVCache
 from decodekit.checks import check_float, check_int
 from decodekit.draft import Draft, DraftKind
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
-from decodekit.drafters.eagle_head import RETRAIN, EagleHead, default_weights, load_head
-from decodekit.drafters.head_files import TrimmedHead
+from decodekit.drafters.eagle_head import DEFAULT_WEIGHTS, RETRAIN, EagleHead, default_weights, load_head
+from decodekit.drafters.head_files import TrimmedHead, read_metadata
 from decodekit.drafters.staged import StagedTree, dynamic_tree
 from decodekit.errors import ConfigError
 from decodekit.masks import chain_mask
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.registry import register
+from decodekit.resources import shipped_weights
 from decodekit.round import Round
 from decodekit.state import DecodeState
 from decodekit.types import SamplingParams
@@ -71,8 +76,9 @@ class EagleDrafter(SamplesLikeTheTarget):
     Host syncs: none of its own per round (one per draft step with a stop rule in a chain's budget).
 
     Args:
-        weights: a head file (:meth:`EagleHead.save`); None = the head shipped for the zoo target
-            ``smollm2-135m-instruct``. A head trained for another target is refused in ``begin``.
+        weights: a head file (:meth:`EagleHead.save`; an EAGLE-1 or an EAGLE-3 head, the file says which);
+            None = the head shipped for the zoo target ``smollm2-135m-instruct``. A head trained for another target
+            is refused in ``begin``.
         temperature: the drafter's sampling temperature; None = the call's (which maximises acceptance).
         target: optionally the target (a :class:`LanguageModel`, transformers model or zoo name) to load the head
             for now, so a head that does not fit it is refused here rather than at the first call.
@@ -82,6 +88,8 @@ class EagleDrafter(SamplesLikeTheTarget):
 
     shares_target = True
     needs = frozenset({"hidden"})
+    default_file = DEFAULT_WEIGHTS  # the head shipped for the zoo target (decodekit/weights/)
+    retrain = RETRAIN
 
     def __init__(
         self,
@@ -97,9 +105,14 @@ class EagleDrafter(SamplesLikeTheTarget):
             raise ConfigError(f"top_k is for shape='dynamic' (got shape={shape!r}); pass shape='dynamic' or drop top_k")
         self.shape = shape
         self.top_k = check_int("top_k", top_k, low=1, optional=True, hint=" (children per expanded node)")
-        self.weights = default_weights() if weights is None else Path(weights)
+        self.weights = shipped_weights(self.default_file) if weights is None else Path(weights)
         if not self.weights.is_file():
-            raise ConfigError(f"no EAGLE head at {self.weights}; train one with {RETRAIN} and pass weights=<its file>")
+            raise ConfigError(
+                f"no EAGLE head at {self.weights}; train one with {self.retrain} and pass weights=<its file>"
+            )
+        # an EAGLE-3 head reads the target's hidden states of these layers (its file says which), not the final ones
+        self.hidden_layers = tuple(int(i) for i in read_metadata(self.weights).get("layers", ()))
+        self.needs = frozenset() if self.hidden_layers else frozenset({"hidden"})
         self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")
         self.head: EagleHead | None = None
         self.metadata: dict[str, Any] = {}
@@ -113,7 +126,7 @@ class EagleDrafter(SamplesLikeTheTarget):
         """Load the head for ``target`` (once per target) and queue the prompt's features for the first round."""
         self._load(target)
         self.cache = target.new_cache(state.batch_size, state.tokens.shape[1])
-        self.feats = prefill.last_hidden  # [B, T, H]: features of positions cache.lengths .. committed - 1
+        self.feats = self.features(prefill.last_hidden, prefill.hidden)  # [B, T, H]: positions cache.lengths ..
         self._committed: tuple[torch.Tensor, list[int]] | None = None  # set by propose: the target-fed entries
 
     def _load(self, target: LanguageModel) -> None:
@@ -123,6 +136,15 @@ class EagleDrafter(SamplesLikeTheTarget):
             self._for = id(target)
             self.trimmed = TrimmedHead(target, self.head.vocab)  # type: ignore[union-attr]
         self.target = target
+
+    def features(self, last: torch.Tensor | None, layers: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The head's input features ``[B, M, H]`` of committed positions from the target's forward: its final
+        hidden states ``last`` (EAGLE-1; ``layers``, the outputs of ``hidden_layers``, are for EAGLE-3)."""
+        if self.hidden_layers:
+            taps = torch.cat([layers[i] for i in self.hidden_layers], -1)
+            return self.head.fuse(taps.to(self.head.fc.weight.dtype))  # type: ignore[misc,union-attr]
+        assert last is not None, "the target's forward returned no final hidden states (needs 'hidden')"
+        return last
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
         return DraftKind.DETERMINISTIC if self.shape == "dynamic" else super().draft_kind(sampling)
@@ -187,11 +209,11 @@ class EagleDrafter(SamplesLikeTheTarget):
         if self._committed is not None:
             lengths, host = self._committed
             self.cache.crop(lengths, host_lengths=host)
-            self.feats, self._committed = round.hidden, None
+            self.feats, self._committed = self.features(round.hidden, round.layer_hidden), None
             return
         # no draft this round: the queue still holds positions cache.lengths .. (committed before the round) - 1
         queued = state.lengths - 1 - round.counts - self.cache.lengths  # [B]
-        new = round.hidden  # [B, M, H]
+        new = self.features(round.hidden, round.layer_hidden)  # [B, M, H]
         width = self.feats.shape[1] + new.shape[1]
         feats = torch.cat([self.feats, new.new_zeros(new.shape[0], width - self.feats.shape[1], new.shape[2])], 1)
         at = (queued[:, None] + torch.arange(new.shape[1], device=new.device))[..., None].expand_as(new)

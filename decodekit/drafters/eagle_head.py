@@ -28,14 +28,17 @@ def default_weights() -> Path:
 
 
 class EagleHead(nn.Module):
-    """The draft head: ``fc [2H -> H]``, one decoder layer of the target's architecture, the final norm.
+    """The draft head: ``fc [2H -> H]``, one decoder layer of the target's architecture, the final norm; for
+    EAGLE-3 (``taps > 0``) also ``fuse [taps * H -> H]``, which turns the target's hidden states of ``taps`` layers,
+    concatenated, into the feature the head reads at a committed position (the drafter applies it).
 
     Args:
         config: the target's transformers config (the layer's sizes, attention and RoPE settings come from it).
         vocab: ``[V_d]`` the token ids the head scores (ascending), or None for the full vocabulary.
+        taps: how many target layers ``fuse`` reads (0: none, EAGLE-1's head on the final features).
     """
 
-    def __init__(self, config: Any, vocab: torch.Tensor | None = None) -> None:
+    def __init__(self, config: Any, vocab: torch.Tensor | None = None, taps: int = 0) -> None:
         super().__init__()
         from transformers import AutoModel
 
@@ -47,6 +50,7 @@ class EagleHead(nn.Module):
             cfg.layer_types = list(cfg.layer_types[-1:])
         hidden = int(config.hidden_size)
         self.fc = nn.Linear(2 * hidden, hidden)
+        self.fuse = nn.Linear(taps * hidden, hidden, bias=False) if taps else None
         self.decoder = AutoModel.from_config(cfg)
         self._cache_arg = cache_argument(self.decoder)
         vocab = torch.arange(int(config.vocab_size)) if vocab is None else vocab.long()
@@ -97,7 +101,7 @@ def load_head(path: str | Path, target: LanguageModel) -> tuple[EagleHead, dict[
     if config is None:
         raise ConfigError(f"the eagle drafter needs a transformers target (its config builds the head); got {target!r}")
     meta, tensors = read_head(path, target, "an EAGLE head", RETRAIN)
-    head = EagleHead(config, tensors["vocab"])
+    head = EagleHead(config, tensors["vocab"], taps=len(meta.get("layers", ())))
     missing, unexpected = head.load_state_dict(tensors, strict=False)
     if unexpected or any("embed_tokens" not in k for k in missing):
         raise ConfigError(f"{path} does not match the head's layout: missing {missing}, unexpected {unexpected}")

@@ -48,6 +48,18 @@ def save_head(module: nn.Module, path: str | Path, metadata: dict[str, Any], ski
     save_file(tensors, str(path), metadata={k: json.dumps(v) for k, v in metadata.items()})
 
 
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """The metadata of the head file ``path`` alone (no tensors read, no target needed); {} when it has none or
+    cannot be read (:func:`read_head` then says why)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
+    except Exception:
+        return {}
+
+
 def read_head(
     path: str | Path, target: LanguageModel, what: str, retrain: str
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

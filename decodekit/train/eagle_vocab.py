@@ -34,14 +34,21 @@ def median_ms(fn: Callable[[], Any], repeats: int = 30) -> float:
 
 
 @torch.no_grad()
-def agreement(head: Any, target: Any, val: Any, sizes: Sequence[int]) -> dict[int, float]:
-    """Held-out top-1 agreement with the target's full-vocabulary argmax, per draft vocabulary size."""
+def agreement(
+    head: Any, target: Any, val: Any, sizes: Sequence[int], taps: torch.Tensor | None = None
+) -> dict[int, float]:
+    """Held-out top-1 agreement with the target's full-vocabulary argmax, per draft vocabulary size. The head
+    reads the final features (EAGLE-1) or, given ``taps [N, L, k H]`` (the validation rows' layer states),
+    ``head.fuse(taps)`` (EAGLE-3)."""
     hits = dict.fromkeys(sizes, 0)
     total = 0
     w = target.lm_head.weight[head.vocab[: max(sizes)]]
     for i in range(0, len(val.lengths), 8):
-        tokens, feats, lengths, starts = val.batch(torch.arange(i, min(i + 8, len(val.lengths))))
+        rows = torch.arange(i, min(i + 8, len(val.lengths)))
+        tokens, feats, lengths, starts = val.batch(rows)
         f_in, f_out = feats[:, :-1].float(), feats[:, 1:].float()
+        if taps is not None:
+            f_in = head.fuse(taps[rows, :-1].float())
         g = head(target.embed(tokens[:, 1:]), f_in)
         t = torch.arange(tokens.shape[1] - 1)[None]
         valid = (t + 1 < lengths[:, None]) & (t + 2 >= starts[:, None])
@@ -92,10 +99,13 @@ def step_ms(head: Any, target: Any, sizes: Sequence[int], context: int = 256) ->
     return {s: median_ms(lambda s=s: head_step(s)) for s in sizes}
 
 
-def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -> dict[str, Any]:
-    """The size with the best modelled speedup (module docstring), with every size's numbers."""
+def pick_vocab(
+    head: Any, target: Any, val: Any, sizes: Sequence[int], k: int, taps: torch.Tensor | None = None
+) -> dict[str, Any]:
+    """The size with the best modelled speedup (module docstring), with every size's numbers (``taps``: as for
+    :func:`agreement`)."""
     head.eval()
-    acc = agreement(head, target, val, sizes)
+    acc = agreement(head, target, val, sizes, taps)
     draft = step_ms(head, target, sizes)
     return chain_pick(acc, draft, target_ms(target, (1, k + 1)), k, k + 1)
 

@@ -140,11 +140,13 @@ def finish_run(
     name: str,
     title: str,
     loss_label: str,
+    metadata: dict[str, Any] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """What a feature head's ``train`` does last: ``pick(sizes)`` the draft vocabulary among ``vocab_sizes`` (those
     within the training vocabulary), trim the head to it, write ``history.json``, ``summary.json``, ``loss.png``
-    and ``<name>_<base>.safetensors`` (the recipe and summary in its metadata). Returns the summary."""
+    and ``<name>_<base>.safetensors`` (the recipe, the summary and ``metadata``, fields the drafter reads, in its
+    metadata). Returns the summary."""
     from decodekit.drafters.head_files import head_metadata
 
     base = recipe["base"]
@@ -155,5 +157,6 @@ def finish_run(
     (out / "history.json").write_text(json.dumps(history))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_losses(history, out / "loss.png", f"{title} for {base}", loss_label)
-    head.save(out / f"{name}_{base}.safetensors", head_metadata(target, base=base, summary=summary, recipe=recipe))
+    meta = head_metadata(target, base=base, summary=summary, recipe=recipe, **(metadata or {}))
+    head.save(out / f"{name}_{base}.safetensors", meta)
     return summary

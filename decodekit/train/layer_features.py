@@ -1,0 +1,52 @@
+"""The target's hidden states of chosen layers at every position of the cached feature-head sequences
+(:mod:`decodekit.train.feature_data`), computed once and cached next to them: EAGLE-3's fused low / middle / high
+features (:mod:`decodekit.train.eagle3`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+
+def default_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's three taps for an ``num_layers``-layer target: the outputs of layers 2, ``num_layers // 2`` and
+    ``num_layers - 3`` (1-based; for SmolLM2's 30 layers: 2, 15, 27), the layers its reference code reads."""
+    low, mid, high = 2, num_layers // 2, num_layers - 3
+    return (min(low, num_layers), max(min(mid, num_layers), 1), max(high, 1))
+
+
+@torch.no_grad()
+def layer_states(target: Any, tokens: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
+    """``[B, L, len(layers) * H]``: the outputs of ``layers`` (1-based, ascending) at every position of the
+    right-padded ``tokens [B, L]``, concatenated in that order (the target runs up to the last of them only)."""
+    from decodekit.train.acceptance_data import _forward
+
+    empty = torch.zeros(tokens.shape[0], 0, dtype=torch.long)
+    out = _forward(target, tokens, empty, False, hidden_layers=tuple(layers), exit_layer=max(layers))
+    return torch.cat([out.hidden[i] for i in layers], -1)
+
+
+def cached_layer_states(
+    target: Any, tokens: torch.Tensor, layers: Sequence[int], data_dir: Path, batch_size: int, progress: bool
+) -> torch.Tensor:
+    """:func:`layer_states` of every row of ``tokens [N, L]`` (float16 ``[N, L, len(layers) * H]``), read from
+    ``data_dir/layers_<a>-<b>-<c>.pt`` when a run wrote them for these rows (or more: a run on all the sequences
+    serves one on the responses only), else computed and written there."""
+    name = Path(data_dir) / f"layers_{'-'.join(map(str, layers))}.pt"
+    if name.is_file():
+        cached = torch.load(name)
+        index = {tuple(row.tolist()): i for i, row in enumerate(cached["tokens"])}
+        rows = [index.get(tuple(row.tolist())) for row in tokens]
+        if cached["tokens"].shape[1] == tokens.shape[1] and None not in rows:
+            return cached["states"][torch.tensor(rows, dtype=torch.long)]
+    states = []
+    for i in tqdm(range(0, len(tokens), batch_size), desc="target layer states", unit="batch", disable=not progress):
+        states.append(layer_states(target, tokens[i : i + batch_size], layers).half())
+    out = torch.cat(states)
+    torch.save({"tokens": tokens, "layers": list(layers), "states": out}, name)
+    return out

@@ -1,0 +1,53 @@
+"""The EAGLE-3 recipe on the real SmolLM2 (a smoke run: files, the layers in the head file, resume) and the shipped
+head (greedy output equal to plain decoding, with drafts accepted)."""
+
+from __future__ import annotations
+
+import pytest
+
+import decodekit as dk
+from decodekit.drafters.eagle3 import DEFAULT_WEIGHTS, Eagle3Drafter
+from decodekit.errors import ConfigError
+from decodekit.resources import shipped_weights
+from decodekit.train.eagle3 import train
+
+pytestmark = pytest.mark.slow
+
+SMALL = dict(
+    chat_prompts=2, code_prompts=2, text_chunks=12, max_new_tokens=8, seq_len=64, train_vocab=1024,
+    vocab_sizes=[256, 1024], val_fraction=0.25, batch_size=4, lr=3e-3, progress=False,
+)  # fmt: skip
+
+
+def test_smoke_run_writes_a_head_that_names_its_layers_and_resumes(tmp_path):
+    summary = train(tmp_path, epochs=2, **SMALL)
+    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    assert summary["layers"] == [2, 15, 27] and summary["fuse_fit_error"] < 1.0
+    path = tmp_path / "eagle3_smollm2-135m-instruct.safetensors"
+    for name in (path.name, "loss.png", "summary.json", "history.json", "data/layers_2-15-27.pt"):
+        assert (tmp_path / name).is_file()
+    drafter = Eagle3Drafter(path, target="smollm2-135m-instruct")
+    assert drafter.hidden_layers == (2, 15, 27) and len(drafter.head.vocab) == summary["vocab"]["picked"]
+    resumed = train(tmp_path, epochs=3, resume=True, **SMALL)  # the cached states and the last checkpoint
+    assert resumed["steps"] == summary["steps"] * 3 // 2
+
+
+def test_layers_outside_the_target_are_refused_before_any_data(tmp_path):
+    with pytest.raises(ConfigError, match="layers must be decoder layers 1 .. 30"):
+        train(tmp_path, layers=[2, 31], **SMALL)
+    assert not (tmp_path / "data").exists()
+
+
+def test_shipped_head_is_greedy_decoding_and_gets_accepted():
+    assert shipped_weights(DEFAULT_WEIGHTS).is_file()
+    smollm2 = dk.load_model("smollm2-135m-instruct")
+    chat = smollm2.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi! Can you explain what a Python list comprehension is?"}],
+        add_generation_prompt=True, tokenize=True, return_dict=True,
+    )["input_ids"]  # fmt: skip
+    code = 'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same backwards."""\n'
+    ids = [smollm2.tokenizer(code)["input_ids"], list(chat)]
+    plain = dk.generate(smollm2, ids, max_new_tokens=48)
+    out = dk.generate(smollm2, ids, dk.build("drafter", "eagle3"), max_new_tokens=48, debug=True)
+    assert out.sequences == plain.sequences
+    assert out.stats.mean_acceptance_length > 1.05

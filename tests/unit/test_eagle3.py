@@ -1,0 +1,174 @@
+"""EAGLE-3: the training-time test unrolls the head exactly as the drafter drafts (a causal mask over the steps, the
+shortcut that makes training cheaper, does not), the fused-feature fit, and the drafter on a fused head trained here:
+greedy output equal to plain decoding, the exact output law under rejection sampling, the layers it asks the
+verification forward for, and its refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.cache import KVCache
+from decodekit.drafters.eagle import EagleDrafter, EagleHead
+from decodekit.drafters.eagle3 import Eagle3Drafter
+from decodekit.drafters.head_files import head_metadata
+from decodekit.errors import ConfigError
+from decodekit.masks import chain_mask
+from decodekit.policies import FixedLength
+from decodekit.train.eagle3 import fit_fuse, ttt_loss, ttt_mask, ttt_unroll
+from decodekit.train.feature_data import target_features
+from decodekit.train.layer_features import default_layers, layer_states
+from decodekit.verifiers import RejectionVerifier
+from tests.conftest import assert_greedy_twice, tiny_llama
+from tests.unit.test_eagle import sequences
+from tests.unit.test_lossless import assert_matches, sample_counts
+
+LAYERS = (1, 2)  # the tiny targets' two layers
+
+
+def fused_head(lm: dk.LanguageModel, seed: int = 0, vocab: torch.Tensor | None = None) -> EagleHead:
+    torch.manual_seed(seed)
+    head = EagleHead(lm.hf.config, vocab, taps=len(LAYERS))
+    head.init_from(lm)
+    torch.nn.init.normal_(head.fuse.weight, std=0.05)
+    return head
+
+
+def train_fused(lm: dk.LanguageModel, steps: int, vocab: torch.Tensor | None = None, seed: int = 0) -> EagleHead:
+    """A fused head trained with :func:`ttt_loss` (3 steps) on the target's own samples."""
+    data = target_features(lm, sequences(lm, 96, 40, seed), seq_len=48, batch_size=32, progress=False)
+    taps = layer_states(lm, data["tokens"], LAYERS)
+    head = fused_head(lm, seed, vocab)
+    fit_fuse(head, taps, data["feats"].float(), data["lengths"])
+    w_d = lm.lm_head.weight[head.vocab].detach()
+    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.zeros(16, dtype=torch.long)
+    for _ in range(steps):
+        i = torch.randint(0, len(data["lengths"]), (16,), generator=gen)
+        batch = (data["tokens"][i], taps[i], data["feats"][i], data["lengths"][i], starts)
+        loss, _ = ttt_loss(head, lm.embed, w_d, *batch, 3, 0.8)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return head.eval()
+
+
+def save(tmp_path_factory, lm: dk.LanguageModel, head: EagleHead, name: str):
+    path = tmp_path_factory.mktemp("eagle3") / f"{name}.safetensors"
+    head.save(path, head_metadata(lm, base=name, layers=list(LAYERS)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def greedy_setup(tmp_path_factory):
+    lm = dk.load_model(tiny_llama(0))
+    return lm, save(tmp_path_factory, lm, train_fused(lm, 120), "tiny")
+
+
+def drafted(head: EagleHead, lm: dk.LanguageModel, tokens: torch.Tensor, feat: torch.Tensor, p: int, steps: int):
+    """What the drafter computes at anchor ``p``: the committed entries ``0 .. p`` in a cache, then ``steps - 1``
+    single-token draft steps, each fed the previous step's output (teacher tokens); ``[steps, H]``."""
+    cache, outs = KVCache(1, tokens.shape[1] + steps), []
+    x, f = tokens[:, 1 : p + 2], feat[:, : p + 1]
+    for _ in range(steps):
+        kv = cache.stage(x.shape[1])
+        mask, positions = chain_mask(cache.lengths, x.shape[1], kv)
+        g = head(lm.embed(x), f, positions, mask, cache)
+        cache.keep(torch.tensor([x.shape[1]]), host_counts=x.shape[1])
+        outs.append(g[0, -1])
+        at = cache.host_lengths()[0]
+        x, f = tokens[:, at + 1 : at + 2], g[:, -1:]
+    return torch.stack(outs)
+
+
+def test_training_unrolls_the_head_as_the_drafter_drafts():
+    lm = dk.load_model(tiny_llama(0))
+    head = fused_head(lm).eval()
+    tokens = torch.randint(0, lm.vocab_size, (1, 14), generator=torch.Generator().manual_seed(0))
+    feat = head.fuse(layer_states(lm, tokens, LAYERS)[:, :-1])
+    with torch.no_grad():
+        outs = torch.stack(ttt_unroll(head, lm.embed, tokens, feat, 3))[:, 0]  # [steps, n, H]
+        for p in (0, 4, 9):
+            torch.testing.assert_close(outs[:, p], drafted(head, lm, tokens, feat, p, 3), atol=1e-5, rtol=1e-4)
+        # a plain causal mask over the stacked steps lets a step see other anchors' drafts: not what drafting sees
+        wrong = torch.ones(1, 1, 13, 26, dtype=torch.bool).tril(13)
+        g0 = ttt_unroll(head, lm.embed, tokens, feat, 1)[0]
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        positions = torch.arange(13)[None]
+        head(lm.embed(tokens[:, 1:]), feat, positions, ttt_mask(13, 0), cache)
+        g1 = head(lm.embed(torch.nn.functional.pad(tokens[:, 2:], (0, 1))), g0, positions + 1, wrong, cache)
+    assert not torch.allclose(g1[0, 9], outs[1, 9], atol=1e-3)
+
+
+def test_mask_sees_the_context_and_its_own_path():
+    mask = ttt_mask(4, 2)[0, 0]
+    assert mask.shape == (4, 12)
+    assert mask[2, :4].tolist() == [True, True, True, False]  # the true entries up to the anchor
+    assert mask[2, 4:8].tolist() == [False, False, True, False]  # step 1 at the same anchor only
+    assert mask[2, 8:].tolist() == [False, False, True, False]  # and itself
+
+
+def test_fuse_fit_recovers_a_linear_map():
+    head = fused_head(dk.load_model(tiny_llama(0)))
+    taps = torch.randn(20, 40, 2 * 64)
+    w = torch.randn(64, 2 * 64) / 10
+    error = fit_fuse(head, taps, taps @ w.T, torch.full((20,), 30), ridge=1e-6)  # 600 real positions, 128 inputs
+    assert error < 1e-4
+    torch.testing.assert_close(head.fuse.weight.data, w, atol=1e-3, rtol=1e-2)
+    fit_fuse(head, taps, taps @ w.T + 0.1 * torch.randn(20, 40, 64), torch.full((20,), 30))  # noisy targets
+    assert (head.fuse.weight.data - w).abs().mean() < 0.01
+
+
+def test_training_fits_its_data_at_every_step():
+    """The loss trains every unrolled step, the later ones reading the head's own outputs."""
+    lm = dk.load_model(tiny_llama(3))
+    data = target_features(lm, sequences(lm, 96, 40, seed=0), seq_len=48, batch_size=32, progress=False)
+    data = {k: v[:32] for k, v in data.items()}  # training rows: a random tiny target generalises little
+    taps = layer_states(lm, data["tokens"], LAYERS)
+    batch = (data["tokens"], taps, data["feats"], data["lengths"], torch.zeros(32, dtype=torch.long))
+    numbers = []
+    for steps in (0, 150):
+        head = train_fused(lm, steps, seed=0)
+        with torch.no_grad():
+            numbers.append(ttt_loss(head, lm.embed, lm.lm_head.weight, *batch, 3, 0.8))
+    (before, b), (after, a) = numbers
+    assert float(after) < 0.9 * float(before), (before, after)
+    assert a["acc"] > b["acc"] + 0.04 and a["acc2"] > b["acc2"] + 0.03, (b, a)  # measured +0.07, +0.04
+
+
+def test_the_drafter_reads_the_layers_its_file_names(greedy_setup, tmp_path):
+    lm, path = greedy_setup
+    drafter = EagleDrafter(path)
+    assert drafter.hidden_layers == LAYERS and drafter.needs == frozenset()
+    plain = tmp_path / "eagle1.safetensors"
+    head = EagleHead(lm.hf.config)
+    head.save(plain, head_metadata(lm, base="tiny"))
+    assert EagleDrafter(plain).hidden_layers == () and EagleDrafter(plain).needs == frozenset({"hidden"})
+    assert default_layers(30) == (2, 15, 27)
+
+
+def test_greedy_equals_plain_decoding_with_drafts_accepted(greedy_setup, ragged_prompts):
+    lm, path = greedy_setup
+    reference = dk.generate(lm, ragged_prompts, max_new_tokens=40, eos_token_id=()).sequences
+    assert_greedy_twice(lm, ragged_prompts, Eagle3Drafter(path), FixedLength(3), reference, 40)
+    out = dk.generate(lm, ragged_prompts, Eagle3Drafter(path), max_new_tokens=40, eos_token_id=())
+    assert out.stats.accepted > 0
+    tree = Eagle3Drafter(path, shape="dynamic", top_k=2)
+    assert_greedy_twice(lm, ragged_prompts, tree, FixedLength(6, depth=3), reference, 40)
+
+
+def test_sampling_is_lossless(tmp_path_factory):
+    lm = dk.load_model(tiny_llama(0, vocab=8, hidden=32, init=0.3))
+    path = save(tmp_path_factory, lm, train_fused(lm, 60, vocab=torch.tensor([1, 2, 4, 6, 7])), "tiny8")
+    counts, stats = sample_counts(lm, Eagle3Drafter(path), RejectionVerifier(), FixedLength(2), "T1", seed=25)
+    assert_matches(lm.hf, counts, "T1")
+    assert 0.05 < stats.draft_acceptance_rate < 0.95
+
+
+def test_missing_weights_say_how_to_train_them(tmp_path):
+    with pytest.raises(ConfigError, match="recipe=eagle3"):
+        Eagle3Drafter(tmp_path / "absent.safetensors")
