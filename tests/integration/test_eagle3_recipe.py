@@ -10,6 +10,7 @@ from decodekit.drafters.eagle3 import DEFAULT_WEIGHTS, Eagle3Drafter
 from decodekit.errors import ConfigError
 from decodekit.resources import shipped_weights
 from decodekit.train.eagle3 import train
+from tests.integration.head_prompts import head_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -41,12 +42,7 @@ def test_layers_outside_the_target_are_refused_before_any_data(tmp_path):
 def test_shipped_head_is_greedy_decoding_and_gets_accepted():
     assert shipped_weights(DEFAULT_WEIGHTS).is_file()
     smollm2 = dk.load_model("smollm2-135m-instruct")
-    chat = smollm2.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Hi! Can you explain what a Python list comprehension is?"}],
-        add_generation_prompt=True, tokenize=True, return_dict=True,
-    )["input_ids"]  # fmt: skip
-    code = 'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same backwards."""\n'
-    ids = [smollm2.tokenizer(code)["input_ids"], list(chat)]
+    ids = head_prompts(smollm2.tokenizer)
     plain = dk.generate(smollm2, ids, max_new_tokens=48)
     out = dk.generate(smollm2, ids, dk.build("drafter", "eagle3"), max_new_tokens=48, debug=True)
     assert out.sequences == plain.sequences

@@ -11,6 +11,7 @@ import decodekit as dk
 from decodekit.drafters.eagle import default_weights, load_head
 from decodekit.train.eagle import train
 from decodekit.train.feature_data import code_prompts
+from tests.integration.head_prompts import head_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -56,14 +57,7 @@ def test_smoke_run_trains_picks_a_vocabulary_and_resumes(tmp_path):
 
 def test_shipped_head_is_greedy_decoding_and_gets_accepted(smollm2):
     assert default_weights().is_file()
-    prompts = [
-        'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same backwards."""\n',
-        "Hi! Can you explain what a Python list comprehension is?",
-    ]
-    chat = smollm2.tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompts[1]}], add_generation_prompt=True, tokenize=True, return_dict=True
-    )["input_ids"]
-    ids = [smollm2.tokenizer(prompts[0])["input_ids"], list(chat)]
+    ids = head_prompts(smollm2.tokenizer)
     plain = dk.generate(smollm2, ids, max_new_tokens=48)
     out = dk.generate(smollm2, ids, dk.build("drafter", "eagle"), max_new_tokens=48, debug=True)
     assert out.sequences == plain.sequences

@@ -9,6 +9,7 @@ import decodekit as dk
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.drafters.exit_head import default_weights, load_exit_head
 from decodekit.train.exit_head import train
+from tests.integration.head_prompts import head_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +35,7 @@ def test_smoke_run_trains_and_picks_a_vocabulary(tmp_path, smollm2):
 
 def test_shipped_head_is_greedy_decoding_and_beats_the_untrained_exit(smollm2):
     assert default_weights().is_file()
-    chat = smollm2.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Hi! Can you explain what a Python list comprehension is?"}],
-        add_generation_prompt=True, tokenize=True, return_dict=True,
-    )["input_ids"]  # fmt: skip
-    code = 'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same backwards."""\n'
-    ids = [smollm2.tokenizer(code)["input_ids"], list(chat)]
+    ids = head_prompts(smollm2.tokenizer)
     plain = dk.generate(smollm2, ids, max_new_tokens=48)
     trained = EarlyExitDrafter(exit_head=True)
     out = dk.generate(smollm2, ids, trained, max_new_tokens=48, debug=True)
