@@ -55,9 +55,14 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 
     try:
         with safe_open(str(path), "pt") as f:
-            return {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
+            return _decoded(f)
     except Exception:
         return {}
+
+
+def _decoded(f: Any) -> dict[str, Any]:
+    """An open safetensors file's metadata, each value JSON-decoded (as :func:`save_head` encodes them)."""
+    return {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
 
 
 def read_head(
@@ -72,7 +77,7 @@ def read_head(
         raise ConfigError(f"no {what} at {path}; train one with {retrain} and pass weights=<its file>")
     try:
         with safe_open(str(path), "pt") as f:
-            meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
+            meta = _decoded(f)
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     except Exception as error:
         raise ConfigError(f"{path} is not {what} file decodekit wrote: {error}") from None

@@ -46,9 +46,8 @@ def agreement(
     for i in range(0, len(val.lengths), 8):
         rows = torch.arange(i, min(i + 8, len(val.lengths)))
         tokens, feats, lengths, starts = val.batch(rows)
-        f_in, f_out = feats[:, :-1].float(), feats[:, 1:].float()
-        if taps is not None:
-            f_in = head.fuse(taps[rows, :-1].float())
+        f_out = feats[:, 1:].float()
+        f_in = feats[:, :-1].float() if taps is None else head.fuse(taps[rows, :-1].float())
         g = head(target.embed(tokens[:, 1:]), f_in)
         t = torch.arange(tokens.shape[1] - 1)[None]
         valid = (t + 1 < lengths[:, None]) & (t + 2 >= starts[:, None])
