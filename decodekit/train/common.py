@@ -32,6 +32,9 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, total: int, warmup: float) -
     return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(total, warmup))
 
 
+BUDGET_PROBE = 10  # steps timed to turn a time budget into a step count
+
+
 def budgeted_steps(budget_s: float, elapsed_s: float, step: int, step_s: float, eval_s: float, eval_every: int) -> int:
     """The step count a ``budget_s``-second run can reach: ``elapsed_s`` spent at ``step``, then ``step_s`` a step
     plus ``eval_s`` every ``eval_every`` steps (at least one more step)."""

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
-from decodekit.train.common import Checkpoints, budgeted_steps, plot_losses, take_step, warmup_cosine
+from decodekit.train.common import BUDGET_PROBE, Checkpoints, budgeted_steps, plot_losses, take_step, warmup_cosine
 from decodekit.train.corpus import corpus_texts, token_chunks
 from decodekit.train.dlm_data import region_rows
 from decodekit.train.dlm_losses import masked_diffusion_loss, region_diffusion_loss
@@ -44,7 +44,6 @@ from decodekit.train.feature_data import DATA_SOURCE as SELF_SOURCE
 from decodekit.train.feature_data import SEQUENCES
 
 DATA_SOURCE = "Python standard library test-suite source (Lib/test/**/*.py) and pydoc_data topics"
-BUDGET_PROBE = 10  # steps timed to turn a time budget into a step count
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

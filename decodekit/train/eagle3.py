@@ -15,6 +15,11 @@ tokens are the target's own (self-distilled), which is what an accepted draft pr
 ``fuse`` starts as the least-squares map from the three layers' states to the final feature, so an EAGLE-1 head's
 layer reads what it was trained on from the first step.
 
+``device``: where the target and the head run (None: CUDA when there is one). On a GPU the states are computed per
+batch (``online``: one target forward a step, nothing cached; the data then needs only the sequences), on the CPU
+they are cached once. ``time_budget_s`` fits the schedule to a wall-clock budget (:func:`~decodekit.train.
+feature_heads.fit`).
+
 Writes to ``out_dir``: ``data/`` (unless ``data_dir``), ``checkpoints/step_*`` (``resume=true``), ``history.json``,
 ``summary.json``, ``loss.png`` and ``eagle3_<base>.safetensors``; copy it to ``decodekit/weights/`` to ship it.
 """
@@ -26,7 +31,7 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_float, check_int
+from decodekit.checks import check_bool, check_float, check_int
 
 
 def ttt_mask(n: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -92,10 +97,10 @@ def ttt_loss(
 def fit_fuse(head: Any, taps: torch.Tensor, feats: torch.Tensor, lengths: torch.Tensor, ridge: float = 1e-2) -> float:
     """Set ``head.fuse`` to the ridge least-squares map from the layer states ``taps [N, L, k H]`` to the final
     features ``feats [N, L, H]`` over the real positions; returns the fit's relative error ``|uW - f| / |f|``."""
-    real = torch.arange(taps.shape[1])[None] < lengths[:, None]
+    real = torch.arange(taps.shape[1], device=taps.device)[None] < lengths[:, None]
     u, f = taps[real].double(), feats[real].double()
     gram = u.T @ u
-    gram += ridge * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=gram.dtype)
+    gram += ridge * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
     w = torch.linalg.solve(gram, u.T @ f).T  # [H, k H]
     head.fuse.weight.copy_(w.to(head.fuse.weight.dtype))
     return float((u @ w.T - f).norm() / f.norm())
@@ -128,6 +133,9 @@ def train(
     resume: bool = False,
     init: str | None = None,
     fuse_sequences: int = 64,
+    device: str | None = None,
+    online: bool | None = None,
+    time_budget_s: float | None = None,
     data_dir: str | None = None,
     threads: int | None = None,
     seed: int = 0,
@@ -139,8 +147,10 @@ def train(
     from decodekit.errors import ConfigError
     from decodekit.train.eagle_vocab import pick_vocab
     from decodekit.train.feature_heads import finish_run, fit, start_run
-    from decodekit.train.layer_features import cached_layer_states, default_layers
+    from decodekit.train.layer_features import cached_layer_states, default_layers, final_and_layer_states
 
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    online = dev.type != "cpu" if online is None else check_bool("online", online)
     check_int("draft_len", draft_len, low=1)
     check_int("ttt_steps", ttt_steps, low=1)
     check_int("fuse_sequences", fuse_sequences, low=1)
@@ -153,11 +163,21 @@ def train(
         if not picked or picked[0] < 1 or picked[-1] > target.num_layers:
             raise ConfigError(f"layers must be decoder layers 1 .. {target.num_layers} of the target; got {layers}")
 
-    recipe, out, target, data = start_run(locals(), check_target)
+    recipe, out, target, data = start_run(locals(), check_target, device=dev, features=not online)
     recipe["layers"] = list(picked)
-    taps = cached_layer_states(target, data.tokens, picked, out / "data" if data_dir is None else Path(data_dir),
-                               gen_batch_size, progress)  # fmt: skip
-    w_d = target.lm_head.weight[data.vocab].detach()
+    taps = None
+    if not online:
+        taps = cached_layer_states(target, data.tokens, picked, out / "data" if data_dir is None else Path(data_dir),
+                                   gen_batch_size, progress)  # fmt: skip
+
+    def states(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final features and layer states of the sequences ``rows`` (float16, on the CPU)."""
+        if not online:
+            return data.feats[rows], taps[rows]
+        parts = [final_and_layer_states(target, data.tokens[r].to(dev), picked) for r in rows.split(gen_batch_size)]
+        return tuple(torch.cat([p[i] for p in parts]).half().cpu() for i in (0, 1))
+
+    w_d = target.lm_head.weight[data.vocab.to(dev)].detach()
     head = EagleHead(target.hf.config, data.vocab, taps=len(picked))
     head.init_from(target)
     if init is not None:  # start from a trained head (its layer and fc; the vocabulary is this run's)
@@ -165,19 +185,26 @@ def train(
 
         skip = ("vocab", "fuse.weight")
         head.load_state_dict({k: v.float() for k, v in load_file(init).items() if k not in skip}, strict=False)
+    head = head.to(dev)
     train_rows = (~data.held).nonzero()[:fuse_sequences, 0]
-    fuse_error = fit_fuse(head, taps[train_rows], data.feats[train_rows], data.lengths[train_rows])
+    feats, fuse_taps = states(train_rows)
+    fuse_error = fit_fuse(head, fuse_taps.to(dev), feats.to(dev), data.lengths[train_rows].to(dev))
 
     def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        tokens, feats, lengths, starts = data.batch(idx)
-        return ttt_loss(head, target.embed, w_d, tokens, taps[idx.cpu()], feats, lengths, starts, ttt_steps, decay)
+        tokens, feats, lengths, starts = data.batch(idx, dev)
+        if online:
+            feats, batch_taps = final_and_layer_states(target, tokens, picked)
+        else:
+            batch_taps = taps[idx.cpu()].to(dev)
+        return ttt_loss(head, target.embed, w_d, tokens, batch_taps, feats, lengths, starts, ttt_steps, decay)
 
     trained, history, numbers = fit(
         head, batch_loss, data, out, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
         warmup=warmup, save_every=save_every, resume=resume, seed=seed, progress=progress,
-        desc="training EAGLE-3 head",
+        desc="training EAGLE-3 head", device=dev, time_budget_s=time_budget_s,
     )  # fmt: skip
-    val, val_taps = data.subset(data.held), taps[data.held]
+    val = data.subset(data.held)
+    val.feats, val_taps = states(data.held.nonzero()[:, 0])
     return finish_run(
         trained, data, out, target, recipe,
         pick=lambda sizes: pick_vocab(trained, target, val, sizes, draft_len, val_taps),

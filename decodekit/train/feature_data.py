@@ -130,6 +130,19 @@ def load_sequences(
     return seqs, prompts + [0] * (len(seqs) - len(prompts))
 
 
+def pad_sequences(seqs: list[list[int]], seq_len: int, starts: list[int] | None = None) -> dict:
+    """``tokens [N, L]`` (0-padded) and ``lengths [N]`` of the sequences, each cut to ``L = seq_len`` tokens
+    (sequences of fewer than 3 tokens are dropped); with ``starts`` (one per sequence: where its response starts),
+    also ``starts [N]`` of the sequences kept."""
+    kept = [i for i, s in enumerate(seqs) if len(s) >= 3]
+    cut = [seqs[i][:seq_len] for i in kept]
+    tokens = torch.zeros(len(cut), seq_len, dtype=torch.long)
+    for i, s in enumerate(cut):
+        tokens[i, : len(s)] = torch.tensor(s)
+    data = {"tokens": tokens, "lengths": torch.tensor([len(s) for s in cut])}
+    return data if starts is None else {**data, "starts": torch.tensor([starts[i] for i in kept])}
+
+
 @torch.no_grad()
 def target_features(
     target: Any,
@@ -139,51 +152,48 @@ def target_features(
     progress: bool,
     starts: list[int] | None = None,
 ) -> dict:
-    """``tokens [N, L]`` (0-padded), ``lengths [N]`` and the target's final hidden states ``feats [N, L, H]``
-    (float16) of the sequences, each cut to ``L = seq_len`` tokens (sequences of fewer than 3 tokens are dropped);
-    with ``starts`` (one per sequence: where its response starts), also ``starts [N]`` of the sequences kept."""
+    """:func:`pad_sequences` plus the target's final hidden states ``feats [N, L, H]`` (float16, on the CPU; the
+    target runs on its own device)."""
     from decodekit.train.acceptance_data import _forward
 
-    kept = [i for i, s in enumerate(seqs) if len(s) >= 3]
-    seqs = [seqs[i][:seq_len] for i in kept]
-    lengths = torch.tensor([len(s) for s in seqs])
-    tokens = torch.zeros(len(seqs), seq_len, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        tokens[i, : len(s)] = torch.tensor(s)
-    feats = []
-    for i in tqdm(range(0, len(seqs), batch_size), desc="target features", unit="batch", disable=not progress):
-        batch = tokens[i : i + batch_size]
-        feats.append(_forward(target, batch, torch.zeros(len(batch), 1, dtype=torch.long), True).last_hidden.half())
-    data = {"tokens": tokens, "lengths": lengths, "feats": torch.cat(feats)}
-    return data if starts is None else {**data, "starts": torch.tensor([starts[i] for i in kept])}
+    data = pad_sequences(seqs, seq_len, starts)
+    tokens, feats = data["tokens"], []
+    for i in tqdm(range(0, len(tokens), batch_size), desc="target features", unit="batch", disable=not progress):
+        batch = tokens[i : i + batch_size].to(target.device)
+        empty = torch.zeros(len(batch), 0, dtype=torch.long, device=target.device)
+        feats.append(_forward(target, batch, empty, True).last_hidden.half().cpu())
+    return {**data, "feats": torch.cat(feats)}
 
 
 @dataclass
 class FeatureData:
-    """The cached sequences: ``tokens [N, L]`` (0-padded), ``lengths [N]``, ``feats [N, L, H]`` float16, ``starts
-    [N]`` the first token a loss predicts (the response of a prompted sequence: EAGLE's loss mask; 0 for plain
-    text); ``held [N]`` the validation split; ``vocab [V_train]`` the most frequent training tokens, most frequent
-    first."""
+    """The cached sequences: ``tokens [N, L]`` (0-padded), ``lengths [N]``, ``feats [N, L, H]`` float16 (None when
+    a recipe computes them per batch on its device), ``starts [N]`` the first token a loss predicts (the response of
+    a prompted sequence: EAGLE's loss mask; 0 for plain text); ``held [N]`` the validation split; ``vocab
+    [V_train]`` the most frequent training tokens, most frequent first. All on the CPU."""
 
     tokens: torch.Tensor
     lengths: torch.Tensor
-    feats: torch.Tensor
+    feats: torch.Tensor | None
     starts: torch.Tensor
     held: torch.Tensor
     vocab: torch.Tensor
     seconds: float
 
-    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``tokens``, ``feats``, ``lengths`` and ``starts`` of the sequences ``idx``."""
+    def batch(
+        self, idx: torch.Tensor, device: torch.device | str = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """``tokens``, ``feats``, ``lengths`` and ``starts`` of the sequences ``idx``, on ``device``."""
         idx = idx.cpu()
-        return self.tokens[idx], self.feats[idx], self.lengths[idx], self.starts[idx]
+        feats = None if self.feats is None else self.feats[idx].to(device)
+        return self.tokens[idx].to(device), feats, self.lengths[idx].to(device), self.starts[idx].to(device)
 
     def subset(self, rows: torch.Tensor) -> FeatureData:
         """The sequences ``rows`` (a bool mask or indices), e.g. ``data.subset(data.held)``: the validation split."""
         return FeatureData(
             self.tokens[rows],
             self.lengths[rows],
-            self.feats[rows],
+            None if self.feats is None else self.feats[rows],
             self.starts[rows],
             self.held[rows],
             self.vocab,
@@ -221,9 +231,12 @@ def prepare(
     val_fraction: float,
     seed: int,
     progress: bool,
+    features: bool = True,
 ) -> FeatureData:
     """Build (or load from ``data_dir/features.pt``) the sequences and features, split off the validation
-    sequences and count the training vocabulary. ``cfg`` holds :data:`DATA_KEYS` and ``gen_batch_size``."""
+    sequences and count the training vocabulary. ``cfg`` holds :data:`DATA_KEYS` and ``gen_batch_size``.
+    ``features=False``: the sequences only (``feats`` None, nothing cached) unless ``features.pt`` is there, for a
+    recipe that runs the target on each batch (a GPU makes that cheaper than storing the features)."""
     for name in DATA_KEYS + ("gen_batch_size",):
         check_int(name, cfg[name], low=0 if name.endswith(("prompts", "chunks")) else 1)
     check_int("train_vocab", train_vocab, low=1)
@@ -232,6 +245,9 @@ def prepare(
     cached, began = data_dir / "features.pt", time.perf_counter()
     if cached.is_file():
         data = torch.load(cached)
+    elif not features:
+        seqs, starts = load_sequences(target, cfg, data_dir, seed, progress)
+        data = {**pad_sequences(seqs, cfg["seq_len"], starts), "feats": None}
     else:
         seqs, starts = load_sequences(target, cfg, data_dir, seed, progress)
         data = target_features(target, seqs, cfg["seq_len"], cfg["gen_batch_size"], progress, starts)

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from decodekit.checks import check_bool, check_float, check_int
-from decodekit.train.common import Checkpoints, plot_losses, take_step, warmup_cosine
+from decodekit.train.common import BUDGET_PROBE, Checkpoints, budgeted_steps, plot_losses, take_step, warmup_cosine
 from decodekit.train.feature_data import FeatureData, prepare
 
 BatchLoss = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
@@ -37,16 +37,22 @@ def fit(
     seed: int,
     progress: bool,
     desc: str,
+    device: torch.device | str = "cpu",
+    time_budget_s: float | None = None,
 ) -> tuple[torch.nn.Module, dict[str, list[list[float]]], dict[str, float]]:
-    """Train ``head`` with ``batch_loss(sequence indices) -> (loss, {"acc": ...})`` (AdamW, warm-up then cosine),
-    validating before training and after each epoch; checkpoints in ``out/checkpoints`` (``resume``). Returns the
-    trained head (eval mode), the history (``train``, ``val``, ``acc``: ``[step, value]`` lists) and numbers."""
+    """Train ``head`` with ``batch_loss(sequence indices) -> (loss, {"acc": ...})`` (AdamW, warm-up and cosine),
+    validating before training and after each epoch; checkpoints in ``out/checkpoints`` (``resume``). The head
+    trains on ``device`` (the target's). ``time_budget_s``: stop after about that many seconds of training and
+    validation, the cosine schedule fitted to the step count that the first steps' measured time allows (at most
+    ``epochs`` epochs). Returns the trained head (eval mode), the history (``train``, ``val``, ``acc``: ``[step,
+    value]`` lists) and numbers."""
     from accelerate import Accelerator
 
     for name, value in (("epochs", epochs), ("batch_size", batch_size), ("save_every", save_every)):
         check_int(name, value, low=1)
     check_float("lr", lr, low=0, low_open=True)
-    accelerator = Accelerator()
+    check_float("time_budget_s", time_budget_s, low=0.0, low_open=True, optional=True)
+    accelerator = Accelerator(cpu=torch.device(device).type == "cpu")
     train_idx, val_idx = (~data.held).nonzero()[:, 0], data.held.nonzero()[:, 0]
     loader = torch.utils.data.DataLoader(
         train_idx, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed)
@@ -54,30 +60,50 @@ def fit(
     total = epochs * len(loader)
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     schedule = warmup_cosine(optimizer, total, warmup)
+    shape = schedule.lr_lambdas[0]
     head, optimizer, loader, schedule = accelerator.prepare(head, optimizer, loader, schedule)
     checkpoints = Checkpoints(accelerator, out)
     step, history = (checkpoints.resume() if resume else None) or (0, {"train": [], "val": [], "acc": []})
+    shape.total = total  # a checkpoint restores its own; this run's epochs (and budget) decide
+    eval_s = 0.0  # the last validation's time (a time budget counts it)
 
     def validate() -> None:
+        nonlocal eval_s
+        began = time.perf_counter()
         head.eval()
         with torch.no_grad():
             parts = [batch_loss(i) for i in val_idx.split(batch_size)]
         head.train()
         history["val"].append([step, sum(float(p[0]) for p in parts) / len(parts)])
         history["acc"].append([step, sum(p[1]["acc"] for p in parts) / len(parts)])
+        eval_s = time.perf_counter() - began
 
     if not history["val"]:
         validate()
     began = time.perf_counter()
+    probe = (step + 2, step + 2 + BUDGET_PROBE)  # the steps timed for a time budget (the first ones warm up)
     bar = tqdm(total=total, initial=step, desc=desc, unit="step", disable=not progress)
     for epoch in range(step // len(loader), epochs):
         skip = step - epoch * len(loader)
         for idx in accelerator.skip_first_batches(loader, skip) if skip else loader:
+            if step >= total:
+                break
+            if step == probe[0]:
+                probe_began = time.perf_counter()
             loss, stats = batch_loss(idx)
             step = take_step(accelerator, optimizer, schedule, loss, history, bar, step, acc=f"{stats['acc']:.2f}")
+            if time_budget_s is not None and step == probe[1]:
+                step_s = (time.perf_counter() - probe_began) / BUDGET_PROBE
+                spent = time.perf_counter() - began
+                budget = budgeted_steps(time_budget_s, spent, step, step_s, eval_s, len(loader))  # validates each epoch
+                total = shape.total = min(total, budget)
+                bar.total = total
+                bar.refresh()
             if step % save_every == 0:
                 checkpoints.save(step, history)
         validate()
+        if step >= total:
+            break
     bar.close()
     checkpoints.save(step, history)
     recent = [loss for _, loss in history["train"][-len(loader) :]]
@@ -94,12 +120,16 @@ def fit(
 
 
 def start_run(
-    args: dict[str, Any], check_target: Callable[[Any], None] | None = None
+    args: dict[str, Any],
+    check_target: Callable[[Any], None] | None = None,
+    *,
+    device: torch.device | str = "cpu",
+    features: bool = True,
 ) -> tuple[dict[str, Any], Path, Any, FeatureData]:
     """What a feature head's ``train(**args)`` does first: the recipe (its plain arguments, for the weights'
-    metadata), checks, threads and seed, the target (``base``; ``check_target(target)`` raises for a recipe that
-    does not fit it, before the data is built) and the data (:func:`prepare`). Returns the recipe, the run
-    directory, the target and the data."""
+    metadata), checks, threads and seed, the target (``base``, on ``device``; ``check_target(target)`` raises for a
+    recipe that does not fit it, before the data is built) and the data (:func:`prepare`; ``features=False``: no
+    cached features). Returns the recipe, the run directory, the target and the data."""
     from accelerate.utils import set_seed
 
     import decodekit as dk
@@ -111,7 +141,7 @@ def start_run(
         torch.set_num_threads(check_int("threads", args["threads"], low=1))
     set_seed(args["seed"])
     out = Path(args["out_dir"])
-    target = dk.load_model(args["base"])
+    target = dk.load_model(args["base"], device=device)
     if check_target is not None:  # refuse a recipe that does not fit the target before building the data
         check_target(target)
     data = prepare(
@@ -122,6 +152,7 @@ def start_run(
         val_fraction=args["val_fraction"],
         seed=args["seed"],
         progress=args["progress"],
+        features=features,
     )
     return recipe, out, target, data
 
@@ -152,6 +183,7 @@ def finish_run(
     base = recipe["base"]
     sizes = sorted({s for s in vocab_sizes if s <= len(data.vocab)} or {len(data.vocab)})
     choice = pick(sizes)
+    head = head.cpu()
     head.vocab = data.vocab[: choice["picked"]].clone()
     summary = {**data.summary(), **numbers, "vocab": choice, "base": base, **extra}
     (out / "history.json").write_text(json.dumps(history))

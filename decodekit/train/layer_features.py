@@ -31,6 +31,20 @@ def layer_states(target: Any, tokens: torch.Tensor, layers: Sequence[int]) -> to
     return torch.cat([out.hidden[i] for i in layers], -1)
 
 
+@torch.no_grad()
+def final_and_layer_states(
+    target: Any, tokens: torch.Tensor, layers: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward of the right-padded ``tokens [B, L]`` (on the target's device): the final (normed) features
+    ``[B, L, H]`` and :func:`layer_states` ``[B, L, len(layers) * H]``, what a training step needs when it computes
+    them per batch instead of reading a cache."""
+    from decodekit.train.acceptance_data import _forward
+
+    empty = tokens.new_zeros(tokens.shape[0], 0)
+    out = _forward(target, tokens, empty, True, hidden_layers=tuple(layers))
+    return out.last_hidden, torch.cat([out.hidden[i] for i in layers], -1)
+
+
 def cached_layer_states(
     target: Any, tokens: torch.Tensor, layers: Sequence[int], data_dir: Path, batch_size: int, progress: bool
 ) -> torch.Tensor:

@@ -9,6 +9,7 @@ import decodekit as dk
 from decodekit.drafters.eagle3 import DEFAULT_WEIGHTS, Eagle3Drafter
 from decodekit.errors import ConfigError
 from decodekit.resources import shipped_weights
+from decodekit.train.common import BUDGET_PROBE
 from decodekit.train.eagle3 import train
 from tests.integration.head_prompts import head_prompts
 
@@ -31,6 +32,17 @@ def test_smoke_run_writes_a_head_that_names_its_layers_and_resumes(tmp_path):
     assert drafter.hidden_layers == (2, 15, 27) and len(drafter.head.vocab) == summary["vocab"]["picked"]
     resumed = train(tmp_path, epochs=3, resume=True, **SMALL)  # the cached states and the last checkpoint
     assert resumed["steps"] == summary["steps"] * 3 // 2
+
+
+def test_online_states_train_like_the_cached_ones_within_a_time_budget(tmp_path):
+    """``online`` (the GPU path: the target runs on each batch, nothing cached) starts where the cached path starts;
+    a time budget fixes the step count after the timed probe steps."""
+    data = str(tmp_path / "data")
+    online = train(tmp_path / "online", epochs=100, online=True, time_budget_s=1e-3, data_dir=data, **SMALL)
+    assert not list((tmp_path / "data").glob("layers_*.pt")) and not (tmp_path / "data" / "features.pt").exists()
+    assert online["steps"] == BUDGET_PROBE + 3  # 2 warm-up steps, the timed ones, then one the budget allows
+    cached = train(tmp_path / "cached", epochs=1, data_dir=data, **SMALL)
+    assert online["initial_val_loss"] == pytest.approx(cached["initial_val_loss"], rel=1e-3)
 
 
 def test_layers_outside_the_target_are_refused_before_any_data(tmp_path):

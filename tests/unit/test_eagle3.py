@@ -18,7 +18,7 @@ from decodekit.masks import chain_mask
 from decodekit.policies import FixedLength
 from decodekit.train.eagle3 import fit_fuse, ttt_loss, ttt_mask, ttt_unroll
 from decodekit.train.feature_data import target_features
-from decodekit.train.layer_features import default_layers, layer_states
+from decodekit.train.layer_features import default_layers, final_and_layer_states, layer_states
 from decodekit.verifiers import RejectionVerifier
 from tests.conftest import assert_greedy_twice, tiny_llama
 from tests.unit.test_eagle import sequences
@@ -102,6 +102,15 @@ def test_training_unrolls_the_head_as_the_drafter_drafts():
         head(lm.embed(tokens[:, 1:]), feat, positions, ttt_mask(13, 0), cache)
         g1 = head(lm.embed(torch.nn.functional.pad(tokens[:, 2:], (0, 1))), g0, positions + 1, wrong, cache)
     assert not torch.allclose(g1[0, 9], outs[1, 9], atol=1e-3)
+
+
+def test_states_computed_per_batch_equal_the_cached_ones():
+    """The GPU path (the target run on each batch) feeds the loss what the CPU path caches."""
+    lm = dk.load_model(tiny_llama(0))
+    data = target_features(lm, sequences(lm, 6, 20, seed=1), seq_len=28, batch_size=4, progress=False)
+    feats, taps = final_and_layer_states(lm, data["tokens"], LAYERS)
+    torch.testing.assert_close(feats.half(), data["feats"])
+    torch.testing.assert_close(taps, layer_states(lm, data["tokens"], LAYERS))
 
 
 def test_mask_sees_the_context_and_its_own_path():
