@@ -11,9 +11,9 @@ ahead of a committed position sees. Each step's loss is the soft cross-entropy t
 ``p + j + 1`` over the ``train_vocab`` most frequent tokens, weighted ``decay^j``; no feature regression. The
 tokens are the target's own (self-distilled), which is what an accepted draft prefix feeds.
 
-``init``: a head file to start from (its layer and ``fc``; an EAGLE-1 head works, ``fuse`` is then fitted);
-``fuse`` starts as the least-squares map from the three layers' states to the final feature, so an EAGLE-1 head's
-layer reads what it was trained on from the first step.
+``init``: a head file to start from (its layer and ``fc``, and its ``fuse`` when it is an EAGLE-3 head of the same
+layers: training continues); otherwise ``fuse`` starts as the least-squares map from the three layers' states to
+the final feature, so an EAGLE-1 head's layer reads what it was trained on from the first step.
 
 ``device``: where the target and the head run (None: CUDA when there is one). On a GPU the states are computed per
 batch (``online``: one target forward a step, nothing cached; the data then needs only the sequences), on the CPU
@@ -114,6 +114,7 @@ def train(
     chat_prompts: int = 256,
     code_prompts: int = 256,
     text_chunks: int = 1024,
+    self_instruct: int = 0,
     max_prompt_tokens: int = 320,
     max_new_tokens: int = 128,
     seq_len: int = 384,
@@ -180,15 +181,21 @@ def train(
     w_d = target.lm_head.weight[data.vocab.to(dev)].detach()
     head = EagleHead(target.hf.config, data.vocab, taps=len(picked))
     head.init_from(target)
+    fuse_error = None  # kept from init: an EAGLE-3 head of the same layers continues with its own fuse
     if init is not None:  # start from a trained head (its layer and fc; the vocabulary is this run's)
         from safetensors.torch import load_file
 
-        skip = ("vocab", "fuse.weight")
-        head.load_state_dict({k: v.float() for k, v in load_file(init).items() if k not in skip}, strict=False)
+        from decodekit.drafters.head_files import read_metadata
+
+        state = {k: v.float() for k, v in load_file(init).items() if k != "vocab"}
+        if read_metadata(init).get("layers") != list(picked):
+            state.pop("fuse.weight", None)
+        head.load_state_dict(state, strict=False)
     head = head.to(dev)
-    train_rows = (~data.held).nonzero()[:fuse_sequences, 0]
-    feats, fuse_taps = states(train_rows)
-    fuse_error = fit_fuse(head, fuse_taps.to(dev), feats.to(dev), data.lengths[train_rows].to(dev))
+    if init is None or "fuse.weight" not in state:
+        train_rows = (~data.held).nonzero()[:fuse_sequences, 0]
+        feats, fuse_taps = states(train_rows)
+        fuse_error = fit_fuse(head, fuse_taps.to(dev), feats.to(dev), data.lengths[train_rows].to(dev))
 
     def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         tokens, feats, lengths, starts = data.batch(idx, dev)

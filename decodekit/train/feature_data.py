@@ -8,7 +8,9 @@ The sequences (offline, no benchmark prompts):
   with the target's own greedy responses;
 - code: code-completion prompts cut from the standard library's test suite (``Lib/test``) with the target's own
   greedy continuations;
-- text: plain ``Lib/test`` source chunks.
+- text: plain ``Lib/test`` source chunks;
+- self-instruct (recipes with a ``self_instruct`` key, e.g. ``eagle3``): chat requests the target writes itself
+  (Magpie, :mod:`decodekit.train.self_instruct`) with its greedy responses.
 
 The ``stdlib`` benchmark task mines ``Lib`` outside ``test``; HumanEval and MT-Bench are never read. Each sequence is
 cut to ``seq_len`` tokens; the target's final (normed) hidden states ``f [N, L, H]`` are stored in float16 in
@@ -33,7 +35,8 @@ from decodekit.errors import ConfigError
 
 DATA_SOURCE = (
     "self-distilled: SmolLM2's greedy responses to questions about pydoc_data snippets and its greedy "
-    "continuations of Lib/test code prompts, plus Lib/test source chunks"
+    "continuations of Lib/test code prompts, plus Lib/test source chunks (and, with self_instruct > 0, its greedy "
+    "responses to chat requests it wrote itself, Magpie-style)"
 )
 
 
@@ -122,7 +125,14 @@ def load_sequences(
     data_dir = Path(data_dir)
     written = data_dir / "sequences.json"
     if not written.is_file():
-        return write_sequences(target, *sequence_plan(target.tokenizer, cfg, seed), cfg, data_dir, progress)
+        prompts, chunks = sequence_plan(target.tokenizer, cfg, seed)
+        if cfg.get("self_instruct"):  # chat prompts the target writes itself (a recipe that has the key)
+            from decodekit.train.self_instruct import self_instruct_prompts
+
+            num = check_int("self_instruct", cfg["self_instruct"], low=0)
+            limit = cfg["max_prompt_tokens"]
+            prompts += self_instruct_prompts(target, num, 64, limit, seed, cfg["gen_batch_size"], progress)
+        return write_sequences(target, prompts, chunks, cfg, data_dir, progress)
     seqs = json.loads(written.read_text())
     if (data_dir / "starts.json").is_file():
         return seqs, json.loads((data_dir / "starts.json").read_text())
