@@ -36,10 +36,12 @@ def test_smoke_run_writes_a_head_that_names_its_layers_and_resumes(tmp_path):
 
 def test_online_states_train_like_the_cached_ones_within_a_time_budget(tmp_path):
     """``online`` (the GPU path: the target runs on each batch, nothing cached) starts where the cached path starts;
-    a time budget fixes the step count after the timed probe steps."""
+    a time budget fixes the step count after the timed probe steps; self-instruct requests join the data."""
     data = str(tmp_path / "data")
-    online = train(tmp_path / "online", epochs=100, online=True, time_budget_s=1e-3, data_dir=data, **SMALL)
+    online = train(tmp_path / "online", epochs=100, online=True, time_budget_s=1e-3, data_dir=data, self_instruct=3,
+                   **SMALL)  # fmt: skip
     assert not list((tmp_path / "data").glob("layers_*.pt")) and not (tmp_path / "data" / "features.pt").exists()
+    assert online["sequences"] > 2 + 2 + 12  # the self-instruct requests the target wrote joined the data
     assert online["steps"] == BUDGET_PROBE + 3  # 2 warm-up steps, the timed ones, then one the budget allows
     cached = train(tmp_path / "cached", epochs=1, data_dir=data, **SMALL)
     assert online["initial_val_loss"] == pytest.approx(cached["initial_val_loss"], rel=1e-3)

@@ -181,3 +181,26 @@ def test_sampling_is_lossless(tmp_path_factory):
 def test_missing_weights_say_how_to_train_them(tmp_path):
     with pytest.raises(ConfigError, match="recipe=eagle3"):
         Eagle3Drafter(tmp_path / "absent.safetensors")
+
+
+def test_a_single_draft_vocabulary_is_taken_without_timing(monkeypatch):
+    """A GPU run names the size the CPU picked: its agreement is measured, nothing is timed."""
+    from decodekit.train import eagle_vocab
+    from decodekit.train.feature_data import FeatureData
+
+    lm = dk.load_model(tiny_llama(0))
+    data = target_features(lm, sequences(lm, 4, 20, seed=2), seq_len=24, batch_size=4, progress=False)
+    n = len(data["lengths"])
+    val = FeatureData(data["tokens"], data["lengths"], data["feats"], torch.zeros(n, dtype=torch.long),
+                      torch.ones(n, dtype=torch.bool), torch.arange(lm.vocab_size), 0.0)  # fmt: skip
+    taps = layer_states(lm, data["tokens"], LAYERS)
+    head = fused_head(lm)
+    timed = eagle_vocab.pick_vocab(head, lm, val, [16, 64], 2, taps)
+    assert set(timed["sizes"]) == {16, 64} and "draft_step_ms" in timed["sizes"][16]
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("timed a single size")
+
+    monkeypatch.setattr(eagle_vocab, "step_ms", no_timing)
+    single = eagle_vocab.pick_vocab(head, lm, val, [64], 2, taps)
+    assert single["picked"] == 64 and single["sizes"][64]["agreement"] == timed["sizes"][64]["agreement"]
