@@ -181,18 +181,16 @@ def train(
     w_d = target.lm_head.weight[data.vocab.to(dev)].detach()
     head = EagleHead(target.hf.config, data.vocab, taps=len(picked))
     head.init_from(target)
-    fuse_error = None  # kept from init: an EAGLE-3 head of the same layers continues with its own fuse
+    fuse_error, kept_fuse = None, False  # an EAGLE-3 init of the same layers continues with its own fuse
     if init is not None:  # start from a trained head (its layer and fc; the vocabulary is this run's)
-        from safetensors.torch import load_file
+        from decodekit.drafters.head_files import read_head
 
-        from decodekit.drafters.head_files import read_metadata
-
-        state = {k: v.float() for k, v in load_file(init).items() if k != "vocab"}
-        if read_metadata(init).get("layers") != list(picked):
-            state.pop("fuse.weight", None)
-        head.load_state_dict(state, strict=False)
+        meta, tensors = read_head(init, target, "an EAGLE head", "python -m decodekit train recipe=eagle3")
+        kept_fuse = meta.get("layers") == list(picked) and "fuse.weight" in tensors
+        skip = ("vocab",) if kept_fuse else ("vocab", "fuse.weight")
+        head.load_state_dict({k: v.float() for k, v in tensors.items() if k not in skip}, strict=False)
     head = head.to(dev)
-    if init is None or "fuse.weight" not in state:
+    if not kept_fuse:
         train_rows = (~data.held).nonzero()[:fuse_sequences, 0]
         feats, fuse_taps = states(train_rows)
         fuse_error = fit_fuse(head, fuse_taps.to(dev), feats.to(dev), data.lengths[train_rows].to(dev))

@@ -255,13 +255,13 @@ def prepare(
     cached, began = data_dir / "features.pt", time.perf_counter()
     if cached.is_file():
         data = torch.load(cached)
-    elif not features:
-        seqs, starts = load_sequences(target, cfg, data_dir, seed, progress)
-        data = {**pad_sequences(seqs, cfg["seq_len"], starts), "feats": None}
     else:
         seqs, starts = load_sequences(target, cfg, data_dir, seed, progress)
-        data = target_features(target, seqs, cfg["seq_len"], cfg["gen_batch_size"], progress, starts)
-        torch.save(data, cached)
+        if features:
+            data = target_features(target, seqs, cfg["seq_len"], cfg["gen_batch_size"], progress, starts)
+            torch.save(data, cached)
+        else:
+            data = {**pad_sequences(seqs, cfg["seq_len"], starts), "feats": None}
     if "starts" not in data:  # a cache written before the starts were stored: its response (0 for plain text)
         data["starts"] = torch.tensor(load_sequences(target, cfg, data_dir, seed, progress)[1][: len(data["lengths"])])
         torch.save(data, cached)
