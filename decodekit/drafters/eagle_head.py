@@ -15,6 +15,7 @@ from torch import nn
 from decodekit.cache import KVCache
 from decodekit.drafters.head_files import read_head, save_head
 from decodekit.errors import ConfigError
+from decodekit.kernels.cpu import match_kernels
 from decodekit.models.base import LanguageModel
 from decodekit.resources import shipped_weights
 
@@ -95,7 +96,8 @@ class EagleHead(nn.Module):
 
 
 def load_head(path: str | Path, target: LanguageModel) -> tuple[EagleHead, dict[str, Any]]:
-    """The head in ``path`` for ``target`` (on its device and dtype) and its metadata; refuses a head trained
+    """The head in ``path`` for ``target`` (on its device and dtype, with its CPU
+    kernels: :func:`~decodekit.kernels.match_kernels`) and its metadata; refuses a head trained
     for another target."""
     config = getattr(getattr(target, "hf", None), "config", None)
     if config is None:
@@ -105,4 +107,5 @@ def load_head(path: str | Path, target: LanguageModel) -> tuple[EagleHead, dict[
     missing, unexpected = head.load_state_dict(tensors, strict=False)
     if unexpected or any("embed_tokens" not in k for k in missing):
         raise ConfigError(f"{path} does not match the head's layout: missing {missing}, unexpected {unexpected}")
-    return head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval(), meta
+    head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
+    return match_kernels(head, target), meta

@@ -20,6 +20,7 @@ from torch import nn
 
 from decodekit.drafters.head_files import read_head, save_head
 from decodekit.errors import ConfigError
+from decodekit.kernels.cpu import match_kernels
 from decodekit.models.base import LanguageModel
 from decodekit.resources import shipped_weights
 
@@ -63,7 +64,8 @@ class ExitHead(nn.Module):
 
 
 def load_exit_head(path: str | Path, target: LanguageModel) -> tuple[ExitHead, dict[str, Any]]:
-    """The exit head in ``path`` for ``target`` (on its device and dtype) and its metadata; refuses a head trained
+    """The exit head in ``path`` for ``target`` (on its device and dtype, with its CPU
+    kernels: :func:`~decodekit.kernels.match_kernels`) and its metadata; refuses a head trained
     for another target or a file that is not an exit head."""
     meta, tensors = read_head(path, target, "an exit head", RETRAIN)
     if "exit_layer" not in meta or "width" not in meta or "vocab" not in tensors:
@@ -72,4 +74,5 @@ def load_exit_head(path: str | Path, target: LanguageModel) -> tuple[ExitHead, d
     missing, unexpected = head.load_state_dict(tensors, strict=False)
     if missing or unexpected:
         raise ConfigError(f"{path} does not match the exit head's layout: missing {missing}, unexpected {unexpected}")
-    return head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval(), meta
+    head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
+    return match_kernels(head, target), meta

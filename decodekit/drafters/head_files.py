@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from decodekit.errors import ConfigError
+from decodekit.kernels.cpu import match_kernels
 from decodekit.models.base import LanguageModel
 
 
@@ -122,14 +123,23 @@ class TrimmedHead:
     def __init__(self, target: LanguageModel, ids: torch.Tensor) -> None:
         self.target, self.ids = target, ids
         rows = head_rows(target, ids)
-        self.weight, self.bias = rows if rows is not None else (None, None)  # None: run the full head and slice
+        self.proj: nn.Module | None = None  # None: run the full head and slice
+        if rows is not None:
+            weight, bias = rows
+            linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device)
+            linear = linear.to(weight.dtype).requires_grad_(False)
+            linear.weight.copy_(weight)
+            if bias is not None:
+                linear.bias.copy_(bias)
+            self.proj = match_kernels(linear, target)  # the target's CPU kernels, if it has any
+        self.dtype = None if rows is None else rows[0].dtype
         self.softcap = getattr(target, "softcap", None)
 
     def scores(self, g: torch.Tensor) -> torch.Tensor:
         """``g [..., H]`` -> ``[..., V_d]`` float32 scores of the ids."""
-        if self.weight is None:
+        if self.proj is None:
             return self.target.head(g).float()[..., self.ids]
-        scores = nn.functional.linear(g.to(self.weight.dtype), self.weight, self.bias).float()
+        scores = self.proj(g.to(self.dtype)).float()
         return torch.tanh(scores / self.softcap) * self.softcap if self.softcap else scores
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:

@@ -29,8 +29,9 @@ from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
 from decodekit.checks import check_int
 from decodekit.draft import Draft, DraftKind
-from decodekit.drafters.head_files import head_rows, read_head, save_head
+from decodekit.drafters.head_files import TrimmedHead, read_head, save_head
 from decodekit.errors import ConfigError
+from decodekit.kernels.cpu import match_kernels
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.registry import register
 from decodekit.resources import shipped_weights
@@ -76,14 +77,15 @@ class MedusaHeads(nn.Module):
 
 
 def load_heads(path: str | Path, target: LanguageModel) -> MedusaHeads:
-    """The heads in ``path`` for ``target`` (its device and dtype); refuses heads trained for another target."""
+    """The heads in ``path`` for ``target`` (its device, dtype and CPU kernels); refuses heads trained for
+    another target."""
     meta, tensors = read_head(path, target, "Medusa heads", RETRAIN)
     try:
         heads = MedusaHeads(int(meta["hidden_size"]), int(meta["num_heads"]), tensors["vocab"])
         heads.load_state_dict(tensors)
     except Exception as error:
         raise ConfigError(f"{path} does not match the Medusa heads' layout: {error}") from None
-    return heads.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
+    return match_kernels(heads.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval(), target)
 
 
 @register("drafter", "medusa")
@@ -122,10 +124,9 @@ class MedusaDrafter:
         if self._for != id(target):
             self.heads = load_heads(self.weights, target)
             self._for = id(target)
-            rows = head_rows(target, self.heads.vocab)
-            if rows is None:
+            self.trimmed = TrimmedHead(target, self.heads.vocab)
+            if self.trimmed.proj is None:
                 raise ConfigError(f"the medusa drafter needs a target with a linear output head; got {target!r}")
-            self._w, self._b = rows
         self.target = target
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
@@ -140,8 +141,8 @@ class MedusaDrafter:
         k = min(budget.max_len, len(self.heads.blocks))  # type: ignore[union-attr]
         if k == 0:
             return Draft.empty(state.batch_size, state.device)
-        h = self.heads(self.f.to(self._w.dtype))[:, :k]  # type: ignore[misc]  # [B, k, H]
-        scores = nn.functional.linear(h, self._w, self._b)  # [B, k, V_d]
+        h = self.heads(self.f.to(self.trimmed.dtype))[:, :k]  # type: ignore[misc]  # [B, k, H]
+        scores = self.trimmed.scores(h)  # [B, k, V_d]
         if self._template is not None:
             return self._tree(scores, budget)
         tokens = self.heads.vocab[scores.argmax(-1)]  # type: ignore[union-attr]

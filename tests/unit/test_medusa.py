@@ -9,6 +9,7 @@ import torch
 import decodekit as dk
 from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
 from decodekit.errors import ConfigError
+from decodekit.kernels.cpu import PackedLinear
 from decodekit.policies import FixedLength
 from decodekit.train.feature_data import target_features
 from decodekit.train.medusa import medusa_loss
@@ -100,11 +101,23 @@ def test_tree_nodes_are_the_heads_ranked_tokens(tiny, ragged_prompts):
     dk.generate(lm, ragged_prompts[:1], drafter, max_new_tokens=2, eos_token_id=())  # loads the heads, sets f
     state_f = torch.randn(1, lm.hf.config.hidden_size)  # any feature
     budget = dk.DraftBudget(torch.tensor([5]), node_bound=5)
-    scores = torch.nn.functional.linear(drafter.heads(state_f)[:, :3], drafter._w, drafter._b)
+    scores = drafter.trimmed.scores(drafter.heads(state_f)[:, :3])
     draft = drafter._tree(scores, budget)
     ranked = scores.topk(2, -1).indices[0]  # [3 heads, 2]
     assert draft.tokens[0].tolist() == [ranked[0, 0], ranked[0, 1], ranked[1, 0], ranked[1, 1], ranked[2, 0]]
     assert draft.parents[0].tolist() == [-1, -1, 0, 0, 2]
+
+
+def test_heads_take_the_targets_cpu_kernels(tiny, ragged_prompts):
+    """A target with packed oneDNN linears gets packed heads (trimmed output head included), same greedy output."""
+    lm, path = tiny
+    packed = dk.load_model(tiny_llama(0), kernels="onednn")
+    drafter = MedusaDrafter(path, target=packed)
+    assert type(drafter.trimmed.proj) is PackedLinear
+    assert not any(type(m) is torch.nn.Linear for m in drafter.heads.modules())
+    reference = dk.generate(packed, ragged_prompts, max_new_tokens=30, eos_token_id=()).sequences
+    out = dk.generate(packed, ragged_prompts, drafter, policy=FixedLength(3), max_new_tokens=30, eos_token_id=())
+    assert out.sequences == reference and out.stats.accepted > 0
 
 
 def test_tree_sampling_is_lossless(tmp_path_factory):
