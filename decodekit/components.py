@@ -129,13 +129,7 @@ class Components:
         the prefill's :class:`~decodekit.models.base.ModelOutput` (hidden states of every prompt token when
         ``needs`` has ``"hidden"``: feature-level heads need the prompt's)."""
         for component in self.all:
-            if component is self.drafter and self.shares_target:
-                if self.takes_prefill:
-                    component.begin(state, target, cache, prefill=prefill)
-                else:
-                    component.begin(state, target, cache)
-            elif isinstance(component, Begins):
-                component.begin(state)
+            begin_component(component, state, target, cache, prefill, drafter=component is self.drafter)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         for component in self.observers:
@@ -275,6 +269,27 @@ def _one_edit(a: str, b: str) -> bool:
     short, long = (a, b) if len(a) < len(b) else (b, a)
     i = next((i for i, (x, y) in enumerate(zip(short, long)) if x != y), len(short))
     return short[i:] == long[i + 1 :]
+
+
+def begin_component(
+    component: Any,
+    state: DecodeState,
+    target: LanguageModel,
+    cache: KVCache,
+    prefill: ModelOutput | None,
+    *,
+    drafter: bool = True,
+) -> None:
+    """Call ``component``'s ``begin`` hook, if it has one: a drafter with ``shares_target`` gets the target and its
+    cache, and the prefill's output too where its ``begin`` takes a ``prefill`` keyword; anything else gets the
+    state only. ``drafter=False`` for verifiers and policies (never given the target)."""
+    if drafter and getattr(component, "shares_target", False):
+        if takes_keyword(component.begin, "prefill"):
+            component.begin(state, target, cache, prefill=prefill)
+        else:
+            component.begin(state, target, cache)
+    elif isinstance(component, Begins):
+        component.begin(state)
 
 
 def takes_keyword(method: Any, name: str) -> bool:

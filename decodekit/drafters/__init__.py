@@ -8,6 +8,7 @@ from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.drafters.exit_head import ExitHead
 from decodekit.drafters.fallback import FallbackDrafter
 from decodekit.drafters.layer_skip import LayerSkipDrafter
+from decodekit.drafters.lookup_eagle3 import LookupEagle3Drafter
 from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
 from decodekit.drafters.model import ModelDrafter
 from decodekit.drafters.model_tree import ModelTreeDrafter
@@ -25,6 +26,7 @@ __all__ = [
     "ExitHead",
     "FallbackDrafter",
     "LayerSkipDrafter",
+    "LookupEagle3Drafter",
     "EagleHead",
     "MedusaDrafter",
     "MedusaHeads",

@@ -6,17 +6,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from decodekit.checks import check_instance
-from decodekit.components import takes_keyword
+from decodekit.checks import check_instance, check_int
+from decodekit.components import begin_component, takes_keyword
 from decodekit.drafters.recycling import RecyclingDrafter
 from decodekit.drafters.suffix import SuffixDrafter
 from decodekit.errors import ConfigError, IncompatibleDraftError
-from decodekit.interfaces import Begins, DeclaresKind, Drafter, HasVocab, Needs, Observes, SelectsRows
+from decodekit.interfaces import DeclaresKind, Drafter, HasVocab, Needs, Observes, SelectsRows
 from decodekit.registry import register
 from decodekit.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
 
 if TYPE_CHECKING:
+    from decodekit.cache import KVCache
+    from decodekit.models.base import LanguageModel, ModelOutput
     from decodekit.round import Round
 
 
@@ -25,12 +27,16 @@ class FallbackDrafter:
     """Row ``b`` gets ``primary``'s draft, or ``fallback``'s where ``primary`` proposes no node for it.
 
     The idea: a lookup drafter that drafts well when it finds a match and nothing otherwise (``suffix``,
-    ``ngram``), backed by one that always has a guess (``recycling``, a draft model), since on free text most
-    rounds find no match. SuffixDecoding's hybrid mode (Oliaro et al. 2024) pairs suffix trees with a model-based
-    speculator the same way, switching on a score threshold; here the switch is an empty row (no threshold was
-    measured). On SmolLM2 on a 2-core CPU it gains nothing measurable over suffix alone (docs/benchmarks.md): a
-    cold recycling fallback never knows the token suffix has no match for, and a hot one adds tokens only on code,
-    at more verified positions; the int8 draft model as fallback is slower.
+    ``ngram``), backed by one that always has a guess (a trained head, ``recycling``, a draft model), since on free
+    text most rounds find no match. SuffixDecoding's hybrid mode (Oliaro et al. 2024) pairs suffix trees with a
+    model-based speculator the same way, switching on a score threshold; here the switch is an empty row (no
+    threshold was measured). On SmolLM2 on the 2-core CPU (docs/benchmarks.md), suffix backed by the EAGLE-3 head
+    (recipe ``drafter=lookup_eagle3``) is the fastest drafter decodekit has, ahead of both its parts on every task;
+    backed by recycling it gains nothing measurable over suffix alone (a cold recycling matrix never knows the token
+    suffix has no match for).
+
+    Lookup drafters want long drafts and model-based ones short ones: ``fallback_len`` caps the depth of the
+    fallback's budget only (``policy.k=16 policy.depth=16`` for suffix, ``fallback_len=3`` for the head).
 
     Both drafters see every hook (``begin``, ``observe``, ``select_rows``, ``clear``), so each keeps its own state
     whichever drafted. ``needs`` and ``hidden_layers`` are the union of theirs. Each row's draft is one of the
@@ -40,35 +46,40 @@ class FallbackDrafter:
     the device (:meth:`Draft.where`), since asking which rows are empty would cost a host sync.
 
     Args:
-        primary: the drafter tried first (any drafter that does not share the target); None =
-            ``SuffixDrafter()``.
+        primary: the drafter tried first; None = ``SuffixDrafter()``.
         fallback: the drafter for the rows ``primary`` leaves empty; its drafts must be of the same kind. None =
             ``RecyclingDrafter("smollm2_8")``.
+        fallback_len: the deepest node (a chain's length) the fallback may draft; None = the policy's budget.
+
+    A part that drafts from the target (``shares_target``: a trained head, early exit) gets the target, its cache
+    and the prefill's output in ``begin``; one that did not draft in a round still observes it (an EAGLE head
+    catches up on the features it missed at its next draft).
 
     Raises:
-        ConfigError: a drafter shares the target (it would need the target's cache, which the two cannot share),
-            does not declare its draft kind (``draft_kind``), or the two have different vocabularies.
+        ConfigError: a drafter does not declare its draft kind (``draft_kind``), the two have different
+            vocabularies, or ``fallback_len`` is not a positive integer.
     """
 
-    def __init__(self, primary: Drafter | None = None, fallback: Drafter | None = None) -> None:
+    def __init__(
+        self, primary: Drafter | None = None, fallback: Drafter | None = None, fallback_len: int | None = None
+    ) -> None:
         primary = SuffixDrafter() if primary is None else primary
         fallback = RecyclingDrafter("smollm2_8") if fallback is None else fallback
         for name, part in (("primary", primary), ("fallback", fallback)):
             check_instance(
                 f"FallbackDrafter's {name}", part, Drafter, what="a propose(state, budget) method", optional=False
             )
-            if getattr(part, "shares_target", False):
-                raise ConfigError(
-                    f"FallbackDrafter's {name} ({type(part).__name__}) shares the target's cache; combine drafters "
-                    "that draft on their own (model-free drafters, a separate draft model)"
-                )
             if not isinstance(part, DeclaresKind):
                 raise ConfigError(
                     f"FallbackDrafter's {name} ({type(part).__name__}) must declare draft_kind(sampling), so the two "
                     "can be checked to draft one kind before anything runs"
                 )
         self.primary, self.fallback = primary, fallback
+        self.fallback_len = check_int("fallback_len", fallback_len, low=1, optional=True, hint=" (None = the budget's)")
         self.parts = (primary, fallback)
+        # a part drafting from the target (a trained head on its hidden states, its first layers) gets the target in
+        # begin, so this drafter asks for it too
+        self.shares_target = any(getattr(p, "shares_target", False) for p in self.parts)
         self.needs = frozenset().union(*(p.needs for p in self.parts if isinstance(p, Needs)))
         self.hidden_layers = tuple(sorted({int(i) for p in self.parts for i in getattr(p, "hidden_layers", ())}))
         sizes = {int(p.vocab_size) for p in self.parts if isinstance(p, HasVocab)}
@@ -87,10 +98,17 @@ class FallbackDrafter:
         return first
 
     # ------------------------------------------------------------------------------------------------ hooks
-    def begin(self, state: DecodeState) -> None:
+    def begin(
+        self,
+        state: DecodeState,
+        target: LanguageModel | None = None,
+        cache: KVCache | None = None,
+        prefill: ModelOutput | None = None,
+    ) -> None:
+        """Begin both parts; a part that shares the target gets it, its cache and the prefill's output (the loop
+        passes them when either part shares the target)."""
         for part in self.parts:
-            if isinstance(part, Begins):
-                part.begin(state)
+            begin_component(part, state, target, cache, prefill)  # type: ignore[arg-type]
 
     def observe(self, state: DecodeState, round: Round) -> None:
         for part in self.parts:
@@ -117,11 +135,17 @@ class FallbackDrafter:
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
         first = self.primary.propose(state, budget)
         if first.num_nodes == 0:
-            return self.fallback.propose(state, budget)
+            return self.fallback.propose(state, self._fallback_budget(budget))
         drafted = first.valid.any(-1)  # [B]
         if drafted.device.type == "cpu" and bool(drafted.all()):  # known without a device sync
             return first
-        second = self.fallback.propose(state, budget)
+        second = self.fallback.propose(state, self._fallback_budget(budget))
         if second.num_nodes == 0:
             return first
         return first.where(drafted, second)
+
+    def _fallback_budget(self, budget: DraftBudget) -> DraftBudget:
+        """``budget`` with its depth capped at ``fallback_len``."""
+        if self.fallback_len is None:
+            return budget
+        return budget.capped(torch.full_like(budget.nodes, self.fallback_len), self.fallback_len)

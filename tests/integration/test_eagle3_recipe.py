@@ -61,3 +61,22 @@ def test_shipped_head_is_greedy_decoding_and_gets_accepted():
     out = dk.generate(smollm2, ids, dk.build("drafter", "eagle3"), max_new_tokens=48, debug=True)
     assert out.sequences == plain.sequences
     assert out.stats.mean_acceptance_length > 1.05
+
+
+def test_lookup_backed_by_the_shipped_head_is_greedy_decoding_on_packed_kernels():
+    """The zoo's target with its oneDNN kernels (the head takes them too), suffix lookup backed by the head:
+    greedy output is plain decoding's and it commits more a round than the head alone; it samples too."""
+    smollm2 = dk.load_model("smollm2-135m-instruct", kernels="onednn")
+    ids = head_prompts(smollm2.tokenizer)
+    plain = dk.generate(smollm2, ids, max_new_tokens=48)
+    policy = dk.policies.FixedLength(16, depth=16)
+    head = dk.generate(smollm2, ids, dk.build("drafter", "eagle3"), max_new_tokens=48)
+    lookup = dk.generate(
+        smollm2, ids, dk.build("drafter", "lookup_eagle3"), policy=policy, max_new_tokens=48, debug=True
+    )
+    assert lookup.sequences == plain.sequences == head.sequences
+    assert lookup.stats.mean_acceptance_length > head.stats.mean_acceptance_length
+    sampled = dk.generate(
+        smollm2, ids, dk.build("drafter", "lookup_eagle3"), policy=policy, max_new_tokens=16, temperature=0.8, seed=0
+    )
+    assert all(0 < len(s) <= 16 for s in sampled.sequences)

@@ -10,10 +10,12 @@ import torch
 
 import decodekit as dk
 from decodekit.cache import KVCache
+from decodekit.drafters import FallbackDrafter, LookupEagle3Drafter, NGramDrafter
 from decodekit.drafters.eagle import EagleDrafter, EagleHead
 from decodekit.drafters.eagle3 import Eagle3Drafter
 from decodekit.drafters.head_files import head_metadata
 from decodekit.errors import ConfigError
+from decodekit.kernels.cpu import PackedLinear
 from decodekit.masks import chain_mask
 from decodekit.policies import FixedLength
 from decodekit.train.eagle3 import fit_fuse, ttt_loss, ttt_mask, ttt_unroll
@@ -22,6 +24,7 @@ from decodekit.train.layer_features import default_layers, final_and_layer_state
 from decodekit.verifiers import RejectionVerifier
 from tests.conftest import assert_greedy_twice, tiny_llama
 from tests.unit.test_eagle import sequences
+from tests.unit.test_fallback import count_drafted
 from tests.unit.test_lossless import assert_matches, sample_counts
 
 LAYERS = (1, 2)  # the tiny targets' two layers
@@ -168,6 +171,34 @@ def test_greedy_equals_plain_decoding_with_drafts_accepted(greedy_setup, ragged_
     assert out.stats.accepted > 0
     tree = Eagle3Drafter(path, shape="dynamic", top_k=2)
     assert_greedy_twice(lm, ragged_prompts, tree, FixedLength(6, depth=3), reference, 40)
+
+
+def test_the_head_takes_the_targets_cpu_kernels(greedy_setup, ragged_prompts):
+    """On a target with packed oneDNN linears the head and its trimmed output head are packed too (faster one-token
+    steps); on a stock target they stay stock. Greedy output is plain decoding's either way."""
+    lm, path = greedy_setup
+    packed = dk.load_model(tiny_llama(0), kernels="onednn")
+    for target, kind in ((lm, torch.nn.Linear), (packed, PackedLinear)):
+        drafter = Eagle3Drafter(path, target=target)
+        assert type(drafter.head.fc) is kind and type(drafter.head.fuse) is kind
+        assert type(drafter.trimmed.proj) is kind
+    reference = dk.generate(packed, ragged_prompts, max_new_tokens=40, eos_token_id=()).sequences
+    assert_greedy_twice(packed, ragged_prompts, Eagle3Drafter(path), FixedLength(3), reference, 40)
+
+
+def test_a_lookup_drafter_backed_by_the_head_is_greedy_decoding(greedy_setup, ragged_prompts):
+    """n-gram lookup first, the head where it finds no match: the head catches up on the rounds it did not draft
+    (its queue of target features grows), and greedy output is plain decoding's."""
+    lm, path = greedy_setup
+    reference = dk.generate(lm, ragged_prompts, max_new_tokens=40, eos_token_id=()).sequences
+    ngram, head = NGramDrafter(max_ngram=2), Eagle3Drafter(path)
+    looked_up, headed = count_drafted(ngram), count_drafted(head)
+    assert_greedy_twice(lm, ragged_prompts, FallbackDrafter(ngram, head), FixedLength(3), reference, 40)
+    assert sum(looked_up) > 0 and sum(headed) > 0
+    lookup = LookupEagle3Drafter(path, cache_tokens=0)  # suffix first, the head's greedy chain of 3 after
+    assert_greedy_twice(lm, ragged_prompts, lookup, FixedLength(16, depth=16), reference, 40)
+    sampled = dk.generate(lm, ragged_prompts, lookup, policy=FixedLength(16, depth=16), max_new_tokens=8, temperature=1)
+    assert sampled.stats.drafted > 0  # one kind at every temperature: the head drafts greedily
 
 
 def test_sampling_is_lossless(tmp_path_factory):

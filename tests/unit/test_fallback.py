@@ -95,22 +95,54 @@ def test_rows_without_a_primary_draft_get_the_fallbacks():
     assert nobody.propose(state_of([[1], [2]]), dk.DraftBudget(torch.tensor([4, 4]))).tokens.tolist() == [[9], [8]]
 
 
-def test_suffix_backed_by_recycling_equals_greedy_decoding_on_ragged_rows(target, ragged_prompts):
-    reference = dk.generate(target, ragged_prompts, max_new_tokens=40, eos_token_id=()).sequences
-    recycling = RecyclingDrafter("smollm2_8")
-    proposed = []
-    propose = recycling.propose
+def count_drafted(drafter) -> list[int]:
+    """Make ``drafter.propose`` record how many tokens each of its drafts holds; returns that (growing) list."""
+    proposed, propose = [], drafter.propose
 
     def counted(state, budget):
         draft = propose(state, budget)
         proposed.append(int(draft.num_valid.sum()))
         return draft
 
-    recycling.propose = counted
+    drafter.propose = counted
+    return proposed
+
+
+def test_fallback_len_caps_only_the_fallbacks_budget():
+    class Budgets(Fixed):
+        def propose(self, state, budget):
+            self.seen = budget.max_len, budget.lengths.tolist()
+            return super().propose(state, budget)
+
+    primary, fallback = Budgets(chain([[1, 2, 3, 4], []])), Budgets(chain([[9], [8, 7]]))
+    FallbackDrafter(primary, fallback, fallback_len=2).propose(
+        state_of([[1], [2]]), dk.DraftBudget(torch.tensor([6, 1]))
+    )
+    assert primary.seen == (6, [6, 1]) and fallback.seen == (2, [2, 1])
+    with pytest.raises(dk.ConfigError, match="fallback_len"):
+        FallbackDrafter(NGramDrafter(), RecyclingDrafter(), fallback_len=0)
+
+
+def test_suffix_backed_by_recycling_equals_greedy_decoding_on_ragged_rows(target, ragged_prompts):
+    reference = dk.generate(target, ragged_prompts, max_new_tokens=40, eos_token_id=()).sequences
+    recycling = RecyclingDrafter("smollm2_8")
+    proposed = count_drafted(recycling)
     drafter = FallbackDrafter(SuffixDrafter(cache_tokens=0), recycling)
     assert_greedy_twice(target, ragged_prompts, drafter, FixedLength(16, depth=16), reference, 40)
     assert sum(proposed) > 0  # the fallback drafted in rounds suffix had no match for
     assert recycling.matrix is not None and (recycling.matrix >= 0).any()  # it observed the rounds
+
+
+def test_a_part_that_shares_the_target_gets_it_and_output_stays_greedy_decoding(target, ragged_prompts):
+    """n-gram lookup backed by the target's own first layer (drafting in the target's cache): the fallback is given
+    the target in ``begin``, both parts draft in some rounds, and greedy output is plain decoding's."""
+    reference = dk.generate(target, ragged_prompts, max_new_tokens=40, eos_token_id=()).sequences
+    ngram, exit_ = NGramDrafter(max_ngram=2), EarlyExitDrafter(exit_layer=1)
+    looked_up, exited = count_drafted(ngram), count_drafted(exit_)
+    drafter = FallbackDrafter(ngram, exit_)
+    assert drafter.shares_target
+    assert_greedy_twice(target, ragged_prompts, drafter, FixedLength(3), reference, 40)
+    assert sum(looked_up) > 0 and sum(exited) > 0
 
 
 def test_both_drafters_see_every_hook(target, ragged_prompts):
@@ -169,10 +201,7 @@ def test_mixed_kinds_are_refused_before_any_forward(target, ragged_prompts):
     dk.generate(target, ragged_prompts, drafter, max_new_tokens=4)  # greedy: both deterministic
 
 
-def test_parts_that_share_the_target_or_hide_their_kind_are_refused():
-    with pytest.raises(dk.ConfigError, match="shares the target"):
-        FallbackDrafter(EarlyExitDrafter(exit_layer=1), NGramDrafter())
-
+def test_parts_that_hide_their_kind_are_refused():
     class Anonymous:
         def propose(self, state, budget):
             return dk.Draft.empty(state.batch_size)
