@@ -95,6 +95,15 @@ class EagleHead(nn.Module):
         save_head(self, path, metadata, skip="embed_tokens")
 
 
+def read_init(path: str | Path, target: LanguageModel, retrain: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The metadata and tensors of the EAGLE(-3) head ``path`` a training run starts from, checked against
+    ``target``; a file that is not an EAGLE head (no ``fc``) is a :class:`ConfigError` naming ``retrain``."""
+    meta, tensors = read_head(path, target, "an EAGLE head", retrain)
+    if "fc.weight" not in tensors:
+        raise ConfigError(f"{path} is not an EAGLE head file (no fc layer); start from one written by {retrain}")
+    return meta, tensors
+
+
 def load_head(path: str | Path, target: LanguageModel) -> tuple[EagleHead, dict[str, Any]]:
     """The head in ``path`` for ``target`` (on its device and dtype, with its CPU
     kernels: :func:`~decodekit.kernels.match_kernels`) and its metadata; refuses a head trained

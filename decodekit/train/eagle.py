@@ -90,19 +90,24 @@ def train(
 ) -> dict[str, Any]:
     """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/eagle.yaml`` for what each argument does."""
-    from decodekit.drafters.eagle_head import EagleHead
+    from decodekit.drafters.eagle_head import RETRAIN, EagleHead, read_init
     from decodekit.train.eagle_vocab import pick_vocab
     from decodekit.train.feature_heads import finish_run, fit, start_run
 
     check_int("draft_len", draft_len, low=1)
-    recipe, out, target, data = start_run(locals())
+    start: dict[str, torch.Tensor] = {}
+
+    def check_init(target: Any) -> None:  # a missing or foreign init head fails before the data is built
+        if init is not None:
+            start.update(read_init(init, target, RETRAIN)[1])
+
+    recipe, out, target, data = start_run(locals(), check_init)
     w_d = target.lm_head.weight[data.vocab].detach()
     head = EagleHead(target.hf.config, data.vocab)
     head.init_from(target)
-    if init is not None:  # continue from a trained head (its layer and fc; the vocabulary is this run's)
-        from safetensors.torch import load_file
-
-        head.load_state_dict({k: v.float() for k, v in load_file(init).items() if k != "vocab"}, strict=False)
+    if start:  # continue from a trained head (its layer and fc; the vocabulary is this run's, EAGLE-3's fuse unused)
+        kept = {k: v.float() for k, v in start.items() if k not in ("vocab", "fuse.weight")}
+        head.load_state_dict(kept, strict=False)
 
     def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         return head_loss(head, target.embed, w_d, *data.batch(idx), noise, ce_weight)

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_bool, check_float, check_int
+from decodekit.checks import check_bool, check_float, check_int, parse_device
 
 
 def ttt_mask(n: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -144,25 +144,29 @@ def train(
 ) -> dict[str, Any]:
     """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/eagle3.yaml`` for what each argument does."""
-    from decodekit.drafters.eagle_head import EagleHead
+    from decodekit.drafters.eagle_head import EagleHead, read_init
     from decodekit.errors import ConfigError
     from decodekit.train.eagle_vocab import pick_vocab
     from decodekit.train.feature_heads import finish_run, fit, start_run
     from decodekit.train.layer_features import cached_layer_states, default_layers, final_and_layer_states
 
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = parse_device("device", device or ("cuda" if torch.cuda.is_available() else "cpu"))
     online = dev.type != "cpu" if online is None else check_bool("online", online)
     check_int("draft_len", draft_len, low=1)
     check_int("ttt_steps", ttt_steps, low=1)
     check_int("fuse_sequences", fuse_sequences, low=1)
     check_float("decay", decay, low=0, low_open=True)
+    check_float("time_budget_s", time_budget_s, low=0, low_open=True, optional=True)
     picked: tuple[int, ...] = ()
+    start: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None  # the init head's metadata and tensors
 
     def check_target(target: Any) -> None:  # before the data is built (an hour on a CPU)
-        nonlocal picked
+        nonlocal picked, start
         picked = tuple(sorted({int(i) for i in (layers or default_layers(target.num_layers))}))
         if not picked or picked[0] < 1 or picked[-1] > target.num_layers:
             raise ConfigError(f"layers must be decoder layers 1 .. {target.num_layers} of the target; got {layers}")
+        if init is not None:
+            start = read_init(init, target, "python -m decodekit train recipe=eagle3")
 
     recipe, out, target, data = start_run(locals(), check_target, device=dev, features=not online)
     recipe["layers"] = list(picked)
@@ -182,10 +186,8 @@ def train(
     head = EagleHead(target.hf.config, data.vocab, taps=len(picked))
     head.init_from(target)
     fuse_error, kept_fuse = None, False  # an EAGLE-3 init of the same layers continues with its own fuse
-    if init is not None:  # start from a trained head (its layer and fc; the vocabulary is this run's)
-        from decodekit.drafters.head_files import read_head
-
-        meta, tensors = read_head(init, target, "an EAGLE head", "python -m decodekit train recipe=eagle3")
+    if start is not None:  # start from a trained head (its layer and fc; the vocabulary is this run's)
+        meta, tensors = start
         kept_fuse = meta.get("layers") == list(picked) and "fuse.weight" in tensors
         skip = ("vocab",) if kept_fuse else ("vocab", "fuse.weight")
         head.load_state_dict({k: v.float() for k, v in tensors.items() if k not in skip}, strict=False)

@@ -64,3 +64,13 @@ def test_shipped_head_is_greedy_decoding_and_gets_accepted(smollm2):
     # measured 1.11 on these prompts (docs/training.md: the head agrees ~1 time in 3 on held-out data); a head
     # started from the target and not trained gets nothing accepted here (1.00)
     assert out.stats.mean_acceptance_length > 1.05
+
+
+def test_a_missing_or_foreign_init_head_is_refused_before_the_data(tmp_path):
+    from decodekit.drafters.medusa import default_weights as medusa_weights
+
+    bad = ((tmp_path / "none.safetensors", "no an EAGLE head"), (medusa_weights(), "not an EAGLE head file"))
+    for init, match in bad:
+        with pytest.raises(dk.ConfigError, match=match):
+            train(tmp_path / "run", init=str(init), progress=False)
+        assert not (tmp_path / "run" / "data").exists()
