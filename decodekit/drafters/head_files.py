@@ -126,11 +126,9 @@ class TrimmedHead:
         self.proj: nn.Module | None = None  # None: run the full head and slice
         if rows is not None:
             weight, bias = rows
-            linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device)
-            linear = linear.to(weight.dtype).requires_grad_(False)
-            linear.weight.copy_(weight)
-            if bias is not None:
-                linear.bias.copy_(bias)
+            linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+            linear.weight = nn.Parameter(weight, requires_grad=False)
+            linear.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
             self.proj = match_kernels(linear, target)  # the target's CPU kernels, if it has any
         self.dtype = None if rows is None else rows[0].dtype
         self.softcap = getattr(target, "softcap", None)
