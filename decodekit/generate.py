@@ -22,7 +22,7 @@ import torch
 from decodekit.checks import check_bool, check_model_spec, check_seed, eos_ids
 from decodekit.components import Components, check_components
 from decodekit.draft import Draft
-from decodekit.interfaces import Drafter, LengthPolicy, Verifier
+from decodekit.interfaces import Drafter, HasDefaultPolicy, LengthPolicy, Verifier
 from decodekit.metrics import RoundCounters, SpecStats
 from decodekit.models import LanguageModel, load_model
 from decodekit.options import (
@@ -88,7 +88,8 @@ def generate(
         drafter: proposes tokens each round; None = autoregressive decoding.
         verifier: decides what the target accepts; default greedy at temperature 0, else rejection sampling for
             chain drafts and traversal verification for tree drafts.
-        policy: draft budget per round; default ``FixedLength(4)``.
+        policy: draft budget per round; default: the drafter's ``default_policy()`` if it has one, else
+            ``FixedLength(4)``.
         max_new_tokens: per row, including the EOS token; default 64.
         temperature, top_k, top_p: sampling of the target (and, by default, of the drafter); temperature 0 (the
             default) is greedy.
@@ -159,7 +160,9 @@ def generate(
     tree_verifier = TraversalVerifier() if verifier is None and not sampling.greedy else None
     if verifier is None:
         verifier = GreedyVerifier() if sampling.greedy else RejectionVerifier()
-    parts = Components(model, drafter, verifier, FixedLength(4) if policy is None else policy, sampling, tree_verifier)
+    if policy is None:
+        policy = drafter.default_policy() if isinstance(drafter, HasDefaultPolicy) else FixedLength(4)
+    parts = Components(model, drafter, verifier, policy, sampling, tree_verifier)
     parts.check_context(max(max_lengths))
     generator = make_generator(seed, model.device)  # a list of ints: one keyed generator per row
     state = DecodeState.from_prompts(rows, max_lengths, sampling, generator, model.device)

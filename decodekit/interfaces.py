@@ -14,6 +14,8 @@ each with ``isinstance`` once per call and calls what is there:
 :class:`DeclaresKind`  ``draft_kind(sampling)`` (drafters): checked against the verifier before anything runs
 :class:`HasVocab`      ``vocab_size`` (drafters): checked against the target's
 :class:`ChecksSampling` ``check(sampling)`` (verifiers): raise ``ConfigError`` for unsupported settings
+:class:`HasDefaultPolicy` ``default_policy()`` (drafters): the length policy a call without one uses (else
+                       ``FixedLength(4)``): a lookup drafter that wants long drafts says so here
 =====================  ==========================================================================================
 
 A component that defines a method one letter off a hook name (``obsrve``) gets a warning when the call starts.
@@ -189,6 +191,13 @@ class HasVocab(Protocol):
 
 
 @runtime_checkable
+class HasDefaultPolicy(Protocol):
+    def default_policy(self) -> LengthPolicy:
+        """The length policy :func:`decodekit.generate` uses with this drafter when the call names none."""
+        ...
+
+
+@runtime_checkable
 class ChecksSampling(Protocol):
     def check(self, sampling: SamplingParams) -> None:
         """Raise :class:`~decodekit.errors.ConfigError` if this verifier cannot honour ``sampling``."""
@@ -197,7 +206,7 @@ class ChecksSampling(Protocol):
 
 _COMMON = ("begin", "observe", "select_rows", "needs", "hidden_layers")
 HOOKS = {
-    "drafter": ("propose", *_COMMON, "shares_target", "draft_kind", "vocab_size"),
+    "drafter": ("propose", *_COMMON, "shares_target", "draft_kind", "vocab_size", "default_policy"),
     "verifier": ("verify", "accepts", "lossless", "check", *_COMMON),
     "policy": ("plan", *_COMMON),
 }

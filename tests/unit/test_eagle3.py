@@ -197,7 +197,7 @@ def test_a_lookup_drafter_backed_by_the_head_is_greedy_decoding(greedy_setup, ra
     assert sum(looked_up) > 0 and sum(headed) > 0
     lookup = LookupEagle3Drafter(path, cache_tokens=0)  # suffix first, the head's greedy chain of 3 after
     assert_greedy_twice(lm, ragged_prompts, lookup, FixedLength(16, depth=16), reference, 40)
-    sampled = dk.generate(lm, ragged_prompts, lookup, policy=FixedLength(16, depth=16), max_new_tokens=8, temperature=1)
+    sampled = dk.generate(lm, ragged_prompts, lookup, max_new_tokens=8, temperature=1)  # its default policy
     assert sampled.stats.drafted > 0  # one kind at every temperature: the head drafts greedily
 
 

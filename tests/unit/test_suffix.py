@@ -229,3 +229,23 @@ def test_bad_arguments(kwargs, message):
 
 def test_registered():
     assert isinstance(dk.build("drafter", "suffix"), SuffixDrafter)
+
+
+def test_a_call_without_a_policy_gets_the_drafters_default(target, ragged_prompts):
+    """generate(policy=None) asks the drafter (``default_policy``): suffix's 16 nodes up to 16 deep; a drafter
+    without the hook gets FixedLength(4)."""
+    budgets = []
+
+    def spy(cls):
+        class Spy(cls):
+            def propose(self, state, budget):
+                budgets.append((budget.max_nodes, budget.max_depth))
+                return super().propose(state, budget)
+
+        return Spy
+
+    dk.generate(target, ragged_prompts, spy(SuffixDrafter)(cache_tokens=0), max_new_tokens=24, eos_token_id=())
+    assert budgets and max(budgets) == (16, 16)
+    budgets.clear()
+    dk.generate(target, ragged_prompts, spy(dk.drafters.NGramDrafter)(), max_new_tokens=8, eos_token_id=())
+    assert budgets and max(budgets) == (4, 4)
