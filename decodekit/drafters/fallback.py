@@ -11,7 +11,17 @@ from decodekit.components import begin_component, takes_keyword
 from decodekit.drafters.recycling import RecyclingDrafter
 from decodekit.drafters.suffix import SuffixDrafter
 from decodekit.errors import ConfigError, IncompatibleDraftError
-from decodekit.interfaces import DeclaresKind, Drafter, HasVocab, Needs, Observes, SelectsRows
+from decodekit.interfaces import (
+    DeclaresKind,
+    Drafter,
+    HasDefaultPolicy,
+    HasVocab,
+    LengthPolicy,
+    Needs,
+    Observes,
+    SelectsRows,
+)
+from decodekit.policies.fixed import FixedLength
 from decodekit.registry import register
 from decodekit.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
@@ -96,6 +106,12 @@ class FallbackDrafter:
                 f"{sampling}; a round is verified as one kind: pick drafters of one kind (e.g. two model-free ones)"
             )
         return first
+
+    def default_policy(self) -> LengthPolicy:
+        """The primary's default policy (suffix: 16 nodes up to 16 deep), else ``generate``'s ``FixedLength(4)``."""
+        if isinstance(self.primary, HasDefaultPolicy):
+            return self.primary.default_policy()
+        return FixedLength(4)
 
     # ------------------------------------------------------------------------------------------------ hooks
     def begin(

@@ -7,7 +7,6 @@ from pathlib import Path
 from decodekit.drafters.eagle3 import Eagle3Drafter
 from decodekit.drafters.fallback import FallbackDrafter
 from decodekit.drafters.suffix import SuffixDrafter
-from decodekit.policies.fixed import FixedLength
 from decodekit.registry import register
 
 
@@ -21,7 +20,7 @@ class LookupEagle3Drafter(FallbackDrafter):
     Copying wins where the text repeats itself (code, quoting the prompt) and the head where it does not (chat), so
     each covers the other's weak rounds: on SmolLM2-135M-Instruct on the 2-core CPU, greedy, batch 1, 2.4x over
     plain decoding on the mixed task against 1.6x for the head alone and 2.0-2.1x for lookup alone, ahead of both on
-    every task (docs/benchmarks.md, "Lookup backed by the head"). Its default policy is suffix's budget,
+    every task (docs/benchmarks.md, "Lookup backed by the head"). Its default policy is suffix's,
     ``FixedLength(16, depth=16)``. The head drafts greedily at every temperature, so both parts draft deterministic
     trees and any verifier of those (greedy, rejection with point masses, traversal) keeps its guarantee: lossless.
 
@@ -37,7 +36,3 @@ class LookupEagle3Drafter(FallbackDrafter):
             SuffixDrafter(cache_tokens=cache_tokens), Eagle3Drafter(weights, temperature=0.0), fallback_len
         )
         self.weights, self.cache_tokens = weights, cache_tokens
-
-    def default_policy(self) -> FixedLength:
-        """Suffix's budget, 16 nodes up to 16 deep (the head's chain is capped at ``fallback_len``)."""
-        return FixedLength(16, depth=16)

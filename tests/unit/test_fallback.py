@@ -123,6 +123,12 @@ def test_fallback_len_caps_only_the_fallbacks_budget():
         FallbackDrafter(NGramDrafter(), RecyclingDrafter(), fallback_len=0)
 
 
+def test_the_default_policy_is_the_primarys():
+    suffix_first = FallbackDrafter(SuffixDrafter(cache_tokens=0), RecyclingDrafter()).default_policy()
+    ngram_first = FallbackDrafter(NGramDrafter(), RecyclingDrafter()).default_policy()
+    assert (suffix_first.k, suffix_first.depth) == (16, 16) and (ngram_first.k, ngram_first.depth) == (4, None)
+
+
 def test_suffix_backed_by_recycling_equals_greedy_decoding_on_ragged_rows(target, ragged_prompts):
     reference = dk.generate(target, ragged_prompts, max_new_tokens=40, eos_token_id=()).sequences
     recycling = RecyclingDrafter("smollm2_8")
