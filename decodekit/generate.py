@@ -22,7 +22,7 @@ import torch
 from decodekit.checks import check_bool, check_model_spec, check_seed, eos_ids
 from decodekit.components import Components, check_components
 from decodekit.draft import Draft
-from decodekit.interfaces import Drafter, HasDefaultPolicy, LengthPolicy, Verifier
+from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import RoundCounters, SpecStats
 from decodekit.models import LanguageModel, load_model
 from decodekit.options import (
@@ -34,7 +34,7 @@ from decodekit.options import (
     tokenizer_for,
 )
 from decodekit.outputs import Outputs, StopStrings, as_streamer, check_streamer
-from decodekit.policies import FixedLength
+from decodekit.policies.fixed import policy_for
 from decodekit.processors import LogitsProcessing, Processor, process_next, process_scored
 from decodekit.prompts import prompt_ids
 from decodekit.round import Round, kept_inputs, round_extras
@@ -160,8 +160,7 @@ def generate(
     tree_verifier = TraversalVerifier() if verifier is None and not sampling.greedy else None
     if verifier is None:
         verifier = GreedyVerifier() if sampling.greedy else RejectionVerifier()
-    if policy is None:
-        policy = drafter.default_policy() if isinstance(drafter, HasDefaultPolicy) else FixedLength(4)
+    policy = policy_for(drafter) if policy is None else policy
     parts = Components(model, drafter, verifier, policy, sampling, tree_verifier)
     parts.check_context(max(max_lengths))
     generator = make_generator(seed, model.device)  # a list of ints: one keyed generator per row

@@ -14,14 +14,13 @@ from decodekit.errors import ConfigError, IncompatibleDraftError
 from decodekit.interfaces import (
     DeclaresKind,
     Drafter,
-    HasDefaultPolicy,
     HasVocab,
     LengthPolicy,
     Needs,
     Observes,
     SelectsRows,
 )
-from decodekit.policies.fixed import FixedLength
+from decodekit.policies.fixed import policy_for
 from decodekit.registry import register
 from decodekit.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
@@ -108,10 +107,8 @@ class FallbackDrafter:
         return first
 
     def default_policy(self) -> LengthPolicy:
-        """The primary's default policy (suffix: 16 nodes up to 16 deep), else ``generate``'s ``FixedLength(4)``."""
-        if isinstance(self.primary, HasDefaultPolicy):
-            return self.primary.default_policy()
-        return FixedLength(4)
+        """The policy ``generate`` would give the primary alone (suffix: 16 nodes up to 16 deep)."""
+        return policy_for(self.primary)
 
     # ------------------------------------------------------------------------------------------------ hooks
     def begin(

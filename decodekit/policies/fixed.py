@@ -6,6 +6,7 @@ import torch
 
 from decodekit.checks import check_int
 from decodekit.errors import ConfigError
+from decodekit.interfaces import HasDefaultPolicy, LengthPolicy
 from decodekit.registry import register
 from decodekit.state import DecodeState
 from decodekit.types import DraftBudget
@@ -33,3 +34,9 @@ class FixedLength:
             return DraftBudget(nodes, width=self.width, node_bound=self.k)
         depth = torch.full_like(state.lengths, self.depth)
         return DraftBudget(nodes, depth, self.width, node_bound=self.k, depth_bound=self.depth)
+
+
+def policy_for(drafter: object) -> LengthPolicy:
+    """The length policy of a :func:`decodekit.generate` call that names none: the drafter's own
+    ``default_policy()`` (:class:`~decodekit.interfaces.HasDefaultPolicy`), else ``FixedLength(4)``."""
+    return drafter.default_policy() if isinstance(drafter, HasDefaultPolicy) else FixedLength(4)
