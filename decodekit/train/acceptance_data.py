@@ -63,8 +63,8 @@ def pydoc_snippets(seed: int = 0, min_chars: int = 300, max_chars: int = 1200) -
 def pydoc_prompts(tokenizer: Any, num_prompts: int, max_prompt_tokens: int, seed: int = 0) -> list[list[int]]:
     """``num_prompts`` chat prompts (token ids, the tokenizer's chat template) asking about documentation
     snippets; prompts longer than ``max_prompt_tokens`` are skipped."""
-    prompts = []
-    for i, snippet in enumerate(pydoc_snippets(seed)):
+    prompts: list[list[int]] = []
+    for i, snippet in enumerate(pydoc_snippets(seed) if num_prompts > 0 else ()):  # 0 asks for none, not all
         text = QUESTIONS[i % len(QUESTIONS)].format(snippet)
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True

@@ -11,6 +11,10 @@ Vocabulary trimming is then picked from data (:func:`decodekit.train.eagle_vocab
 size, the held-out top-1 agreement with the target's argmax and the measured draft-step time give a modelled chain
 speedup; the best size ships.
 
+``device``: where the target and the head run (None: CUDA when there is one); on a GPU the target's features are
+computed per batch (``online``) instead of cached, and ``time_budget_s`` fits the schedule to a wall-clock budget,
+as in :mod:`decodekit.train.eagle3`.
+
 Writes to ``out_dir``: ``data/`` (cached sequences and features), ``checkpoints/step_*`` (``resume=true``),
 ``history.json``, ``summary.json``, ``loss.png`` and ``eagle_<base>.safetensors``; copy it to
 ``decodekit/weights/`` to ship it.
@@ -23,7 +27,7 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_int
+from decodekit.checks import check_float, check_int
 
 
 def head_loss(
@@ -83,6 +87,9 @@ def train(
     save_every: int = 200,
     resume: bool = False,
     init: str | None = None,
+    device: str | None = None,
+    online: bool | None = None,
+    time_budget_s: float | None = None,
     data_dir: str | None = None,
     threads: int | None = None,
     seed: int = 0,
@@ -92,31 +99,38 @@ def train(
     ``decodekit/recipes/train/eagle.yaml`` for what each argument does."""
     from decodekit.drafters.eagle_head import RETRAIN, EagleHead, read_init
     from decodekit.train.eagle_vocab import pick_vocab
-    from decodekit.train.feature_heads import finish_run, fit, start_run
+    from decodekit.train.feature_heads import device_and_online, finish_run, fit, held_out, start_run
+    from decodekit.train.layer_features import final_states
 
+    dev, online = device_and_online(device, online)
     check_int("draft_len", draft_len, low=1)
+    check_float("time_budget_s", time_budget_s, low=0, low_open=True, optional=True)
     start: dict[str, torch.Tensor] = {}
 
     def check_init(target: Any) -> None:  # a missing or foreign init head fails before the data is built
         if init is not None:
             start.update(read_init(init, target, RETRAIN)[1])
 
-    recipe, out, target, data = start_run(locals(), check_init)
+    recipe, out, target, data = start_run(locals(), check_init, device=dev, features=not online)
     w_d = target.lm_head.weight[data.vocab].detach()
     head = EagleHead(target.hf.config, data.vocab)
     head.init_from(target)
     if start:  # continue from a trained head (its layer and fc; the vocabulary is this run's, EAGLE-3's fuse unused)
         kept = {k: v.float() for k, v in start.items() if k not in ("vocab", "fuse.weight")}
         head.load_state_dict(kept, strict=False)
+    head = head.to(dev)
 
     def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        return head_loss(head, target.embed, w_d, *data.batch(idx), noise, ce_weight)
+        tokens, feats, lengths, starts = data.batch(idx, dev)
+        feats = final_states(target, tokens) if online else feats
+        return head_loss(head, target.embed, w_d, tokens, feats, lengths, starts, noise, ce_weight)
 
     trained, history, numbers = fit(
         head, batch_loss, data, out, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
         warmup=warmup, save_every=save_every, resume=resume, seed=seed, progress=progress, desc="training EAGLE head",
+        device=dev, time_budget_s=time_budget_s,
     )  # fmt: skip
-    val = data.subset(data.held)
+    val = held_out(target, data, online, gen_batch_size)
     return finish_run(
         trained, data, out, target, recipe, pick=lambda sizes: pick_vocab(trained, target, val, sizes, draft_len),
         vocab_sizes=vocab_sizes, history=history, numbers=numbers, name="eagle", title="EAGLE head",

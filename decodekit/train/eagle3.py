@@ -12,8 +12,10 @@ ahead of a committed position sees. Each step's loss is the soft cross-entropy t
 tokens are the target's own (self-distilled), which is what an accepted draft prefix feeds.
 
 ``init``: a head file to start from (its layer and ``fc``, and its ``fuse`` when it is an EAGLE-3 head of the same
-layers: training continues); otherwise ``fuse`` starts as the least-squares map from the three layers' states to
-the final feature, so an EAGLE-1 head's layer reads what it was trained on from the first step.
+layers: training continues; ``init_vocab``: and its draft vocabulary, which then leads the training vocabulary, so
+that continuing on data of another mix, e.g. chat only, does not move the draft vocabulary to that mix);
+otherwise ``fuse`` starts as the least-squares map from the three layers' states to the final feature, so an
+EAGLE-1 head's layer reads what it was trained on from the first step.
 
 ``device``: where the target and the head run (None: CUDA when there is one). On a GPU the states are computed per
 batch (``online``: one target forward a step, nothing cached; the data then needs only the sequences), on the CPU
@@ -31,7 +33,8 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_bool, check_float, check_int, parse_device
+from decodekit.checks import check_bool, check_float, check_int
+from decodekit.errors import ConfigError
 
 
 def ttt_mask(n: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -93,6 +96,16 @@ def ttt_loss(
     return total, stats
 
 
+def lead_with(first: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
+    """``first [V_1]`` (token ids), then the tokens of ``vocab [V]`` not in it, in order, cut to ``V`` tokens: a
+    training vocabulary whose first ``V_1`` tokens are a given draft vocabulary (``V_1 <= V``)."""
+    first = first.long()
+    if len(first) > len(vocab):
+        raise ConfigError(f"init_vocab: the init head drafts {len(first)} tokens, more than train_vocab={len(vocab)}")
+    rest = vocab[~torch.isin(vocab, first)]
+    return torch.cat([first, rest])[: len(vocab)]
+
+
 @torch.no_grad()
 def fit_fuse(head: Any, taps: torch.Tensor, feats: torch.Tensor, lengths: torch.Tensor, ridge: float = 1e-2) -> float:
     """Set ``head.fuse`` to the ridge least-squares map from the layer states ``taps [N, L, k H]`` to the final
@@ -133,6 +146,7 @@ def train(
     save_every: int = 100,
     resume: bool = False,
     init: str | None = None,
+    init_vocab: bool = False,
     fuse_sequences: int = 64,
     device: str | None = None,
     online: bool | None = None,
@@ -145,16 +159,16 @@ def train(
     """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/eagle3.yaml`` for what each argument does."""
     from decodekit.drafters.eagle_head import EagleHead, read_init
-    from decodekit.errors import ConfigError
     from decodekit.train.eagle_vocab import pick_vocab
-    from decodekit.train.feature_heads import finish_run, fit, start_run
+    from decodekit.train.feature_heads import device_and_online, finish_run, fit, start_run
     from decodekit.train.layer_features import cached_layer_states, default_layers, final_and_layer_states
 
-    dev = parse_device("device", device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    online = dev.type != "cpu" if online is None else check_bool("online", online)
+    dev, online = device_and_online(device, online)
     check_int("draft_len", draft_len, low=1)
     check_int("ttt_steps", ttt_steps, low=1)
     check_int("fuse_sequences", fuse_sequences, low=1)
+    if check_bool("init_vocab", init_vocab) and init is None:
+        raise ConfigError("init_vocab=true keeps the init head's draft vocabulary: name the head with init=<file>")
     check_float("decay", decay, low=0, low_open=True)
     check_float("time_budget_s", time_budget_s, low=0, low_open=True, optional=True)
     picked: tuple[int, ...] = ()
@@ -170,6 +184,8 @@ def train(
 
     recipe, out, target, data = start_run(locals(), check_target, device=dev, features=not online)
     recipe["layers"] = list(picked)
+    if init_vocab:  # the init head's draft vocabulary leads the training vocabulary, so a size-of-it pick keeps it
+        data.vocab = lead_with(start[1]["vocab"], data.vocab)
     taps = None
     if not online:
         taps = cached_layer_states(target, data.tokens, picked, out / "data" if data_dir is None else Path(data_dir),

@@ -13,6 +13,9 @@ size, the held-out top-1 agreement with the target's full-vocabulary argmax and 
 ``exit_layer`` layers on one token in a 256-entry cache, the head, the scores) give a modelled chain speedup; the
 best size ships.
 
+``device`` / ``online`` / ``time_budget_s``: as for the EAGLE heads (:mod:`decodekit.train.eagle3`): on a GPU the
+target's final features are computed per batch there instead of cached.
+
 Writes to ``out_dir``: ``data/`` (unless ``data_dir``), ``checkpoints/step_*`` (``resume=true``),
 ``history.json``, ``summary.json``, ``loss.png`` and ``exit_head_<base>.safetensors``; copy it to
 ``decodekit/weights/`` to ship it.
@@ -26,7 +29,7 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_int
+from decodekit.checks import check_float, check_int
 
 
 @torch.no_grad()
@@ -35,7 +38,7 @@ def exit_states(target: Any, tokens: torch.Tensor, exit_layer: int) -> torch.Ten
     right-padded ``tokens [B, L]`` (the target's first layers only; no output head)."""
     from decodekit.train.acceptance_data import _forward
 
-    empty = torch.zeros(tokens.shape[0], 0, dtype=torch.long)
+    empty = tokens.new_zeros(tokens.shape[0], 0)
     return _forward(target, tokens, empty, True, exit_layer=exit_layer).last_hidden.float()
 
 
@@ -70,11 +73,12 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
     from decodekit.train.eagle_vocab import chain_pick, median_ms, target_ms
 
     head.eval()
+    dev = target.device
     w = head_rows(target, head.vocab[: max(sizes)])[0]
     hits, total = dict.fromkeys(sizes, 0), 0
     for i in range(0, len(val.lengths), 8):
-        tokens, feats, lengths, starts = val.batch(torch.arange(i, min(i + 8, len(val.lengths))))
-        t = torch.arange(tokens.shape[1])[None]
+        tokens, feats, lengths, starts = val.batch(torch.arange(i, min(i + 8, len(val.lengths))), dev)
+        t = torch.arange(tokens.shape[1], device=dev)[None]
         valid = (t + 1 < lengths[:, None]) & (t + 1 >= starts[:, None])
         want = target.head(feats[valid].to(w.dtype)).argmax(-1)
         scores = head(exit_states(target, tokens, head.exit_layer))[valid] @ w.T
@@ -82,10 +86,10 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
             hits[s] += int((head.vocab[scores[:, :s].argmax(-1)] == want).sum())
         total += int(valid.sum())
     context = 256
-    cache = KVCache(1, context + 2)
-    x = torch.randint(0, target.vocab_size, (1, context + 1))
-    target.extend(cache, x[:, :context], torch.tensor([context]), host_counts=context)
-    empty = torch.zeros(1, 0, dtype=torch.long)
+    cache = KVCache(1, context + 2, device=dev)
+    x = torch.randint(0, target.vocab_size, (1, context + 1), device=dev)
+    target.extend(cache, x[:, :context], torch.tensor([context], device=dev), host_counts=context)
+    empty = x.new_zeros(1, 0)
 
     def step(s: int) -> None:
         kv = cache.stage(1)
@@ -122,6 +126,9 @@ def train(
     warmup: float = 0.03,
     save_every: int = 200,
     resume: bool = False,
+    device: str | None = None,
+    online: bool | None = None,
+    time_budget_s: float | None = None,
     data_dir: str | None = None,
     threads: int | None = None,
     seed: int = 0,
@@ -131,8 +138,11 @@ def train(
     ``decodekit/recipes/train/exit_head.yaml`` for what each argument does."""
     from decodekit.drafters.exit_head import ExitHead
     from decodekit.drafters.head_files import head_rows
-    from decodekit.train.feature_heads import finish_run, fit, start_run
+    from decodekit.train.feature_heads import device_and_online, finish_run, fit, held_out, start_run
+    from decodekit.train.layer_features import final_states
 
+    dev, online = device_and_online(device, online)
+    check_float("time_budget_s", time_budget_s, low=0, low_open=True, optional=True)
     check_int("draft_len", draft_len, low=1)
     check_int("width", width, low=1)
     check_int("exit_layer", exit_layer, low=1)
@@ -149,19 +159,21 @@ def train(
                 "use a target whose output head is a linear layer"
             )
 
-    recipe, out, target, data = start_run(locals(), check_target)
+    recipe, out, target, data = start_run(locals(), check_target, device=dev, features=not online)
     w_d = head_rows(target, data.vocab)[0]
-    head = ExitHead(int(target.hf.config.hidden_size), width, exit_layer, data.vocab)
+    head = ExitHead(int(target.hf.config.hidden_size), width, exit_layer, data.vocab).to(dev)
 
     def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        tokens, feats, lengths, starts = data.batch(idx)
+        tokens, feats, lengths, starts = data.batch(idx, dev)
+        feats = final_states(target, tokens) if online else feats
         return exit_loss(head, exit_states(target, tokens, exit_layer), w_d, feats, lengths, starts)
 
     trained, history, numbers = fit(
         head, batch_loss, data, out, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
         warmup=warmup, save_every=save_every, resume=resume, seed=seed, progress=progress, desc="training exit head",
+        device=dev, time_budget_s=time_budget_s,
     )  # fmt: skip
-    val = data.subset(data.held)
+    val = held_out(target, data, online, gen_batch_size)
     return finish_run(
         trained, data, out, target, recipe, pick=lambda sizes: pick_vocab(trained, target, val, sizes, draft_len),
         vocab_sizes=vocab_sizes, history=history, numbers=numbers, name="exit_head", title="exit head",

@@ -48,6 +48,8 @@ def code_prompts(tokenizer: Any, num: int, max_prompt_tokens: int, seed: int = 0
     passes pick other ``def`` lines and skip prompts already taken, up to 8 passes."""
     from decodekit.train.corpus import corpus_texts
 
+    if num <= 0:  # none asked for (the loop below would return every prompt it can make)
+        return []
     rng, prompts, seen = random.Random(seed), [], set()
     files = [text.splitlines(keepends=True) for text in corpus_texts(seed)]
     files = [(lines, [i for i, line in enumerate(lines) if line.lstrip().startswith("def ")]) for lines in files]

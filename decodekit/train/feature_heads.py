@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from decodekit.checks import check_bool, check_float, check_int
+from decodekit.checks import check_bool, check_float, check_int, parse_device
 from decodekit.train.common import BUDGET_PROBE, Checkpoints, budgeted_steps, plot_losses, take_step, warmup_cosine
 from decodekit.train.feature_data import FeatureData, prepare
 
@@ -117,6 +117,26 @@ def fit(
         "training_time_s": round(time.perf_counter() - began, 1),
     }
     return accelerator.unwrap_model(head).eval(), history, numbers
+
+
+def device_and_online(device: str | None, online: bool | None) -> tuple[torch.device, bool]:
+    """Where a feature head's recipe runs (``device``; None: CUDA when there is one, else the CPU) and whether the
+    target's states are computed per batch there (``online``; None: on a GPU, where that costs less than storing
+    them; the CPU caches them once)."""
+    dev = parse_device("device", device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return dev, dev.type != "cpu" if online is None else check_bool("online", online)
+
+
+def held_out(target: Any, data: FeatureData, online: bool, batch_size: int) -> FeatureData:
+    """The validation split, its final features computed by the target (``batch_size`` sequences a forward, on its
+    device) when the run computed them per batch (``online``) instead of caching them."""
+    from decodekit.train.layer_features import final_states
+
+    val = data.subset(data.held)
+    if online:
+        parts = [final_states(target, t.to(target.device)).half().cpu() for t in val.tokens.split(batch_size)]
+        val.feats = torch.cat(parts)
+    return val
 
 
 def start_run(

@@ -45,6 +45,15 @@ def final_and_layer_states(
     return out.last_hidden, torch.cat([out.hidden[i] for i in layers], -1)
 
 
+@torch.no_grad()
+def final_states(target: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """One forward of the right-padded ``tokens [B, L]`` (on the target's device): the final (normed) features
+    ``[B, L, H]``, what an EAGLE-1 or Medusa step needs when it computes them per batch instead of reading a cache."""
+    from decodekit.train.acceptance_data import _forward
+
+    return _forward(target, tokens, tokens.new_zeros(tokens.shape[0], 0), True).last_hidden
+
+
 def cached_layer_states(
     target: Any, tokens: torch.Tensor, layers: Sequence[int], data_dir: Path, batch_size: int, progress: bool
 ) -> torch.Tensor:

@@ -7,6 +7,9 @@ reads the target's feature ``f_t`` and learns the target's own distribution at `
 the token after ``x_{t+k}``) by soft cross-entropy over the ``train_vocab`` most frequent tokens, weighted
 ``0.8^(k-1)``; the backbone and output head are frozen.
 
+``device`` / ``online`` / ``time_budget_s``: as for the EAGLE heads (:mod:`decodekit.train.eagle3`): on a GPU the
+target's features are computed per batch there instead of cached.
+
 The draft vocabulary is picked from data as for EAGLE (:mod:`decodekit.train.eagle_vocab`): per candidate size,
 each head's held-out agreement with the target's argmax ``a_k`` gives a chain of ``tau = 1 + sum_j prod_{k<=j} a_k``
 tokens per round at the measured cost of drafting (every head's scores over ``s`` tokens) plus verifying
@@ -21,7 +24,7 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_int
+from decodekit.checks import check_float, check_int
 
 
 def medusa_loss(
@@ -62,15 +65,16 @@ def pick_vocab(heads: Any, target: Any, val: Any, sizes: Sequence[int]) -> dict[
     num_heads = len(heads.blocks)
     hits = {s: [0] * num_heads for s in sizes}
     totals = [0] * num_heads
+    dev = target.device
     w = target.lm_head.weight[heads.vocab[: max(sizes)]]
     for i in range(0, len(val.lengths), 8):
-        _, f, lengths, starts = val.batch(torch.arange(i, min(i + 8, len(val.lengths))))
+        _, f, lengths, starts = val.batch(torch.arange(i, min(i + 8, len(val.lengths))), dev)
         f = f.float()
         width = f.shape[1]
         h = heads(f[:, : width - 1])
         for k in range(1, num_heads + 1):
             n = width - k
-            t = torch.arange(n)[None]
+            t = torch.arange(n, device=dev)[None]
             valid = (t + k < lengths[:, None]) & (t + k + 1 >= starts[:, None])
             want = target.head(f[:, k : k + n][valid]).argmax(-1)
             scores = h[:, :n, k - 1][valid] @ w.T
@@ -78,7 +82,7 @@ def pick_vocab(heads: Any, target: Any, val: Any, sizes: Sequence[int]) -> dict[
             for s in sizes:
                 hits[s][k - 1] += int((heads.vocab[scores[:, :s].argmax(-1)] == want).sum())
     times = target_ms(target, (1, num_heads + 1))
-    f1 = torch.randn(1, heads.blocks[0].in_features)
+    f1 = torch.randn(1, heads.blocks[0].in_features, device=dev)
     rows = {}
     for s in sizes:
         acc = [hits[s][k] / max(totals[k], 1) for k in range(num_heads)]
@@ -116,6 +120,9 @@ def train(
     decay: float = 0.8,
     save_every: int = 200,
     resume: bool = False,
+    device: str | None = None,
+    online: bool | None = None,
+    time_budget_s: float | None = None,
     data_dir: str | None = None,
     threads: int | None = None,
     seed: int = 0,
@@ -124,22 +131,27 @@ def train(
     """Train the heads; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/medusa.yaml`` for what each argument does."""
     from decodekit.drafters.medusa import MedusaHeads
-    from decodekit.train.feature_heads import finish_run, fit, start_run
+    from decodekit.train.feature_heads import device_and_online, finish_run, fit, held_out, start_run
+    from decodekit.train.layer_features import final_states
 
+    dev, online = device_and_online(device, online)
     check_int("num_heads", num_heads, low=1)
-    recipe, out, target, data = start_run(locals())
+    check_float("time_budget_s", time_budget_s, low=0, low_open=True, optional=True)
+    recipe, out, target, data = start_run(locals(), device=dev, features=not online)
     w_d = target.lm_head.weight[data.vocab].detach()
-    heads = MedusaHeads(target.hf.config.hidden_size, num_heads, data.vocab)
+    heads = MedusaHeads(target.hf.config.hidden_size, num_heads, data.vocab).to(dev)
 
     def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        _, feats, lengths, starts = data.batch(idx)
+        tokens, feats, lengths, starts = data.batch(idx, dev)
+        feats = final_states(target, tokens) if online else feats
         return medusa_loss(heads, w_d, feats, lengths, starts, decay)
 
     trained, history, numbers = fit(
         heads, batch_loss, data, out, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
         warmup=warmup, save_every=save_every, resume=resume, seed=seed, progress=progress, desc="training Medusa heads",
+        device=dev, time_budget_s=time_budget_s,
     )  # fmt: skip
-    val = data.subset(data.held)
+    val = held_out(target, data, online, gen_batch_size)
     return finish_run(
         trained, data, out, target, recipe, pick=lambda sizes: pick_vocab(trained, target, val, sizes),
         vocab_sizes=vocab_sizes, history=history, numbers=numbers, name="medusa", title="Medusa heads",

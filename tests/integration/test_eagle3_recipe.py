@@ -4,6 +4,7 @@ head (greedy output equal to plain decoding, with drafts accepted)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import decodekit as dk
 from decodekit.drafters.eagle3 import DEFAULT_WEIGHTS, Eagle3Drafter
@@ -45,6 +46,19 @@ def test_online_states_train_like_the_cached_ones_within_a_time_budget(tmp_path)
     assert online["steps"] == BUDGET_PROBE + 3  # 2 warm-up steps, the timed ones, then one the budget allows
     cached = train(tmp_path / "cached", epochs=1, data_dir=data, **SMALL)
     assert online["initial_val_loss"] == pytest.approx(cached["initial_val_loss"], rel=1e-3)
+
+
+def test_a_continued_head_keeps_its_draft_vocabulary_on_other_data(tmp_path):
+    """``init`` an EAGLE-3 head of the same layers with ``init_vocab``: its fuse and its draft vocabulary carry over,
+    whatever the new data's token counts."""
+    first = train(tmp_path / "first", epochs=1, **SMALL)
+    path = tmp_path / "first" / "eagle3_smollm2-135m-instruct.safetensors"
+    kept = Eagle3Drafter(path, target="smollm2-135m-instruct").head.vocab
+    settings = {**SMALL, "chat_prompts": 3, "code_prompts": 0, "vocab_sizes": [first["vocab"]["picked"]]}
+    again = train(tmp_path / "again", epochs=1, init=str(path), init_vocab=True, seed=1, **settings)
+    assert again["fuse_fit_error"] is None  # continued with the init head's fuse
+    head = Eagle3Drafter(tmp_path / "again" / path.name, target="smollm2-135m-instruct").head
+    assert torch.equal(head.vocab, kept)
 
 
 def test_layers_outside_the_target_are_refused_before_any_data(tmp_path):

@@ -37,11 +37,14 @@ def test_code_prompts_past_one_a_file_are_new_def_lines(smollm2):
     assert all("def " in smollm2.tokenizer.decode(p).splitlines()[-1] for p in prompts[1000:])
 
 
+SMALL = dict(
+    chat_prompts=2, code_prompts=2, text_chunks=12, max_new_tokens=8, seq_len=64, train_vocab=1024,
+    vocab_sizes=[256, 1024], val_fraction=0.25, batch_size=4, lr=3e-3, progress=False,
+)  # fmt: skip
+
+
 def test_smoke_run_trains_picks_a_vocabulary_and_resumes(tmp_path):
-    small = dict(
-        chat_prompts=2, code_prompts=2, text_chunks=12, max_new_tokens=8, seq_len=64, train_vocab=1024,
-        vocab_sizes=[256, 1024], val_fraction=0.25, batch_size=4, lr=3e-3, progress=False,
-    )  # fmt: skip
+    small = SMALL
     summary = train(tmp_path, epochs=2, **small)
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     assert summary["vocab"]["picked"] in (256, 1024) and set(summary["vocab"]["sizes"]) == {256, 1024}

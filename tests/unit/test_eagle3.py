@@ -18,7 +18,7 @@ from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import PackedLinear
 from decodekit.masks import chain_mask
 from decodekit.policies import FixedLength
-from decodekit.train.eagle3 import fit_fuse, ttt_loss, ttt_mask, ttt_unroll
+from decodekit.train.eagle3 import fit_fuse, lead_with, ttt_loss, ttt_mask, ttt_unroll
 from decodekit.train.feature_data import target_features
 from decodekit.train.layer_features import default_layers, final_and_layer_states, layer_states
 from decodekit.verifiers import RejectionVerifier
@@ -218,6 +218,22 @@ def test_the_recipe_refuses_a_bad_device_or_budget_before_loading(tmp_path, bad,
     with pytest.raises(ConfigError, match=match):
         train(tmp_path, base="no-such-model", **bad)  # refused before the (missing) target is looked up
     assert not any(tmp_path.iterdir())
+
+
+def test_init_vocab_needs_an_init_head(tmp_path):
+    from decodekit.train.eagle3 import train
+
+    with pytest.raises(ConfigError, match="init_vocab=true keeps the init head"):
+        train(tmp_path, base="no-such-model", init_vocab=True)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_kept_draft_vocabulary_leads_the_training_vocabulary():
+    vocab = torch.tensor([3, 1, 2, 5, 7])  # the data's tokens, most frequent first
+    assert lead_with(torch.tensor([5, 9]), vocab).tolist() == [5, 9, 3, 1, 2]  # its tokens first, then the data's
+    assert lead_with(torch.tensor([1]), vocab).tolist() == [1, 3, 2, 5, 7]
+    with pytest.raises(ConfigError, match="more than train_vocab"):
+        lead_with(torch.arange(6), vocab)
 
 
 def test_missing_weights_say_how_to_train_them(tmp_path):

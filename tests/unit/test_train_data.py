@@ -63,3 +63,12 @@ def test_target_features_keep_the_starts_of_the_sequences_they_keep(target):
     data = target_features(lm, seqs, seq_len=4, batch_size=2, progress=False, starts=starts)
     assert data["lengths"].tolist() == [4, 3] and data["starts"].tolist() == [2, 0]
     assert "starts" not in target_features(lm, seqs, seq_len=4, batch_size=2, progress=False)
+
+
+def test_zero_prompts_asked_for_are_none():
+    """``code_prompts=0`` / ``chat_prompts=0`` in a recipe: no prompts, not every prompt the corpus gives (the
+    loops stopped on ``len == num`` after appending, which 0 never meets)."""
+    from decodekit.train.acceptance_data import pydoc_prompts
+    from decodekit.train.feature_data import code_prompts
+
+    assert code_prompts(None, 0, 64) == [] and pydoc_prompts(None, 0, 64) == []  # no tokenizer call either
