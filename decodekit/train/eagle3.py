@@ -188,8 +188,8 @@ def train(
         data.vocab = lead_with(start[1]["vocab"], data.vocab)
     taps = None
     if not online:
-        taps = cached_layer_states(target, data.tokens, picked, out / "data" if data_dir is None else Path(data_dir),
-                                   gen_batch_size, progress)  # fmt: skip
+        where = out / "data" if data_dir is None else Path(data_dir)
+        taps = cached_layer_states(target, data.tokens, data.lengths, picked, where, gen_batch_size, progress)
 
     def states(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The final features and layer states of the sequences ``rows`` (float16, on the CPU)."""

@@ -166,15 +166,30 @@ def target_features(
 ) -> dict:
     """:func:`pad_sequences` plus the target's final hidden states ``feats [N, L, H]`` (float16, on the CPU; the
     target runs on its own device)."""
-    from decodekit.train.acceptance_data import _forward
+    from decodekit.train.layer_features import final_states
 
     data = pad_sequences(seqs, seq_len, starts)
-    tokens, feats = data["tokens"], []
-    for i in tqdm(range(0, len(tokens), batch_size), desc="target features", unit="batch", disable=not progress):
-        batch = tokens[i : i + batch_size].to(target.device)
-        empty = torch.zeros(len(batch), 0, dtype=torch.long, device=target.device)
-        feats.append(_forward(target, batch, empty, True).last_hidden.half().cpu())
-    return {**data, "feats": torch.cat(feats)}
+    feats = by_length(data["tokens"], data["lengths"], batch_size, final_states, target, "target features", progress)
+    return {**data, "feats": feats}
+
+
+def by_length(
+    tokens: torch.Tensor, lengths: torch.Tensor, batch_size: int, states: Any, target: Any, desc: str, progress: bool
+) -> torch.Tensor:
+    """``states(target, tokens[rows, :w]) [b, w, D]`` of every row of the right-padded ``tokens [N, L]``, run on
+    the target's device in batches of ``batch_size`` rows of similar length (sorted by ``lengths [N]``; ``w`` the
+    batch's longest), so that little of a forward is padding; returned float16 on the CPU as ``[N, L, D]``, zero
+    past each row's length. Exact for a causal target: a position never sees the padding after it."""
+    out = None
+    order = lengths.argsort(stable=True)
+    for rows in tqdm(order.split(batch_size), desc=desc, unit="batch", disable=not progress):
+        width = int(lengths[rows].max())
+        part = states(target, tokens[rows, :width].to(target.device)).half().cpu()
+        part *= (torch.arange(width)[None] < lengths[rows, None])[..., None]  # a shorter row's padding: zero
+        if out is None:
+            out = torch.zeros(*tokens.shape, part.shape[-1], dtype=torch.float16)
+        out[rows, :width] = part
+    return out
 
 
 @dataclass

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 
 def default_layers(num_layers: int) -> tuple[int, int, int]:
@@ -55,11 +54,20 @@ def final_states(target: Any, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def cached_layer_states(
-    target: Any, tokens: torch.Tensor, layers: Sequence[int], data_dir: Path, batch_size: int, progress: bool
+    target: Any,
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    layers: Sequence[int],
+    data_dir: Path,
+    batch_size: int,
+    progress: bool,
 ) -> torch.Tensor:
-    """:func:`layer_states` of every row of ``tokens [N, L]`` (float16 ``[N, L, len(layers) * H]``), read from
-    ``data_dir/layers_<a>-<b>-<c>.pt`` when a run wrote them for these rows (or more: a run on all the sequences
+    """:func:`layer_states` of every row of ``tokens [N, L]`` (float16 ``[N, L, len(layers) * H]``, zero past each
+    row's ``lengths [N]``: computed in length-sorted batches, :func:`~decodekit.train.feature_data.by_length`), read
+    from ``data_dir/layers_<a>-<b>-<c>.pt`` when a run wrote them for these rows (or more: a run on all the sequences
     serves one on the responses only), else computed and written there."""
+    from decodekit.train.feature_data import by_length
+
     name = Path(data_dir) / f"layers_{'-'.join(map(str, layers))}.pt"
     if name.is_file():
         cached = torch.load(name)
@@ -67,9 +75,7 @@ def cached_layer_states(
         rows = [index.get(tuple(row.tolist())) for row in tokens]
         if cached["tokens"].shape[1] == tokens.shape[1] and None not in rows:
             return cached["states"][torch.tensor(rows, dtype=torch.long)]
-    states = []
-    for i in tqdm(range(0, len(tokens), batch_size), desc="target layer states", unit="batch", disable=not progress):
-        states.append(layer_states(target, tokens[i : i + batch_size], layers).half())
-    out = torch.cat(states)
+    out = by_length(tokens, lengths, batch_size, lambda t, x: layer_states(t, x, layers), target, "target layer states",
+                    progress)  # fmt: skip
     torch.save({"tokens": tokens, "layers": list(layers), "states": out}, name)
     return out

@@ -72,3 +72,20 @@ def test_zero_prompts_asked_for_are_none():
     from decodekit.train.feature_data import code_prompts
 
     assert code_prompts(None, 0, 64) == [] and pydoc_prompts(None, 0, 64) == []  # no tokenizer call either
+
+
+def test_states_of_length_sorted_batches_are_each_sequence_alone(target, tmp_path):
+    """Features and layer states are computed in batches of similar length, each cut to its longest row: every
+    row's states equal its own unpadded forward's, and are zero past its length."""
+    from decodekit.train.feature_data import target_features
+    from decodekit.train.layer_features import cached_layer_states, final_states, layer_states
+
+    lm = dk.load_model(target)
+    seqs = [[5, 6, 7, 8, 9, 10, 11], [3, 4, 0], [9, 8, 7, 6], [1, 2, 3], [4, 0, 0, 5, 6]]  # 0 is also the pad id
+    data = target_features(lm, seqs, seq_len=6, batch_size=2, progress=False)
+    taps = cached_layer_states(lm, data["tokens"], data["lengths"], (1, 2), tmp_path, 2, False)
+    for i, s in enumerate(seqs):
+        n, alone = min(len(s), 6), torch.tensor([s[:6]])
+        torch.testing.assert_close(data["feats"][i, :n], final_states(lm, alone)[0].half(), atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(taps[i, :n], layer_states(lm, alone, (1, 2))[0].half(), atol=1e-3, rtol=1e-3)
+        assert not data["feats"][i, n:].any() and not taps[i, n:].any()
