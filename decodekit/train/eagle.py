@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_float, check_int
+from decodekit.checks import check_int
 
 
 def head_loss(
@@ -99,12 +99,11 @@ def train(
     ``decodekit/recipes/train/eagle.yaml`` for what each argument does."""
     from decodekit.drafters.eagle_head import RETRAIN, EagleHead, read_init
     from decodekit.train.eagle_vocab import pick_vocab
-    from decodekit.train.feature_heads import device_and_online, finish_run, fit, held_out, start_run
+    from decodekit.train.feature_heads import device_settings, finish_run, fit, held_out, start_run
     from decodekit.train.layer_features import final_states
 
-    dev, online = device_and_online(device, online)
+    dev, online = device_settings(device, online, time_budget_s)
     check_int("draft_len", draft_len, low=1)
-    check_float("time_budget_s", time_budget_s, low=0, low_open=True, optional=True)
     start: dict[str, torch.Tensor] = {}
 
     def check_init(target: Any) -> None:  # a missing or foreign init head fails before the data is built

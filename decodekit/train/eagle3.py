@@ -160,17 +160,16 @@ def train(
     ``decodekit/recipes/train/eagle3.yaml`` for what each argument does."""
     from decodekit.drafters.eagle_head import EagleHead, read_init
     from decodekit.train.eagle_vocab import pick_vocab
-    from decodekit.train.feature_heads import device_and_online, finish_run, fit, start_run
+    from decodekit.train.feature_heads import device_settings, finish_run, fit, start_run
     from decodekit.train.layer_features import cached_layer_states, default_layers, final_and_layer_states
 
-    dev, online = device_and_online(device, online)
+    dev, online = device_settings(device, online, time_budget_s)
     check_int("draft_len", draft_len, low=1)
     check_int("ttt_steps", ttt_steps, low=1)
     check_int("fuse_sequences", fuse_sequences, low=1)
     if check_bool("init_vocab", init_vocab) and init is None:
         raise ConfigError("init_vocab=true keeps the init head's draft vocabulary: name the head with init=<file>")
     check_float("decay", decay, low=0, low_open=True)
-    check_float("time_budget_s", time_budget_s, low=0, low_open=True, optional=True)
     picked: tuple[int, ...] = ()
     start: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None  # the init head's metadata and tensors
 

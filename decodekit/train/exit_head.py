@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_float, check_int
+from decodekit.checks import check_int
 
 
 @torch.no_grad()
@@ -138,11 +138,10 @@ def train(
     ``decodekit/recipes/train/exit_head.yaml`` for what each argument does."""
     from decodekit.drafters.exit_head import ExitHead
     from decodekit.drafters.head_files import head_rows
-    from decodekit.train.feature_heads import device_and_online, finish_run, fit, held_out, start_run
+    from decodekit.train.feature_heads import device_settings, finish_run, fit, held_out, start_run
     from decodekit.train.layer_features import final_states
 
-    dev, online = device_and_online(device, online)
-    check_float("time_budget_s", time_budget_s, low=0, low_open=True, optional=True)
+    dev, online = device_settings(device, online, time_budget_s)
     check_int("draft_len", draft_len, low=1)
     check_int("width", width, low=1)
     check_int("exit_layer", exit_layer, low=1)

@@ -119,10 +119,12 @@ def fit(
     return accelerator.unwrap_model(head).eval(), history, numbers
 
 
-def device_and_online(device: str | None, online: bool | None) -> tuple[torch.device, bool]:
+def device_settings(device: str | None, online: bool | None, time_budget_s: float | None) -> tuple[torch.device, bool]:
     """Where a feature head's recipe runs (``device``; None: CUDA when there is one, else the CPU) and whether the
     target's states are computed per batch there (``online``; None: on a GPU, where that costs less than storing
-    them; the CPU caches them once)."""
+    them; the CPU caches them once). Refuses a bad ``device``, ``online`` or ``time_budget_s`` (a positive number of
+    seconds, or None) before anything is loaded."""
+    check_float("time_budget_s", time_budget_s, low=0, low_open=True, optional=True)
     dev = parse_device("device", device or ("cuda" if torch.cuda.is_available() else "cpu"))
     return dev, dev.type != "cpu" if online is None else check_bool("online", online)
 

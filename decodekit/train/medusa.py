@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_float, check_int
+from decodekit.checks import check_int
 
 
 def medusa_loss(
@@ -131,12 +131,11 @@ def train(
     """Train the heads; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/medusa.yaml`` for what each argument does."""
     from decodekit.drafters.medusa import MedusaHeads
-    from decodekit.train.feature_heads import device_and_online, finish_run, fit, held_out, start_run
+    from decodekit.train.feature_heads import device_settings, finish_run, fit, held_out, start_run
     from decodekit.train.layer_features import final_states
 
-    dev, online = device_and_online(device, online)
+    dev, online = device_settings(device, online, time_budget_s)
     check_int("num_heads", num_heads, low=1)
-    check_float("time_budget_s", time_budget_s, low=0, low_open=True, optional=True)
     recipe, out, target, data = start_run(locals(), device=dev, features=not online)
     w_d = target.lm_head.weight[data.vocab].detach()
     heads = MedusaHeads(target.hf.config.hidden_size, num_heads, data.vocab).to(dev)

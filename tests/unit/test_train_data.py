@@ -89,3 +89,21 @@ def test_states_of_length_sorted_batches_are_each_sequence_alone(target, tmp_pat
         torch.testing.assert_close(data["feats"][i, :n], final_states(lm, alone)[0].half(), atol=1e-3, rtol=1e-3)
         torch.testing.assert_close(taps[i, :n], layer_states(lm, alone, (1, 2))[0].half(), atol=1e-3, rtol=1e-3)
         assert not data["feats"][i, n:].any() and not taps[i, n:].any()
+
+
+@pytest.mark.parametrize("recipe", ["eagle", "eagle3", "medusa", "exit_head"])
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        ({"device": "gpu0"}, "device must be a device"),
+        ({"time_budget_s": 0}, "time_budget_s"),
+        ({"online": 1}, "online"),
+    ],
+)
+def test_feature_head_recipes_refuse_bad_run_settings_before_loading(tmp_path, recipe, bad, match):
+    import importlib
+
+    train = importlib.import_module(f"decodekit.train.{recipe}").train
+    with pytest.raises(dk.ConfigError, match=match):
+        train(tmp_path, base="no-such-model", **bad)  # refused before the (missing) target is looked up
+    assert not any(tmp_path.iterdir())
