@@ -131,13 +131,14 @@ def device_settings(device: str | None, online: bool | None, time_budget_s: floa
 
 def held_out(target: Any, data: FeatureData, online: bool, batch_size: int) -> FeatureData:
     """The validation split, its final features computed by the target (``batch_size`` sequences a forward, on its
-    device) when the run computed them per batch (``online``) instead of caching them."""
+    device, in length-sorted batches: :func:`~decodekit.train.feature_data.by_length`) when the run computed them
+    per batch (``online``) instead of caching them."""
+    from decodekit.train.feature_data import by_length
     from decodekit.train.layer_features import final_states
 
     val = data.subset(data.held)
     if online:
-        parts = [final_states(target, t.to(target.device)).half().cpu() for t in val.tokens.split(batch_size)]
-        val.feats = torch.cat(parts)
+        val.feats = by_length(val.tokens, val.lengths, batch_size, final_states, target, "held-out features", False)
     return val
 
 

@@ -47,7 +47,8 @@ def final_and_layer_states(
 @torch.no_grad()
 def final_states(target: Any, tokens: torch.Tensor) -> torch.Tensor:
     """One forward of the right-padded ``tokens [B, L]`` (on the target's device): the final (normed) features
-    ``[B, L, H]``, what an EAGLE-1 or Medusa step needs when it computes them per batch instead of reading a cache."""
+    ``[B, L, H]``: the cached features' pass (:func:`~decodekit.train.feature_data.target_features`), and what an
+    EAGLE-1, Medusa or exit-head step computes per batch (``online``) instead of reading that cache."""
     from decodekit.train.acceptance_data import _forward
 
     return _forward(target, tokens, tokens.new_zeros(tokens.shape[0], 0), True).last_hidden
