@@ -173,13 +173,14 @@ def train(
     picked: tuple[int, ...] = ()
     start: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None  # the init head's metadata and tensors
 
-    def check_target(target: Any) -> None:  # before the data is built (an hour on a CPU)
+    def check_target(target: Any) -> tuple[int, ...] | None:  # before the data is built (an hour on a CPU)
         nonlocal picked, start
         picked = tuple(sorted({int(i) for i in (layers or default_layers(target.num_layers))}))
         if not picked or picked[0] < 1 or picked[-1] > target.num_layers:
             raise ConfigError(f"layers must be decoder layers 1 .. {target.num_layers} of the target; got {layers}")
         if init is not None:
             start = read_init(init, target, "python -m decodekit train recipe=eagle3")
+        return None if online else picked  # cached: the features' forward keeps these layers' states too
 
     recipe, out, target, data = start_run(locals(), check_target, device=dev, features=not online)
     recipe["layers"] = list(picked)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,14 +164,23 @@ def target_features(
     batch_size: int,
     progress: bool,
     starts: list[int] | None = None,
+    layers: Sequence[int] = (),
 ) -> dict:
     """:func:`pad_sequences` plus the target's final hidden states ``feats [N, L, H]`` (float16, on the CPU; the
-    target runs on its own device)."""
-    from decodekit.train.layer_features import final_states
+    target runs on its own device); with ``layers``, also ``taps [N, L, len(layers) * H]``, their
+    :func:`~decodekit.train.layer_features.layer_states`, from the same forward."""
+    from decodekit.train.layer_features import final_and_layer_states, final_states
 
     data = pad_sequences(seqs, seq_len, starts)
-    feats = by_length(data["tokens"], data["lengths"], batch_size, final_states, target, "target features", progress)
-    return {**data, "feats": feats}
+    tokens, lengths = data["tokens"], data["lengths"]
+    if not layers:
+        feats = by_length(tokens, lengths, batch_size, final_states, target, "target features", progress)
+        return {**data, "feats": feats}
+    both = by_length(tokens, lengths, batch_size, lambda t, x: torch.cat(final_and_layer_states(t, x, layers), -1),
+                     target, "target features and layer states", progress)  # fmt: skip
+    hidden = both.shape[-1] // (len(layers) + 1)
+    feats, taps = both[..., :hidden].clone(), both[..., hidden:].clone()  # own storage: each is saved on its own
+    return {**data, "feats": feats, "taps": taps}
 
 
 def by_length(
@@ -259,11 +269,15 @@ def prepare(
     seed: int,
     progress: bool,
     features: bool = True,
+    layers: Sequence[int] = (),
 ) -> FeatureData:
     """Build (or load from ``data_dir/features.pt``) the sequences and features, split off the validation
     sequences and count the training vocabulary. ``cfg`` holds :data:`DATA_KEYS` and ``gen_batch_size``.
     ``features=False``: the sequences only (``feats`` None, nothing cached) unless ``features.pt`` is there, for a
-    recipe that runs the target on each batch (a GPU makes that cheaper than storing the features)."""
+    recipe that runs the target on each batch (a GPU makes that cheaper than storing the features). ``layers``:
+    the features' forward also caches the states of these target layers
+    (:func:`~decodekit.train.layer_features.cached_layer_states` then reads them: EAGLE-3's taps) instead of a
+    second pass computing them."""
     for name in DATA_KEYS + ("gen_batch_size",):
         check_int(name, cfg[name], low=0 if name.endswith(("prompts", "chunks")) else 1)
     check_int("train_vocab", train_vocab, low=1)
@@ -275,7 +289,11 @@ def prepare(
     else:
         seqs, starts = load_sequences(target, cfg, data_dir, seed, progress)
         if features:
-            data = target_features(target, seqs, cfg["seq_len"], cfg["gen_batch_size"], progress, starts)
+            data = target_features(target, seqs, cfg["seq_len"], cfg["gen_batch_size"], progress, starts, layers)
+            if layers:
+                from decodekit.train.layer_features import save_layer_states
+
+                save_layer_states(data_dir, data["tokens"], layers, data.pop("taps"))
             torch.save(data, cached)
         else:
             data = {**pad_sequences(seqs, cfg["seq_len"], starts), "feats": None}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from decodekit.checks import check_bool, check_float, check_int, parse_device
+from decodekit.errors import ConfigError
 from decodekit.train.common import BUDGET_PROBE, Checkpoints, budgeted_steps, plot_losses, take_step, warmup_cosine
 from decodekit.train.feature_data import FeatureData, prepare
 
@@ -144,15 +145,16 @@ def held_out(target: Any, data: FeatureData, online: bool, batch_size: int) -> F
 
 def start_run(
     args: dict[str, Any],
-    check_target: Callable[[Any], None] | None = None,
+    check_target: Callable[[Any], Sequence[int] | None] | None = None,
     *,
     device: torch.device | str = "cpu",
     features: bool = True,
 ) -> tuple[dict[str, Any], Path, Any, FeatureData]:
     """What a feature head's ``train(**args)`` does first: the recipe (its plain arguments, for the weights'
     metadata), checks, threads and seed, the target (``base``, on ``device``; ``check_target(target)`` raises for a
-    recipe that does not fit it, before the data is built) and the data (:func:`prepare`; ``features=False``: no
-    cached features). Returns the recipe, the run directory, the target and the data."""
+    recipe that does not fit it, before the data is built, and returns the target layers whose states the recipe
+    reads, if any) and the data (:func:`prepare`, on :func:`data_target`; ``features=False``: no cached features).
+    Returns the recipe, the run directory, the target and the data."""
     from accelerate.utils import set_seed
 
     import decodekit as dk
@@ -165,19 +167,37 @@ def start_run(
     set_seed(args["seed"])
     out = Path(args["out_dir"])
     target = dk.load_model(args["base"], device=device)
-    if check_target is not None:  # refuse a recipe that does not fit the target before building the data
-        check_target(target)
+    layers = None  # refuse a recipe that does not fit the target before building the data
+    if check_target is not None:
+        layers = check_target(target)
+    where = Path(args["data_dir"]) if args["data_dir"] else out / "data"
     data = prepare(
-        target,
+        data_target(target, where) if features else target,
         recipe,
-        Path(args["data_dir"]) if args["data_dir"] else out / "data",
+        where,
         train_vocab=args["train_vocab"],
         val_fraction=args["val_fraction"],
         seed=args["seed"],
         progress=args["progress"],
         features=features,
+        layers=layers or (),
     )
     return recipe, out, target, data
+
+
+def data_target(target: Any, data_dir: Path) -> Any:
+    """The model the data passes run on (the target's greedy responses and its features: no gradients). On the
+    CPU, with the features not yet cached in ``data_dir``: a copy of the target with oneDNN's packed linears (the
+    same float32 weights; the kernels the benchmark's target runs, faster at generation's small batches), freed
+    with the data pass; the target itself otherwise, or where this PyTorch has no oneDNN."""
+    import decodekit as dk
+
+    if target.device.type != "cpu" or (Path(data_dir) / "features.pt").is_file() or not hasattr(target, "hf"):
+        return target
+    try:
+        return dk.load_model(target, kernels="onednn")
+    except ConfigError:
+        return target
 
 
 def finish_run(

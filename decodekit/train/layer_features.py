@@ -69,7 +69,7 @@ def cached_layer_states(
     serves one on the responses only), else computed and written there."""
     from decodekit.train.feature_data import by_length
 
-    name = Path(data_dir) / f"layers_{'-'.join(map(str, layers))}.pt"
+    name = layers_file(data_dir, layers)
     if name.is_file():
         cached = torch.load(name)
         index = {tuple(row.tolist()): i for i, row in enumerate(cached["tokens"])}
@@ -78,5 +78,16 @@ def cached_layer_states(
             return cached["states"][torch.tensor(rows, dtype=torch.long)]
     out = by_length(tokens, lengths, batch_size, lambda t, x: layer_states(t, x, layers), target, "target layer states",
                     progress)  # fmt: skip
-    torch.save({"tokens": tokens, "layers": list(layers), "states": out}, name)
+    save_layer_states(data_dir, tokens, layers, out)
     return out
+
+
+def layers_file(data_dir: Path, layers: Sequence[int]) -> Path:
+    """Where :func:`cached_layer_states` keeps the states of ``layers``: ``data_dir/layers_<a>-<b>-<c>.pt``."""
+    return Path(data_dir) / f"layers_{'-'.join(map(str, layers))}.pt"
+
+
+def save_layer_states(data_dir: Path, tokens: torch.Tensor, layers: Sequence[int], states: torch.Tensor) -> None:
+    """Cache ``states [N, L, len(layers) * H]`` of the rows ``tokens [N, L]`` where :func:`cached_layer_states`
+    reads them (the features pass writes them too when a recipe asks for both in one forward)."""
+    torch.save({"tokens": tokens, "layers": list(layers), "states": states}, layers_file(data_dir, layers))

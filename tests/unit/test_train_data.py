@@ -107,3 +107,36 @@ def test_feature_head_recipes_refuse_bad_run_settings_before_loading(tmp_path, r
     with pytest.raises(dk.ConfigError, match=match):
         train(tmp_path, base="no-such-model", **bad)  # refused before the (missing) target is looked up
     assert not any(tmp_path.iterdir())
+
+
+def test_one_forward_gives_the_features_and_the_layer_states_the_second_pass_would(target, tmp_path):
+    """``prepare(..., layers=...)`` (EAGLE-3's cached run) keeps the layer states from the features' forward;
+    ``cached_layer_states`` then reads them instead of running the target again, and they equal its own pass."""
+    from decodekit.train.feature_data import prepare
+    from decodekit.train.layer_features import cached_layer_states, layers_file
+
+    lm = dk.load_model(target)
+    seqs, starts = [[5, 6, 7, 8, 9, 10, 11], [3, 4, 9, 1], [9, 8, 7, 6, 2], [1, 2, 3], [4, 7, 7, 5, 6]], [2, 1, 2, 1, 0]
+    (tmp_path / "sequences.json").write_text(json.dumps(seqs))
+    (tmp_path / "starts.json").write_text(json.dumps(starts))
+    cfg = {"chat_prompts": 1, "code_prompts": 4, "text_chunks": 1, "max_prompt_tokens": 4, "max_new_tokens": 4,
+           "seq_len": 6, "gen_batch_size": 2}  # fmt: skip
+    data = prepare(lm, cfg, tmp_path, train_vocab=16, val_fraction=0.4, seed=0, progress=False, layers=(1, 2))
+    assert layers_file(tmp_path, (1, 2)).is_file()
+    read = cached_layer_states(lm, data.tokens, data.lengths, (1, 2), tmp_path, 2, False)
+    (tmp_path / "elsewhere").mkdir()
+    fresh = cached_layer_states(lm, data.tokens, data.lengths, (1, 2), tmp_path / "elsewhere", 2, False)
+    torch.testing.assert_close(read, fresh, atol=1e-3, rtol=1e-3)
+    assert read.abs().sum() > 0
+
+
+def test_data_passes_run_on_a_packed_copy_only_while_there_is_data_to_compute(target, tmp_path):
+    from decodekit.kernels.cpu import PackedLinear
+    from decodekit.train.feature_heads import data_target
+
+    lm = dk.load_model(target)
+    copy = data_target(lm, tmp_path)
+    assert copy is not lm and any(isinstance(m, PackedLinear) for m in copy.hf.modules())
+    assert not any(isinstance(m, PackedLinear) for m in lm.hf.modules())  # the target itself is left as it is
+    (tmp_path / "features.pt").write_bytes(b"")
+    assert data_target(lm, tmp_path) is lm  # nothing to compute: no copy
