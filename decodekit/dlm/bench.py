@@ -34,6 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from decodekit.checks import check_int
+from decodekit.dlm.synthetic import STYLES
 from decodekit.errors import ConfigError
 
 COLUMNS = (
@@ -67,6 +68,7 @@ def run(
     seed: int = 0,
     synthetic: int = 8,
     synthetic_length: int = 32,
+    synthetic_style: str = "lines",
     progress: bool = True,
     device: str | None = None,
 ) -> str:
@@ -87,7 +89,8 @@ def run(
         only: run just these of ``methods`` (None = every enabled one): a protocol names what it runs instead of
             switching the others off one by one, so a method added to the recipe later does not join it.
         synthetic, synthetic_length: items per synthetic task (0 = skip that table) and their generation length
-            (one block).
+            (one block). synthetic_style: their prompts, ``"lines"`` (few-shot Python lines) or ``"chat"`` (few-shot
+            chat turns through the model's chat template: for a DLM trained on chat responses).
         device: where the diffusion LM and the scorer run (``"cuda"``; None = the CPU).
     """
     import decodekit as dk
@@ -95,6 +98,8 @@ def run(
     from decodekit.dlm.generate import refusal
 
     check_int("num_prompts", num_prompts, low=1)
+    if synthetic_style not in STYLES:
+        raise ConfigError(f"synthetic_style must be one of {', '.join(map(repr, STYLES))}, got {synthetic_style!r}")
     base = {"rule": None, "cache": None} if base is None else dict(base)
     if base.get("rule") is not None or int(base.get("tokens_per_step") or 1) != 1 or base.get("uncached"):
         raise ConfigError(
@@ -156,7 +161,7 @@ def run(
             results.append({**row, "steps": steps[name]})
         save()
     if synthetic:
-        synth = run_synthetic(dlm, ar, plan, synthetic, synthetic_length, seed, progress)
+        synth = run_synthetic(dlm, ar, plan, synthetic, synthetic_length, seed, progress, synthetic_style)
     return save()
 
 
@@ -194,25 +199,34 @@ def _generate(dlm: Any, prompts: list[list[int]], spec: dict[str, Any], gen: int
 
 
 def run_synthetic(
-    dlm: Any, ar: Any, plan: dict[str, dict[str, Any]], count: int, gen: int, seed: int, progress: bool = True
+    dlm: Any,
+    ar: Any,
+    plan: dict[str, dict[str, Any]],
+    count: int,
+    gen: int,
+    seed: int,
+    progress: bool = True,
+    style: str = "lines",
 ) -> list[dict[str, Any]]:
-    """Accuracy of every method (and of ``ar``, greedy) on ``count`` items of each synthetic task, one batched call
-    per task and method: ``[{method, task, accuracy, nfe}]`` (``nfe``: forwards per item; ``None`` for ``ar``)."""
+    """Accuracy of every method (and of ``ar``, greedy) on ``count`` items of each synthetic task in ``style``
+    (:func:`~decodekit.dlm.synthetic.make_items`), one batched call per task and method: ``[{method, task, accuracy,
+    nfe}]`` (``nfe``: forwards per item; ``None`` for ``ar``). Completions are decoded without special tokens, so an
+    answer followed by the end-of-text token counts."""
     import decodekit as dk
     from decodekit.dlm.synthetic import TASKS, accuracy, make_items
 
     rows = []
     bar = tqdm(total=len(TASKS) * (len(plan) + 1), desc=f"dlm-bench synthetic G={gen}", disable=not progress)
     for task in TASKS:
-        items = make_items(task, count, seed=seed)
+        items = make_items(task, count, seed=seed, style=style, tokenizer=dlm.tokenizer)
         prompts = [dlm.tokenizer(i.prompt, add_special_tokens=False)["input_ids"] for i in items]
         for name, spec in plan.items():
             out = _generate(dlm, prompts, spec, gen, min(gen, dlm.block_length or gen), seed)
-            ok = accuracy(items, [dlm.tokenizer.decode(t) for t in out.sequences])
+            ok = accuracy(items, [dlm.tokenizer.decode(t, skip_special_tokens=True) for t in out.sequences])
             rows.append({"method": name, "task": task, "accuracy": ok, "nfe": sum(out.stats.row_nfe) / count})
             bar.update()
         plain = dk.generate(ar, prompts, max_new_tokens=gen, temperature=0.0)
-        ok = accuracy(items, [ar.tokenizer.decode(t) for t in plain.sequences])
+        ok = accuracy(items, [ar.tokenizer.decode(t, skip_special_tokens=True) for t in plain.sequences])
         rows.append({"method": "autoregressive", "task": task, "accuracy": ok, "nfe": None})
         bar.update()
     bar.close()

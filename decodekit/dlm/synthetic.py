@@ -2,8 +2,10 @@
 2025): each answer's tokens depend on one another, so committing several of them from their marginals in one step
 can pick an incoherent combination even when each marginal is right.
 
-Every item is a few-shot prompt of Python-like lines (the zoo DLM was adapted on Python source), answered on the
-next line; the first line of the completion is compared with the known answer exactly.
+Every item is a few-shot prompt, in one of two styles: Python-like lines (``style="lines"``, the default; the first
+zoo DLM was adapted on Python source), answered on the next line; or chat turns (``style="chat"``, for a model
+trained on chat responses such as ``smollm2-135m-bdlm``), each shot a user request and the assistant's bare answer,
+through the tokenizer's chat template. The first line of the completion is compared with the known answer exactly.
 
 | task | line | dependency |
 |---|---|---|
@@ -17,8 +19,16 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 TASKS = ("copy", "reverse", "sort", "join")
+STYLES = ("lines", "chat")
+_REQUEST = {  # style="chat": the user's request of each task, around the case's input
+    "copy": "Copy this list exactly: {}",
+    "reverse": "Reverse this list: {}",
+    "sort": "Sort this list in ascending order: {}",
+    "join": "Join these words into one sentence, in this order: {}",
+}
 _SENTENCE = (
     "the cat sat on a mat while old dogs ran past green trees near one small red house by the river and two birds "
     "sang all day long under blue sky"
@@ -47,16 +57,37 @@ def _case(task: str, rng: random.Random) -> tuple[str, str]:
     return f"{name}({values}) ==", str(answer)
 
 
-def make_items(task: str, count: int, seed: int = 0, shots: int = 4) -> list[Item]:
-    """``count`` items of ``task`` (one of :data:`TASKS`), each with ``shots`` solved examples before it."""
+def _turns(task: str, question: str, answer: str | None) -> list[dict[str, str]]:
+    """A case as chat turns: the user's request (the case's input in :data:`_REQUEST`'s words) and, for a shot, the
+    assistant's bare answer."""
+    given = question[question.index("[") : question.rindex("]") + 1]  # the list (of numbers or quoted words)
+    turns = [{"role": "user", "content": _REQUEST[task].format(given)}]
+    return turns if answer is None else [*turns, {"role": "assistant", "content": answer}]
+
+
+def make_items(
+    task: str, count: int, seed: int = 0, shots: int = 4, style: str = "lines", tokenizer: Any = None
+) -> list[Item]:
+    """``count`` items of ``task`` (one of :data:`TASKS`), each with ``shots`` solved examples before it, as
+    Python-like lines (``style="lines"``) or chat turns (``style="chat"``: ``tokenizer``'s chat template, ending
+    where the assistant's answer starts). The cases are the same in both styles."""
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}; choose one of {TASKS}")
+    if style not in STYLES:
+        raise ValueError(f"unknown synthetic style {style!r}; choose one of {STYLES}")
+    if style == "chat" and getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("style='chat' needs a tokenizer with a chat template (the model's); pass tokenizer=...")
     rng = random.Random(f"{task}-{seed}")
     items = []
     for _ in range(count):
-        lines = [" ".join(_case(task, rng)) for _ in range(shots)]
+        solved = [_case(task, rng) for _ in range(shots)]
         question, answer = _case(task, rng)
-        items.append(Item(task, "\n".join(lines) + "\n" + question, answer))
+        if style == "lines":
+            prompt = "\n".join(" ".join(case) for case in solved) + "\n" + question
+        else:
+            turns = [t for q, a in solved for t in _turns(task, q, a)] + _turns(task, question, None)
+            prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        items.append(Item(task, prompt, answer))
     return items
 
 
@@ -70,4 +101,4 @@ def accuracy(items: list[Item], completions: list[str]) -> float:
     return sum(correct(i, c) for i, c in zip(items, completions, strict=True)) / max(len(items), 1)
 
 
-__all__ = ["TASKS", "Item", "accuracy", "correct", "make_items"]
+__all__ = ["STYLES", "TASKS", "Item", "accuracy", "correct", "make_items"]

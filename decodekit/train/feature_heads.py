@@ -167,9 +167,8 @@ def start_run(
     set_seed(args["seed"])
     out = Path(args["out_dir"])
     target = dk.load_model(args["base"], device=device)
-    layers = None  # refuse a recipe that does not fit the target before building the data
-    if check_target is not None:
-        layers = check_target(target)
+    # refuse a recipe that does not fit the target before building the data
+    layers = check_target(target) if check_target is not None else None
     where = Path(args["data_dir"]) if args["data_dir"] else out / "data"
     data = prepare(
         data_target(target, where) if features else target,

@@ -474,6 +474,47 @@ def test_synthetic_items_are_true_python_and_scored_on_the_first_line(task):
         make_items("spell", 1)
 
 
+class _Template:
+    """A tokenizer stand-in with a chat template: turns as ``<role>content`` lines, then ``<assistant>``."""
+
+    chat_template = "test"
+
+    def apply_chat_template(self, turns, tokenize=False, add_generation_prompt=False):
+        return "".join(f"<{t['role']}>{t['content']}\n" for t in turns) + (
+            "<assistant>" if add_generation_prompt else ""
+        )
+
+
+@pytest.mark.parametrize("task", ["copy", "reverse", "sort", "join"])
+def test_synthetic_items_as_chat_turns_ask_the_same_cases(task):
+    """``style="chat"``: each shot is a user request holding the case's input and the assistant's bare answer; the
+    question and its answer are the lines style's, so the two styles score the same cases."""
+    from decodekit.dlm.synthetic import make_items
+
+    lines, chat = make_items(task, 3, seed=2), make_items(task, 3, seed=2, style="chat", tokenizer=_Template())
+    assert [i.answer for i in chat] == [i.answer for i in lines]
+    for a, b in zip(lines, chat):
+        shots = a.prompt.split("\n")
+        turns = b.prompt.split("\n")
+        assert len(turns) == 2 * len(shots) and turns[-1] == "<assistant>"
+        for shot, user, assistant in zip(shots[:-1], turns[0::2], turns[1::2]):
+            question, answer = shot.split(" == ")
+            given = question[question.index("[") : question.rindex("]") + 1]
+            assert user.startswith("<user>") and user.endswith(given) and assistant == f"<assistant>{answer}"
+        assert turns[-2].endswith(shots[-1][shots[-1].index("[") : shots[-1].rindex("]") + 1])  # no answer given
+    with pytest.raises(ValueError, match="chat template"):
+        make_items(task, 1, style="chat")
+    with pytest.raises(ValueError, match="unknown synthetic style"):
+        make_items(task, 1, style="prose")
+
+
+def test_dlm_bench_refuses_an_unknown_synthetic_style_before_loading(tmp_path):
+    from decodekit.dlm.bench import run
+
+    with pytest.raises(ConfigError, match="synthetic_style"):
+        run(tmp_path, model="no-such-model", synthetic_style="prose")
+
+
 def test_dlm_bench_refuses_an_uncached_reference_to_a_disabled_method(tmp_path):
     """Found before any model loads or any call runs (a disabled reference once failed a 24-minute run at the end)."""
     from decodekit.dlm.bench import run
@@ -485,7 +526,7 @@ def test_dlm_bench_refuses_an_uncached_reference_to_a_disabled_method(tmp_path):
         run(tmp_path, model="no-such-model", methods=methods, only=["cached", "threshold"])
 
 
-@pytest.mark.parametrize("experiment", [None, "bdlm_g256", "dcd_caches"])
+@pytest.mark.parametrize("experiment", [None, "bdlm_g256", "bdlm_synthetic_chat", "dcd_caches"])
 def test_dlm_bench_experiments_compose_and_build(experiment):
     """The dlm-bench recipe and each of its experiments compose, build every method and the base, and every
     ``uncached`` reference names an enabled method (the check ``run`` makes before loading a model)."""
@@ -505,11 +546,13 @@ def test_dlm_bench_experiments_compose_and_build(experiment):
     assert base["rule"] is None and methods
     for name, spec in methods.items():
         assert spec.get("uncached") in (None, *methods), name
-    if experiment == "bdlm_g256":
+    if experiment in ("bdlm_g256", "bdlm_synthetic_chat"):
         assert cfg.model == "smollm2-135m-bdlm" and isinstance(base["cache"], dk.dlm.BlockCausalCache)
         assert all(isinstance(spec["cache"], dk.dlm.BlockCausalCache) for spec in methods.values())
     if experiment == "dcd_caches":
         assert set(methods) == {"dcd", "dcd_prefix", "dcd_dual"} and cfg.synthetic == 0
+    if experiment == "bdlm_synthetic_chat":  # the synthetic table only, as chat turns
+        assert cfg.synthetic_style == "chat" and not cfg.gen_lengths and "threshold_95_block_causal" in methods
 
 
 def test_dlm_bench_similarity_tells_a_late_shift_from_a_different_text():
