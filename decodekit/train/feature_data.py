@@ -176,30 +176,35 @@ def target_features(
     if not layers:
         feats = by_length(tokens, lengths, batch_size, final_states, target, "target features", progress)
         return {**data, "feats": feats}
-    both = by_length(tokens, lengths, batch_size, lambda t, x: torch.cat(final_and_layer_states(t, x, layers), -1),
-                     target, "target features and layer states", progress)  # fmt: skip
-    hidden = both.shape[-1] // (len(layers) + 1)
-    feats, taps = both[..., :hidden].clone(), both[..., hidden:].clone()  # own storage: each is saved on its own
+    feats, taps = by_length(tokens, lengths, batch_size, lambda t, x: final_and_layer_states(t, x, layers), target,
+                            "target features and layer states", progress)  # fmt: skip
     return {**data, "feats": feats, "taps": taps}
 
 
 def by_length(
     tokens: torch.Tensor, lengths: torch.Tensor, batch_size: int, states: Any, target: Any, desc: str, progress: bool
-) -> torch.Tensor:
+) -> Any:
     """``states(target, tokens[rows, :w]) [b, w, D]`` of every row of the right-padded ``tokens [N, L]``, run on
     the target's device in batches of ``batch_size`` rows of similar length (sorted by ``lengths [N]``; ``w`` the
     batch's longest), so that little of a forward is padding; returned float16 on the CPU as ``[N, L, D]``, zero
-    past each row's length. Exact for a causal target: a position never sees the padding after it."""
-    out = None
+    past each row's length. Exact for a causal target: a position never sees the padding after it. ``states`` may
+    return a tuple of such tensors (several outputs of one forward): the result is then the tuple of theirs."""
+    out: tuple[torch.Tensor, ...] | None = None
+    single = True
     order = lengths.argsort(stable=True)
     for rows in tqdm(order.split(batch_size), desc=desc, unit="batch", disable=not progress):
         width = int(lengths[rows].max())
-        part = states(target, tokens[rows, :width].to(target.device)).half().cpu()
-        part *= (torch.arange(width)[None] < lengths[rows, None])[..., None]  # a shorter row's padding: zero
+        parts = states(target, tokens[rows, :width].to(target.device))
+        single = not isinstance(parts, tuple)
+        parts = (parts,) if single else parts
+        keep = (torch.arange(width)[None] < lengths[rows, None])[..., None]  # a shorter row's padding: zero
         if out is None:
-            out = torch.zeros(*tokens.shape, part.shape[-1], dtype=torch.float16)
-        out[rows, :width] = part
-    return out
+            out = tuple(torch.zeros(*tokens.shape, p.shape[-1], dtype=torch.float16) for p in parts)
+        for o, p in zip(out, parts, strict=True):
+            o[rows, :width] = p.half().cpu() * keep
+    if out is None:
+        raise ValueError(f"no rows to run: tokens has shape {list(tokens.shape)}")
+    return out[0] if single else out
 
 
 @dataclass
