@@ -160,6 +160,7 @@ def train(
     ``decodekit/recipes/train/eagle3.yaml`` for what each argument does."""
     from decodekit.drafters.eagle_head import EagleHead, read_init
     from decodekit.train.eagle_vocab import pick_vocab
+    from decodekit.train.feature_data import by_length
     from decodekit.train.feature_heads import device_settings, finish_run, fit, start_run
     from decodekit.train.layer_features import cached_layer_states, default_layers, final_and_layer_states
 
@@ -195,8 +196,8 @@ def train(
         """The final features and layer states of the sequences ``rows`` (float16, on the CPU)."""
         if not online:
             return data.feats[rows], taps[rows]
-        parts = [final_and_layer_states(target, data.tokens[r].to(dev), picked) for r in rows.split(gen_batch_size)]
-        return tuple(torch.cat([p[i] for p in parts]).half().cpu() for i in (0, 1))
+        return by_length(data.tokens[rows], data.lengths[rows], gen_batch_size,
+                         lambda t, x: final_and_layer_states(t, x, picked), target, "target states", False)  # fmt: skip
 
     w_d = target.lm_head.weight[data.vocab.to(dev)].detach()
     head = EagleHead(target.hf.config, data.vocab, taps=len(picked))

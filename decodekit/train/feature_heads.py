@@ -191,11 +191,11 @@ def data_target(target: Any, data_dir: Path) -> Any:
     with the data pass; the target itself otherwise, or where this PyTorch has no oneDNN."""
     import decodekit as dk
 
-    if target.device.type != "cpu" or (Path(data_dir) / "features.pt").is_file() or not hasattr(target, "hf"):
+    if target.device.type != "cpu" or (Path(data_dir) / "features.pt").is_file():
         return target
     try:
         return dk.load_model(target, kernels="onednn")
-    except ConfigError:
+    except ConfigError:  # no oneDNN in this PyTorch, or a target decodekit cannot convert
         return target
 
 
