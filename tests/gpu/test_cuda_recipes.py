@@ -1,0 +1,47 @@
+"""The head recipes on a GPU (skipped without CUDA; the real SmolLM2, so also ``slow``): ``device=cuda`` puts the
+target and the head there and computes the target's states for each batch (``online``, nothing cached), and the
+head it writes drafts for a target on the GPU with plain decoding's greedy output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.train import eagle, eagle3, exit_head, medusa
+from tests.integration.test_eagle_recipe import SMALL
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+RECIPES = {  # name -> (train, extra recipe keys, drafter for a head file)
+    "eagle": (eagle.train, {"noise": 0.0}, lambda path: dk.drafters.EagleDrafter(path)),
+    "eagle3": (eagle3.train, {}, lambda path: dk.drafters.Eagle3Drafter(path)),
+    "medusa": (medusa.train, {}, lambda path: dk.drafters.MedusaDrafter(path)),
+    "exit_head": (
+        exit_head.train,
+        {"exit_layer": 3, "width": 64},
+        lambda path: dk.drafters.EarlyExitDrafter(exit_head=path),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def smollm2_cuda():
+    return dk.load_model("smollm2-135m-instruct", device="cuda")
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_recipe_trains_on_cuda_and_its_head_drafts_greedy_output(tmp_path, recipe, smollm2_cuda):
+    run, extra, drafter = RECIPES[recipe]
+    summary = run(tmp_path, epochs=3, device="cuda", **{**SMALL, **extra})
+    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    assert not (tmp_path / "data" / "features.pt").exists()  # online: the states were computed per batch
+    path = tmp_path / f"{recipe}_smollm2-135m-instruct.safetensors"
+    prompts = [smollm2_cuda.tokenizer.encode("def fibonacci(n):"), smollm2_cuda.tokenizer.encode("The capital of")]
+    plain = dk.generate(smollm2_cuda, prompts, max_new_tokens=24, eos_token_id=()).sequences
+    out = dk.generate(smollm2_cuda, prompts, drafter(path), max_new_tokens=24, eos_token_id=())
+    assert out.sequences == plain
