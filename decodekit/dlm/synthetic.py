@@ -45,22 +45,22 @@ class Item:
     answer: str
 
 
-def _case(task: str, rng: random.Random) -> tuple[str, str]:
-    """``(question, answer)`` of one random case; the line is ``question + " " + answer``."""
+def _case(task: str, rng: random.Random) -> tuple[str, str, str]:
+    """``(question, answer, given)`` of one random case: the line is ``question + " " + answer``; ``given`` is the
+    case's input, the list (of numbers or quoted words) a chat request holds."""
     if task == "join":
         words = rng.sample(WORDS, rng.randint(3, 6))
-        quoted = ", ".join(f'"{w}"' for w in words)
-        return f'" ".join([{quoted}]) ==', '"' + " ".join(words) + '"'
+        given = "[" + ", ".join(f'"{w}"' for w in words) + "]"
+        return f'" ".join({given}) ==', '"' + " ".join(words) + '"', given
     values = [rng.randint(0, 9) for _ in range(rng.randint(4, 7))]
     answer = {"copy": values, "reverse": values[::-1], "sort": sorted(values)}[task]
     name = {"copy": "copy", "reverse": "reverse", "sort": "sorted"}[task]
-    return f"{name}({values}) ==", str(answer)
+    return f"{name}({values}) ==", str(answer), str(values)
 
 
-def _turns(task: str, question: str, answer: str | None) -> list[dict[str, str]]:
-    """A case as chat turns: the user's request (the case's input in :data:`_REQUEST`'s words) and, for a shot, the
-    assistant's bare answer."""
-    given = question[question.index("[") : question.rindex("]") + 1]  # the list (of numbers or quoted words)
+def _turns(task: str, given: str, answer: str | None) -> list[dict[str, str]]:
+    """A case as chat turns: the user's request (the case's input ``given`` in :data:`_REQUEST`'s words) and, for a
+    shot, the assistant's bare answer."""
     turns = [{"role": "user", "content": _REQUEST[task].format(given)}]
     return turns if answer is None else [*turns, {"role": "assistant", "content": answer}]
 
@@ -81,11 +81,11 @@ def make_items(
     items = []
     for _ in range(count):
         solved = [_case(task, rng) for _ in range(shots)]
-        question, answer = _case(task, rng)
+        question, answer, given = _case(task, rng)
         if style == "lines":
-            prompt = "\n".join(" ".join(case) for case in solved) + "\n" + question
+            prompt = "\n".join(f"{q} {a}" for q, a, _ in solved) + "\n" + question
         else:
-            turns = [t for q, a in solved for t in _turns(task, q, a)] + _turns(task, question, None)
+            turns = [t for _, a, g in solved for t in _turns(task, g, a)] + _turns(task, given, None)
             prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
         items.append(Item(task, prompt, answer))
     return items

@@ -17,15 +17,11 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-RECIPES = {  # name -> (train, extra recipe keys, drafter for a head file)
-    "eagle": (eagle.train, {"noise": 0.0}, lambda path: dk.drafters.EagleDrafter(path)),
-    "eagle3": (eagle3.train, {}, lambda path: dk.drafters.Eagle3Drafter(path)),
-    "medusa": (medusa.train, {}, lambda path: dk.drafters.MedusaDrafter(path)),
-    "exit_head": (
-        exit_head.train,
-        {"exit_layer": 3, "width": 64},
-        lambda path: dk.drafters.EarlyExitDrafter(exit_head=path),
-    ),
+RECIPES = {  # name -> (train, extra recipe keys, the drafter of a head file)
+    "eagle": (eagle.train, {"noise": 0.0}, dk.drafters.EagleDrafter),
+    "eagle3": (eagle3.train, {}, dk.drafters.Eagle3Drafter),
+    "medusa": (medusa.train, {}, dk.drafters.MedusaDrafter),
+    "exit_head": (exit_head.train, {"exit_layer": 3, "width": 64}, lambda f: dk.drafters.EarlyExitDrafter(exit_head=f)),
 }
 
 
