@@ -116,6 +116,19 @@ class DLMCache(Protocol):
 
 
 @runtime_checkable
+class DLMDraft(Protocol):
+    """Self-speculation for a diffusion sampler: guesses of the canvases the next steps will reach, which
+    :func:`decodekit.dlm.generate` verifies in the next forward (the cache's ``logits_many``) so that one forward
+    takes several of the sampler's own steps; the output does not change."""
+
+    def variants(self, state: DLMState, proposal: Proposal, committed: torch.Tensor, left: int) -> torch.Tensor | None:
+        """``[1 + D, B, T]``: ``state.canvas`` first, then the canvases drafted for the next ``D`` steps (each
+        ``state.canvas`` with more slots of the current block committed); None = no drafts this time. ``proposal``
+        and ``committed [B, G]``: the step just taken; ``left``: the most masked slots a row has left in its block."""
+        ...
+
+
+@runtime_checkable
 class RegionSchedule(Protocol):
     """Which slots of a diffusion LM's canvas a step may commit, and when a block ends (:func:`decodekit.dlm.generate`).
     ``fixed_blocks``: whether every row is in the same block ``state.block`` (the K/V-keeping caches need it)."""

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from decodekit.errors import UnknownComponentError
 
-KINDS = ("drafter", "verifier", "policy", "dlm_rule", "dlm_cache", "dlm_schedule")
+KINDS = ("drafter", "verifier", "policy", "dlm_rule", "dlm_cache", "dlm_schedule", "dlm_draft")
 _REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in KINDS}
 
 T = TypeVar("T", bound=type)

@@ -6,6 +6,7 @@ out.sequences, out.stats.nfe, out.stats.tokens_per_forward
 """
 
 from decodekit.dlm.caches import BlockCausalCache, DKVCache, DKVGreedyCache, DualCache, PrefixCache, Recompute
+from decodekit.dlm.drafts import SpiffyDrafts
 from decodekit.dlm.generate import DLMOutput, generate
 from decodekit.dlm.model import DLMModel, load_model
 from decodekit.dlm.rules import (
@@ -40,6 +41,7 @@ __all__ = [
     "ProphetRule",
     "RandomOrderRule",
     "Proposal",
+    "SpiffyDrafts",
     "SlotLogits",
     "ThresholdRule",
     "dense_logits",

@@ -79,7 +79,8 @@ def run(
             the outputs (``ar_nll``). task: a prompt set of :func:`decodekit.bench.tasks.load_task`.
         gen_lengths, block_length: generation lengths to run, and the block length.
         methods: name -> ``{rule: <dlm_rule object or None>, cache: <dlm_cache object or None>, schedule:
-            <dlm_schedule object or None>, tokens_per_step: <int, default 1: steps = G / tokens_per_step>, uncached:
+            <dlm_schedule object or None>, draft: <dlm_draft object or None>, tokens_per_step: <int, default 1:
+            steps = G / tokens_per_step>, uncached:
             <the name of the same method without its cache, for vs_uncached>}``, already built (the recipe
             instantiates them).
         base: the reference sampler's spec, as a method's (``rule`` must stay LLaDA's: None); default the uncached
@@ -95,7 +96,7 @@ def run(
     """
     import decodekit as dk
     from decodekit.bench.tasks import load_task
-    from decodekit.dlm.generate import refusal
+    from decodekit.dlm.parts import refusal
 
     check_int("num_prompts", num_prompts, low=1)
     if synthetic_style not in STYLES:
@@ -194,7 +195,7 @@ def _generate(dlm: Any, prompts: list[list[int]], spec: dict[str, Any], gen: int
 
     return dk.dlm.generate(
         dlm, prompts, gen_length=gen, block_length=block, steps=_steps(spec, gen), rule=spec.get("rule"),
-        cache=spec.get("cache"), schedule=spec.get("schedule"), seed=[seed] * len(prompts),
+        cache=spec.get("cache"), schedule=spec.get("schedule"), draft=spec.get("draft"), seed=[seed] * len(prompts),
     )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""THE diffusion sampling loop: blocks of the generation region, one forward per step, a rule picks the commits.
+"""THE diffusion sampling loop: blocks of the generation region, a forward per step, a rule picks the commits.
 
 A call lays the rows out as ``[prompt, G mask ids]`` (:class:`~decodekit.dlm.state.DLMState`) and, block by block
 (the region schedule, :class:`~decodekit.interfaces.RegionSchedule`: by default ``G / block_length`` equal blocks
@@ -11,8 +11,12 @@ left to right, semi-autoregressive), repeats a step until the block has no maske
    a window every step); ``rule.select`` picks the slots to commit among them
    (:class:`~decodekit.interfaces.UnmaskRule`); committed slots are never masked again.
 
-One host read per step (whether the block is done, whether a row stalled). With ``rule=None`` the loop is LLaDA's
-reference sampler (:class:`~decodekit.dlm.rules.LLaDARule`).
+With a draft strategy (:class:`~decodekit.interfaces.DLMDraft`, self-speculation) step 1 also runs drafted canvases
+of the next steps, and steps 2-3 repeat on each drafted canvas's output while the canvas the steps reached equals
+it: one forward, several steps, the same output.
+
+One host read per step (how many slots each row has left in its block, whether a row stalled), and one per drafted
+canvas checked. With ``rule=None`` the loop is LLaDA's reference sampler (:class:`~decodekit.dlm.rules.LLaDARule`).
 """
 
 from __future__ import annotations
@@ -24,14 +28,12 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from decodekit.checks import check_float, check_instance, check_int, check_seed
+from decodekit.checks import check_float, check_int, check_seed
 from decodekit.dlm.caches import Recompute
 from decodekit.dlm.model import DLMModel, load_model
-from decodekit.dlm.rules import LLaDARule
-from decodekit.dlm.schedules import FixedBlocks
-from decodekit.dlm.state import DLMState, propose
+from decodekit.dlm.parts import Parts, resolve_parts
+from decodekit.dlm.state import DLMState, Proposal, SlotLogits, propose
 from decodekit.errors import ConfigError, ContextLengthError, NoProgressError
-from decodekit.interfaces import DLMCache, RegionSchedule, UnmaskRule
 from decodekit.metrics import DLMStats
 from decodekit.prompts import prompt_ids
 from decodekit.sampling import begin_round, make_generator
@@ -64,6 +66,7 @@ def generate(
     cfg_scale: float = 0.0,
     seed: Any = None,
     schedule: Any = None,
+    draft: Any = None,
     progress: bool = False,
 ) -> DLMOutput:
     """Generate ``gen_length`` tokens per prompt with a masked diffusion LM.
@@ -87,6 +90,10 @@ def generate(
             row's randomness depends only on its own seed, not on its batch mates).
         schedule: the region schedule (``dk.build("dlm_schedule", "adablock")``, ``"dcd"``;
             :mod:`decodekit.dlm.schedules`); None = fixed blocks of ``block_length``.
+        draft: a self-speculative draft strategy (``dk.build("dlm_draft", "spiffy")``; :mod:`decodekit.dlm.drafts`):
+            each forward also runs drafted canvases of the next steps, and takes as many steps as the drafts got
+            right; the output is unchanged (lossless), the forward count falls. Needs a cache with ``logits_many``
+            (``cache=None``, ``BlockCausalCache``), fixed blocks and no classifier-free guidance. None = off.
         progress: show a progress bar over blocks.
     """
     start = time.perf_counter()
@@ -102,11 +109,12 @@ def generate(
         raise ConfigError(f"steps ({steps}) must be a multiple of the number of blocks ({num_blocks})")
     temperature = check_float("temperature", temperature, low=0.0)
     cfg_scale = check_float("cfg_scale", cfg_scale, low=0.0)
-    rule, cache, schedule = _parts(dlm, rule, cache, schedule, remasking, block_length)
-    if cfg_scale and (not isinstance(cache, Recompute) or cache.block_causal):
+    parts = resolve_parts(dlm, rule, cache, schedule, remasking, block_length, draft)
+    cache, schedule = parts.cache, parts.schedule
+    if cfg_scale and (not isinstance(cache, Recompute) or cache.block_causal or parts.draft is not None):
         raise ConfigError(
-            "classifier-free guidance runs with cache=None on a bidirectional model only (a cache strategy keeps "
-            "one batch's K/V; the unconditional pass attends bidirectionally)"
+            "classifier-free guidance runs with cache=None and draft=None on a bidirectional model only (a cache "
+            "strategy keeps one batch's K/V; the unconditional pass attends bidirectionally; drafts are not guided)"
         )
     _check_context(dlm, rows, gen_length)
     seed = check_seed(seed, len(rows))
@@ -114,114 +122,84 @@ def generate(
         rows, gen_length, dlm.mask_token_id, steps, make_generator(seed, dlm.device), dlm.device
     )
     state.block_length, state.eos_token_ids = block_length, tuple(getattr(dlm.lm, "eos_token_ids", ()))
-    stats = DLMStats(row_nfe=state.row_steps, tokens=len(rows) * gen_length)
+    stats = DLMStats(row_nfe=state.row_forwards, tokens=len(rows) * gen_length)
     if hasattr(cache, "begin"):  # optional hook: a new call (drop what an earlier call kept)
         cache.begin(state)
     for _ in tqdm(schedule.rounds(dlm, state), desc="blocks", disable=not progress):
-        steps_taken = _decode_block(dlm, state, rule, schedule, cache, temperature, cfg_scale)
-        stats.block_steps.append(steps_taken)
-        stats.nfe += steps_taken
+        forwards = _decode_block(dlm, state, parts, temperature, cfg_scale)
+        stats.block_steps.append(state.step)
+        stats.nfe += forwards
     tokens = state.tokens.tolist()
     stats.cache_forwards = getattr(cache, "forwards", 0)
     stats.wall_time_s = time.perf_counter() - start
     return DLMOutput(tokens, stats)
 
 
-def _decode_block(
-    dlm: DLMModel, state: DLMState, rule: Any, schedule: Any, cache: Any, temperature: float, cfg_scale: float
-) -> int:
-    """Steps until the current block has no masked slot; returns how many were taken."""
-    live = (state.masked & state.in_block).any(1).tolist()
-    while any(live):
-        begin_round(state.generator, state.row_steps)
-        logits = cache.logits(dlm, state) if cfg_scale == 0 else _guided_logits(dlm, state, cfg_scale)
-        proposal = propose(logits, temperature, state)
-        eligible = state.masked & schedule.region(state, proposal)
-        if state.step == 0 and hasattr(rule, "begin_block"):
-            rule.begin_block(state)
-        commit = rule.select(state, proposal, eligible) & state.masked
-        stalled = eligible.any(1) & ~commit.any(1)
-        state.commit(commit, proposal.tokens)
-        if getattr(schedule, "slides", False):  # the window moves on after a commit: a row is live while it has one
-            schedule.region(state, proposal)
-        state.row_steps[:] = [n + int(on) for n, on in zip(state.row_steps, live)]
-        state.step += 1
-        state.global_step += 1
-        now = torch.cat([(state.masked & state.in_block).any(1), stalled.any()[None]]).tolist()
-        live, stuck = now[:-1], now[-1]
-        if stuck:
-            raise NoProgressError(
-                f"{type(rule).__name__}.select committed nothing in a row that still has masked slots in its block "
-                f"(step {state.step}); a rule must commit at least one eligible slot per row and step"
-            )
-    return state.step
+def _decode_block(dlm: DLMModel, state: DLMState, parts: Parts, temperature: float, cfg_scale: float) -> int:
+    """Forwards until the current block has no masked slot; returns how many were taken. A forward runs the canvas
+    (and, with a draft strategy, the drafted canvases after it); steps follow on its outputs, the first on the
+    canvas's, each next one on the output of the drafted canvas each row reached, while every row reached one."""
+    left = (state.masked & state.in_block).sum(1).tolist()
+    forwards, variants = 0, None  # variants: [1 + N, B, T], the canvas and its drafts, for the next forward
+    while max(left):
+        if variants is None:
+            outputs = parts.cache.logits(dlm, state) if cfg_scale == 0 else _guided_logits(dlm, state, cfg_scale)
+        else:
+            outputs = parts.cache.logits_many(dlm, state, variants)
+        forwards += 1
+        state.row_forwards[:] = [n + int(k > 0) for n, k in zip(state.row_forwards, left)]
+        node = torch.zeros_like(state.lengths)  # the canvas each row is on: 0, then the drafted one it reached
+        while True:
+            logits = outputs if variants is None else _output_at(outputs, node)
+            proposal, commit, left = _step(state, parts, logits, temperature, left)
+            if variants is None or not max(left) or (node := _on_graph(state, variants)) is None:
+                break
+        variants = parts.draft.variants(state, proposal, commit, max(left)) if parts.draft and max(left) else None
+    return forwards
 
 
-def _parts(dlm: DLMModel, rule: Any, cache: Any, schedule: Any, remasking: str, block_length: int) -> tuple:
-    """The rule, cache and schedule a call runs (None = the defaults: LLaDA's rule, recompute, fixed blocks),
-    checked alone and together before any forward."""
-    rule = LLaDARule(remasking) if rule is None else rule
-    check_instance("rule", rule, UnmaskRule, what="an unmasking rule with select(state, proposal, eligible)")
-    cache = Recompute(block_causal=dlm.block_length is not None) if cache is None else cache
-    check_instance("cache", cache, DLMCache, what="a cache strategy with logits(dlm, state)")
-    schedule = FixedBlocks() if schedule is None else schedule
-    check_instance("schedule", schedule, RegionSchedule, what="a region schedule with rounds() and region()")
-    _check_parts(rule, cache, schedule)
-    _check_block_causal(dlm, cache, schedule, block_length)
-    return rule, cache, schedule
+def _on_graph(state: DLMState, variants: torch.Tensor) -> torch.Tensor | None:
+    """``[B]``: the canvas of ``variants [1 + N, B, T]`` each row's canvas now equals (a row that took no step since
+    the forward is on canvas 0), or None if some row's equals none of them (one host read): only then is every
+    row's next step computed from the output of its own canvas, as the undrafted sampler computes it."""
+    match = (variants == state.canvas).all(-1)  # [1 + N, B]
+    return match.int().argmax(0) if bool(match.any(0).all()) else None
 
 
-def _check_parts(rule: Any, cache: Any, schedule: Any) -> None:
-    """Refuse a rule, cache and schedule that cannot work together, before any forward."""
-    if not getattr(schedule, "fixed_blocks", False):
-        for part, why in ((cache, "keeps K/V per block"), (rule, "plans its commits per block")):
-            if getattr(part, "fixed_blocks", False):
-                raise ConfigError(
-                    f"{type(part).__name__} {why}, which needs the same blocks in every row; "
-                    f"{type(schedule).__name__} gives rows their own: use schedule=None (fixed blocks)"
-                    + (" or cache=None, DKVCache(), PrefixCache() or DualCache()" if part is cache else "")
-                )
-    if getattr(cache, "needs_plan", False) and not getattr(rule, "plans", False):
-        raise ConfigError(
-            f"{type(cache).__name__} feeds only the slots the rule will commit next (state.planned), and "
-            f"{type(rule).__name__} does not know them in advance: use rule=dk.dlm.RandomOrderRule() (random "
-            "remasking in an order drawn per block), or cache=dk.dlm.DKVCache() for confidence-based rules"
+def _output_at(outputs: torch.Tensor | SlotLogits, node: torch.Tensor) -> torch.Tensor | SlotLogits:
+    """Row ``b``'s logits from the output of canvas ``node[b]`` (``outputs``: ``[1 + N, B, ...]`` stacked, or a
+    :class:`~decodekit.dlm.state.SlotLogits` window of them)."""
+    rows = torch.arange(len(node), device=node.device)
+    if isinstance(outputs, SlotLogits):
+        return SlotLogits(outputs.logits[node, rows], outputs.lo)
+    return outputs[node, rows]
+
+
+def _step(
+    state: DLMState, parts: Parts, logits: Any, temperature: float, left: list[int]
+) -> tuple[Proposal, torch.Tensor, list[int]]:
+    """One step of the sampler on ``logits`` (the current canvas's): proposals, the rule's commits, written into the
+    canvas. Returns them and each row's masked slots left in its block (one host read)."""
+    begin_round(state.generator, state.row_steps)
+    proposal = propose(logits, temperature, state)
+    eligible = state.masked & parts.schedule.region(state, proposal)
+    if state.step == 0 and hasattr(parts.rule, "begin_block"):
+        parts.rule.begin_block(state)
+    commit = parts.rule.select(state, proposal, eligible) & state.masked
+    stalled = eligible.any(1) & ~commit.any(1)
+    state.commit(commit, proposal.tokens)
+    if getattr(parts.schedule, "slides", False):  # the window moves on after a commit: a row is live while it has one
+        parts.schedule.region(state, proposal)
+    state.row_steps[:] = [n + int(k > 0) for n, k in zip(state.row_steps, left)]
+    state.step += 1
+    state.global_step += 1
+    now = torch.cat([(state.masked & state.in_block).sum(1), stalled.any()[None]]).tolist()
+    if now[-1]:
+        raise NoProgressError(
+            f"{type(parts.rule).__name__}.select committed nothing in a row that still has masked slots in its block "
+            f"(step {state.step}); a rule must commit at least one eligible slot per row and step"
         )
-
-
-def _check_block_causal(dlm: DLMModel, cache: Any, schedule: Any, block_length: int) -> None:
-    """A block-causally trained model runs block-causally, on its own block length and fixed blocks."""
-    trained = dlm.block_length
-    if trained is None:
-        return
-    if block_length != trained:
-        raise ConfigError(
-            f"this model was trained block-causally with blocks of {trained}; got block_length={block_length}: pass "
-            f"block_length={trained} (a multiple-block gen_length)"
-        )
-    if not getattr(cache, "block_causal", False):
-        raise ConfigError(
-            f"this model was trained block-causally (blocks of {trained}) and {type(cache).__name__} attends "
-            "bidirectionally: use cache=None (block-causal recompute) or cache=dk.dlm.BlockCausalCache() (exact); "
-            "to run it bidirectionally anyway, wrap it as dk.dlm.load_model(model.lm, mask_token_id=..., "
-            "shift_logits=...) without block_length"
-        )
-    if not getattr(schedule, "fixed_blocks", False):
-        raise ConfigError(
-            f"this model was trained block-causally on fixed blocks of {trained}; {type(schedule).__name__} moves the "
-            "block ends: use schedule=None"
-        )
-
-
-def refusal(dlm: DLMModel, spec: dict[str, Any], block_length: int) -> str | None:
-    """Why :func:`generate` would refuse ``dlm`` with a method ``spec`` (``{rule, cache, schedule}``; None = the
-    defaults) before any forward, or None: for a benchmark to list a method the model cannot run instead of
-    failing midway."""
-    try:
-        _parts(dlm, spec.get("rule"), spec.get("cache"), spec.get("schedule"), "low_confidence", block_length)
-    except ConfigError as error:
-        return str(error)
-    return None
+    return proposal, commit, now[:-1]
 
 
 def _guided_logits(dlm: DLMModel, state: DLMState, cfg_scale: float) -> torch.Tensor:

@@ -34,7 +34,10 @@ class DLMState:
             it; rules that stop on their own may use fewer steps, never more than the block's slots).
         step: steps taken in the current block.
         global_step, total_steps: steps taken in the call, and its budget ``steps``.
-        row_steps: ``[B]`` host ints: forwards in which each row still had masked slots in its block (its NFE).
+        row_steps: ``[B]`` host ints: steps in which each row still had masked slots in its block (per-row random
+            draws are keyed by it).
+        row_forwards: ``[B]`` host ints: forwards in which each row still had masked slots in its block (its NFE;
+            ``row_steps`` unless a draft strategy takes several steps a forward).
         host_starts: ``[B]`` host ints, ``starts`` on the host (caches stage forwards without reading the device).
         generator: the call's randomness (:func:`~decodekit.sampling.make_generator`).
         eos_token_ids: the model's end-of-sequence ids (:class:`~decodekit.dlm.rules.EoTStop`'s default).
@@ -57,6 +60,7 @@ class DLMState:
     step: int = 0
     global_step: int = 0
     row_steps: list[int] = field(default_factory=list)
+    row_forwards: list[int] = field(default_factory=list)
     host_starts: list[int] = field(default_factory=list)
     eos_token_ids: tuple[int, ...] = ()
     planned: torch.Tensor | None = None
@@ -79,7 +83,8 @@ class DLMState:
             total_steps,
             generator,
         )
-        state.row_steps, state.host_starts = [0] * len(rows), [len(r) for r in rows]
+        state.row_steps, state.row_forwards = [0] * len(rows), [0] * len(rows)
+        state.host_starts = [len(r) for r in rows]
         return state
 
     @property

@@ -79,7 +79,7 @@ def test_every_verifier_samples_on_cuda(verifier, ragged_prompts):
 
 
 def dlm_methods() -> dict[str, dict]:
-    """name -> generate kwargs: every rule uncached, every cache and schedule under the threshold rule."""
+    """name -> generate kwargs: every rule uncached, every cache and schedule under the threshold rule, drafts."""
     methods = {name: {"rule": dk.build("dlm_rule", name)} for name in ("llada", "threshold", "factor", "local_leap")}
     methods["prophet"] = {"rule": dk.build("dlm_rule", "prophet")}
     for cache in ("prefix", "dual", "dkv", "block_causal"):
@@ -87,6 +87,9 @@ def dlm_methods() -> dict[str, dict]:
     schedules = {"adablock": dk.dlm.AdaBlock(delimiters=[5, 9], threshold=0.0), "dcd": dk.dlm.DeferredWindow(size=3)}
     for name, schedule in schedules.items():
         methods[name] = {"rule": dk.dlm.ThresholdRule(0.5), "schedule": schedule}
+    for cache in (None, "block_causal"):  # self-speculative drafts, on both caches that run them
+        built = None if cache is None else dk.build("dlm_cache", cache)
+        methods[f"spiffy_{cache}"] = {"rule": None, "cache": built, "draft": dk.build("dlm_draft", "spiffy")}
     return methods
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.dlm.generate import refusal
+from decodekit.dlm.parts import refusal
 from decodekit.errors import ConfigError
 from decodekit.models.tiny import tiny_llama
 from decodekit.train.dlm_data import RegionRows

@@ -121,3 +121,13 @@ class Recompute:
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
         """``[B, G, V]`` float32 logits of the generation region for this step."""
         return full_forward(dlm, state, self.block_causal)[0]
+
+    def logits_many(self, dlm: DLMModel, state: DLMState, canvases: torch.Tensor) -> torch.Tensor:
+        """``[N, B, G, V]``: for each of ``canvases [N, B, T]`` (variants of ``state.canvas``: self-speculative drafts)
+        what :meth:`logits` gives on it, in one forward of ``N * B`` rows."""
+        n = len(canvases)
+        blocks = state.block_length if self.block_causal else None
+        out, _ = dlm.forward(
+            canvases.flatten(0, 1), state.lengths.repeat(n), state.starts.repeat(n), state.gen_length, blocks
+        )
+        return out.unflatten(0, (n, state.batch_size))

@@ -43,7 +43,15 @@ class BlockCausalCache:
 
     def logits(self, dlm: DLMModel, state: DLMState) -> SlotLogits:
         """The current block's logits only (:class:`~decodekit.dlm.state.SlotLogits`)."""
-        shift = int(dlm.shift_logits)
+        out = self.logits_many(dlm, state, state.canvas[None])
+        return SlotLogits(out.logits[0], out.lo)
+
+    def logits_many(self, dlm: DLMModel, state: DLMState, canvases: torch.Tensor) -> SlotLogits:
+        """The current block's logits on each of ``canvases [N, B, T]`` (variants of ``state.canvas`` that differ
+        from it only in the block: self-speculative drafts), ``[N, B, W, V]`` in one forward: the ``N`` copies of
+        the block sit side by side in the sequence, at the same positions, each seeing the stored K/V and itself
+        only."""
+        shift, n = int(dlm.shift_logits), len(canvases)
         lo, hi = state.block
         if self.cache is None:
             self.cache = dlm.lm.new_cache(state.batch_size, state.canvas.shape[1])
@@ -53,14 +61,21 @@ class BlockCausalCache:
         if target != self.stored:
             self._store(dlm, state, target)
         width = hi - lo
-        tokens = state.canvas.gather(1, state.starts[:, None] + lo + torch.arange(width, device=state.device))
-        kv_len = self.cache.attend(width)
-        keys = attend_layout(self.cache.lengths, width, kv_len - width)
+        j = torch.arange(width, device=state.device)
+        tokens = torch.cat([c.gather(1, state.starts[:, None] + lo + j) for c in canvases], 1)  # [B, N * W]
+        kv_len = self.cache.attend(n * width)
+        positions = (self.cache.lengths[:, None] + j).repeat(1, n)
+        keys = attend_layout(self.cache.lengths, n * width, kv_len - n * width, positions=positions)
         mask, positions = block_causal_mask(keys, state.block_length, origin=state.starts)
-        at = torch.arange(width - shift, device=state.device).expand(state.batch_size, width - shift)
-        fresh = dlm.lm.forward(tokens, positions, mask, self.cache, logits_at=at).logits.float()
+        if n > 1:  # a copy sees the stored keys and its own block, not the other copies
+            copy = torch.arange(n, device=state.device).repeat_interleave(width)
+            key_copy = torch.cat([copy.new_full((kv_len - n * width,), -1), copy])
+            mask = mask & ((key_copy[None, :] < 0) | (key_copy[None, :] == copy[:, None]))
+        at = (torch.arange(n, device=state.device)[:, None] * width + j[: width - shift]).flatten()
+        out = dlm.lm.forward(tokens, positions, mask, self.cache, logits_at=at.expand(state.batch_size, -1))
+        fresh = out.logits.float().unflatten(1, (n, width - shift)).transpose(0, 1)  # [N, B, W - shift, V]
         if shift:  # the block's first slot: the previous block's last output, from the store forward
-            fresh = torch.cat([self.last[:, None], fresh], 1)
+            fresh = torch.cat([self.last[None, :, None].expand(n, -1, -1, -1), fresh], 2)
         return SlotLogits(fresh, lo)
 
     def _store(self, dlm: DLMModel, state: DLMState, target: list[int]) -> None:

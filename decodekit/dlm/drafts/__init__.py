@@ -1,0 +1,7 @@
+"""Self-speculative drafts for :func:`decodekit.dlm.generate` (one file each, registered as ``dlm_draft``): guesses
+of the canvases the next steps will reach, verified in the next forward so that one forward may take several
+steps of the sampler, with its output unchanged."""
+
+from decodekit.dlm.drafts.spiffy import SpiffyDrafts
+
+__all__ = ["SpiffyDrafts"]

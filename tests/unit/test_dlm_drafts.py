@@ -1,0 +1,126 @@
+"""Self-speculative drafts for the diffusion sampler: lossless (the output is the undrafted sampler's, token for
+token, greedy and seeded sampling, every rule, both caches that run drafts), fewer forwards, and refused where
+they cannot run."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.dlm import DLMState, SlotLogits
+from decodekit.errors import ConfigError
+from tests.unit.dlm_common import MASK, dense, peaked_llama
+
+PROMPTS = [[5, 9, 14, 2], [33, 7], [1, 2, 3, 4, 5, 6, 7]]
+CACHES = {
+    "recompute": lambda: None,
+    "recompute_block_causal": lambda: dk.dlm.Recompute(block_causal=True),
+    "block_causal": dk.dlm.BlockCausalCache,
+}
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return peaked_llama()
+
+
+def run(model, draft=None, cache="recompute", **kwargs):
+    settings = dict(gen_length=12, block_length=6, steps=12, seed=[4, 5, 6]) | kwargs
+    return dk.dlm.generate(model, PROMPTS, cache=CACHES[cache](), draft=draft, **settings)
+
+
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("cache", list(CACHES))
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("rule", ["llada", "threshold", "factor", "local_leap", "prophet"])
+def test_drafted_sampler_is_the_sampler_token_for_token(hf, shift, cache, temperature, rule):
+    """With drafts, every row's output equals the undrafted run's (per-row seeds: the same draws), and the steps are
+    the same ones; only the forwards fall, one per step at most."""
+    model = dk.dlm.load_model(hf, mask_token_id=MASK, shift_logits=shift)
+    kwargs = dict(cache=cache, temperature=temperature)
+    plain = run(model, rule=dk.build("dlm_rule", rule), **kwargs)
+    drafted = run(model, dk.dlm.SpiffyDrafts(depth=3), rule=dk.build("dlm_rule", rule), **kwargs)
+    assert drafted.sequences == plain.sequences
+    assert drafted.stats.block_steps == plain.stats.block_steps and plain.stats.nfe == sum(plain.stats.block_steps)
+    assert drafted.stats.nfe <= plain.stats.nfe and sum(drafted.stats.row_nfe) <= sum(plain.stats.row_nfe)
+
+
+@pytest.mark.parametrize("cache", list(CACHES))
+def test_drafts_save_forwards_on_a_peaked_model(hf, cache):
+    """LLaDA's one-token-a-step sampler: drafts take fewer forwards, and the graph over 3 candidates no more than
+    the single most confident candidate (the drafts are accepted, not only checked)."""
+    model = dk.dlm.load_model(hf, mask_token_id=MASK)
+    plain = run(model, cache=cache)
+    one, graph = (run(model, dk.dlm.SpiffyDrafts(width=w, depth=w), cache=cache) for w in (1, 3))
+    assert one.sequences == graph.sequences == plain.sequences
+    assert graph.stats.nfe <= one.stats.nfe < plain.stats.nfe == 12
+    assert graph.stats.tokens_per_forward > 1.0
+
+
+def test_a_loop_that_skipped_verification_would_fail_the_equality_test(hf, monkeypatch):
+    """The equality test can fail: a loop that took the first draft's output without checking that the steps
+    reached its canvas gives another output."""
+    loop = importlib.import_module("decodekit.dlm.generate")  # the module (dk.dlm.generate is the function)
+    model = dk.dlm.load_model(hf, mask_token_id=MASK)
+    plain = run(model)
+    first_draft = lambda state, variants: torch.ones(state.batch_size, dtype=torch.long)  # noqa: E731
+    monkeypatch.setattr(loop, "_on_graph", first_draft)  # as if every row always reached the first draft
+    unchecked = run(model, dk.dlm.SpiffyDrafts(depth=3))
+    assert unchecked.sequences != plain.sequences
+
+
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("name", ["recompute", "recompute_block_causal", "block_causal"])
+def test_logits_many_equal_each_canvas_alone(hf, shift, name):
+    """One forward over several canvases (the block side by side in the sequence for the block-causal cache, rows
+    for recompute) gives each canvas the logits a forward of it alone gives."""
+    model = dk.dlm.load_model(hf, mask_token_id=MASK, shift_logits=shift)
+    state = DLMState.from_prompts(PROMPTS, 8, MASK, total_steps=4, generator=None, device="cpu")
+    state.block_length, state.block = 4, (4, 8)
+    state.commit(torch.arange(8).expand(3, 8) < 4, torch.full((3, 8), 11))  # the first block done
+    canvases = [state.canvas]
+    for slot, token in ((5, 20), (7, 3)):
+        slots = torch.zeros(3, 8, dtype=torch.bool)
+        slots[:, slot] = True
+        next_ = DLMState.from_prompts(PROMPTS, 8, MASK, total_steps=4, generator=None, device="cpu")
+        next_.canvas = canvases[-1].clone()
+        next_.commit(slots, torch.full((3, 8), token))
+        canvases.append(next_.canvas)
+    cache = CACHES[name]() or dk.dlm.Recompute()
+    many = cache.logits_many(model, state, torch.stack(canvases))
+    if isinstance(many, SlotLogits):  # [N, B, W, V] from slot lo
+        many = [SlotLogits(window, many.lo) for window in many.logits]
+    for canvas, got in zip(canvases, many):
+        alone = CACHES[name]() or dk.dlm.Recompute()
+        state.canvas = canvas
+        want = dense(alone.logits(model, state))
+        torch.testing.assert_close(dense(got)[:, 4:], want[:, 4:], atol=1e-4, rtol=1e-4)
+
+
+def test_drafted_rows_do_not_depend_on_their_batch_mates(hf):
+    model = dk.dlm.load_model(hf, mask_token_id=MASK)
+    kwargs = dict(gen_length=8, block_length=4, steps=8, temperature=0.8, draft=dk.dlm.SpiffyDrafts())
+    batch = dk.dlm.generate(model, PROMPTS, seed=[11, 12, 13], cache=dk.dlm.BlockCausalCache(), **kwargs).sequences
+    for b, prompt in enumerate(PROMPTS):
+        alone = dk.dlm.generate(model, [prompt], seed=[11 + b], cache=dk.dlm.BlockCausalCache(), **kwargs)
+        assert alone.sequences[0] == batch[b]
+
+
+def test_drafts_are_refused_where_they_cannot_run(hf):
+    model = dk.dlm.load_model(hf, mask_token_id=MASK)
+    draft = dk.dlm.SpiffyDrafts()
+    with pytest.raises(ConfigError, match="logits_many"):
+        dk.dlm.generate(model, PROMPTS, gen_length=8, block_length=4, steps=8, cache=dk.dlm.PrefixCache(), draft=draft)
+    with pytest.raises(ConfigError, match="fixed block"):
+        dk.dlm.generate(model, PROMPTS, gen_length=8, block_length=4, steps=8, schedule=dk.dlm.AdaBlock(), draft=draft)
+    with pytest.raises(ConfigError, match="guidance"):
+        dk.dlm.generate(model, PROMPTS, gen_length=8, block_length=4, steps=8, cfg_scale=1.0, draft=draft)
+    with pytest.raises(ConfigError, match="depth"):
+        dk.dlm.SpiffyDrafts(depth=0)
+    with pytest.raises(ConfigError, match="at most width"):
+        dk.dlm.SpiffyDrafts(width=2, depth=3)
+    with pytest.raises(ConfigError, match="draft"):
+        dk.dlm.generate(model, PROMPTS, gen_length=8, block_length=4, steps=8, draft=3)
