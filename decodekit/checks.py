@@ -163,6 +163,13 @@ def check_bool(name: str, value: Any) -> bool:
     return bool(value)
 
 
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
+    """``value`` if it is one of ``choices``; else a :class:`ConfigError` that lists them."""
+    if value not in tuple(choices):
+        raise ConfigError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
 def check_callable(name: str, value: Any, *, optional: bool = True, expected: str = "a callable") -> None:
     """Refuse a ``value`` that cannot be called (None is fine when ``optional``)."""
     if value is None and optional:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from decodekit.checks import check_bool, check_int
+from decodekit.checks import check_bool, check_choice, check_int
 from decodekit.errors import ConfigError, ConfigTypeError, DecodeKitError, MissingDependencyError
 
 RECIPES = Path(__file__).parent / "recipes"
@@ -124,8 +124,7 @@ def check_bench_config(cfg: Any) -> None:
     task = cfg.get("task")
     if not isinstance(task, Mapping):
         raise ConfigTypeError(f"task must be a task config (task=mixed, ...), got {task!r}")
-    if task.get("name") not in TASKS:
-        raise ConfigError(f"task.name must be one of {', '.join(TASKS)}, got {task.get('name')!r}")
+    check_choice("task.name", task.get("name"), TASKS)
     check_int("task.num_prompts", task.get("num_prompts"), low=1, optional=True)
     check_int("task.max_prompt_tokens", task.get("max_prompt_tokens"), low=1)
     check_int("task.seed", task.get("seed"))
@@ -153,9 +152,7 @@ def check_bench_config(cfg: Any) -> None:
     for name, spec in baselines.items():
         if not isinstance(spec, Mapping):
             raise ConfigTypeError(f"baselines.{name} must be a mapping (kind: {' | '.join(_BASELINE_KINDS)})")
-        kind = spec.get("kind", "greedy")
-        if kind not in _BASELINE_KINDS:
-            raise ConfigError(f"baselines.{name}.kind must be one of {', '.join(_BASELINE_KINDS)}, got {kind!r}")
+        check_choice(f"baselines.{name}.kind", spec.get("kind", "greedy"), _BASELINE_KINDS)
         for field in ("k", "max_ngram", "exit_layer"):
             check_int(f"baselines.{name}.{field}", spec.get(field), low=1, optional=True)
         source = spec.get("assistant_from")

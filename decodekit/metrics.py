@@ -150,7 +150,7 @@ class DLMStats:
 
     Attributes:
         nfe: model forwards (a classifier-free-guidance forward of the conditional and unconditional batch counts
-            once, as in Fast-dLLM's counts).
+            once, as in Fast-dLLM's counts; so does a forward of the canvas with its drafted canvases).
         row_nfe: per row, the forwards in which it still had masked slots in its block.
         tokens: generated tokens (rows times ``gen_length``).
         block_steps: per block, the steps it took (the batch's; more than its forwards with a draft strategy).

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from decodekit.checks import check_int
+from decodekit.checks import check_choice, check_int
 from decodekit.dlm.synthetic import STYLES
 from decodekit.errors import ConfigError
 
@@ -99,8 +99,7 @@ def run(
     from decodekit.dlm.parts import refusal
 
     check_int("num_prompts", num_prompts, low=1)
-    if synthetic_style not in STYLES:
-        raise ConfigError(f"synthetic_style must be one of {', '.join(map(repr, STYLES))}, got {synthetic_style!r}")
+    check_choice("synthetic_style", synthetic_style, STYLES)
     base = {"rule": None, "cache": None} if base is None else dict(base)
     if base.get("rule") is not None or int(base.get("tokens_per_step") or 1) != 1 or base.get("uncached"):
         raise ConfigError(

@@ -38,7 +38,7 @@ import torch
 
 from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
-from decodekit.checks import check_float, check_int
+from decodekit.checks import check_choice, check_float, check_int
 from decodekit.draft import Draft, DraftKind
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.eagle_head import DEFAULT_WEIGHTS, RETRAIN, EagleHead, default_weights, load_head
@@ -99,8 +99,7 @@ class EagleDrafter(SamplesLikeTheTarget):
         shape: str = "chain",
         top_k: int | None = None,
     ) -> None:
-        if shape not in SHAPES:
-            raise ConfigError(f"shape must be one of {', '.join(map(repr, SHAPES))}, got {shape!r}")
+        check_choice("shape", shape, SHAPES)
         if top_k is not None and shape != "dynamic":
             raise ConfigError(f"top_k is for shape='dynamic' (got shape={shape!r}); pass shape='dynamic' or drop top_k")
         self.shape = shape

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from decodekit.budget import DraftBudget
-from decodekit.checks import check_int
+from decodekit.checks import check_choice, check_int
 from decodekit.draft import Draft, DraftKind
 from decodekit.drafters.model import ModelDrafter
 from decodekit.drafters.model_template import template_tree
@@ -90,9 +90,7 @@ class ModelTreeDrafter(ModelDrafter):
         top_k: int | None = None,
         template: TreeTemplate | str | None = None,
     ) -> None:
-        if shape not in SHAPES:
-            raise ConfigError(f"shape must be one of {', '.join(map(repr, SHAPES))}, got {shape!r}")
-        self.shape = shape
+        self.shape = check_choice("shape", shape, SHAPES)
         self.branches = check_int("branches", branches, low=1, hint=" (the number of rollouts K)")
         self.top_k = check_int("top_k", top_k, low=1, optional=True, hint=" (children per expanded node)")
         if top_k is not None and shape != "dynamic":

@@ -100,7 +100,6 @@ def train(
     from decodekit.drafters.eagle_head import RETRAIN, EagleHead, read_init
     from decodekit.train.eagle_vocab import pick_vocab
     from decodekit.train.feature_heads import device_settings, finish_run, fit, held_out, start_run
-    from decodekit.train.layer_features import final_states
 
     dev, online = device_settings(device, online, time_budget_s)
     check_int("draft_len", draft_len, low=1)
@@ -120,8 +119,7 @@ def train(
     head = head.to(dev)
 
     def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        tokens, feats, lengths, starts = data.batch(idx, dev)
-        feats = final_states(target, tokens) if online else feats
+        tokens, feats, lengths, starts = data.batch(idx, dev, target)
         return head_loss(head, target.embed, w_d, tokens, feats, lengths, starts, noise, ce_weight)
 
     trained, history, numbers = fit(

@@ -139,7 +139,6 @@ def train(
     from decodekit.drafters.exit_head import ExitHead
     from decodekit.drafters.head_files import head_rows
     from decodekit.train.feature_heads import device_settings, finish_run, fit, held_out, start_run
-    from decodekit.train.layer_features import final_states
 
     dev, online = device_settings(device, online, time_budget_s)
     check_int("draft_len", draft_len, low=1)
@@ -163,8 +162,7 @@ def train(
     head = ExitHead(int(target.hf.config.hidden_size), width, exit_layer, data.vocab).to(dev)
 
     def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        tokens, feats, lengths, starts = data.batch(idx, dev)
-        feats = final_states(target, tokens) if online else feats
+        tokens, feats, lengths, starts = data.batch(idx, dev, target)
         return exit_loss(head, exit_states(target, tokens, exit_layer), w_d, feats, lengths, starts)
 
     trained, history, numbers = fit(

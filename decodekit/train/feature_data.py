@@ -223,12 +223,20 @@ class FeatureData:
     seconds: float
 
     def batch(
-        self, idx: torch.Tensor, device: torch.device | str = "cpu"
+        self, idx: torch.Tensor, device: torch.device | str = "cpu", target: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
-        """``tokens``, ``feats``, ``lengths`` and ``starts`` of the sequences ``idx``, on ``device``."""
+        """``tokens``, ``feats``, ``lengths`` and ``starts`` of the sequences ``idx``, on ``device``. ``feats`` are
+        the cached features, or, with none cached (a recipe run ``online``) and a ``target``, its final states
+        computed now (:func:`~decodekit.train.layer_features.final_states`); else None."""
+        from decodekit.train.layer_features import final_states
+
         idx = idx.cpu()
-        feats = None if self.feats is None else self.feats[idx].to(device)
-        return self.tokens[idx].to(device), feats, self.lengths[idx].to(device), self.starts[idx].to(device)
+        tokens = self.tokens[idx].to(device)
+        if self.feats is not None:
+            feats = self.feats[idx].to(device)
+        else:
+            feats = None if target is None else final_states(target, tokens)
+        return tokens, feats, self.lengths[idx].to(device), self.starts[idx].to(device)
 
     def subset(self, rows: torch.Tensor) -> FeatureData:
         """The sequences ``rows`` (a bool mask or indices), e.g. ``data.subset(data.held)``: the validation split."""

@@ -132,7 +132,6 @@ def train(
     ``decodekit/recipes/train/medusa.yaml`` for what each argument does."""
     from decodekit.drafters.medusa import MedusaHeads
     from decodekit.train.feature_heads import device_settings, finish_run, fit, held_out, start_run
-    from decodekit.train.layer_features import final_states
 
     dev, online = device_settings(device, online, time_budget_s)
     check_int("num_heads", num_heads, low=1)
@@ -141,8 +140,7 @@ def train(
     heads = MedusaHeads(target.hf.config.hidden_size, num_heads, data.vocab).to(dev)
 
     def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        tokens, feats, lengths, starts = data.batch(idx, dev)
-        feats = final_states(target, tokens) if online else feats
+        tokens, feats, lengths, starts = data.batch(idx, dev, target)
         return medusa_loss(heads, w_d, feats, lengths, starts, decay)
 
     trained, history, numbers = fit(

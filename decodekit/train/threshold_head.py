@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from decodekit.checks import check_bool, check_float, check_int
+from decodekit.checks import check_bool, check_choice, check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.threshold_head import AcceptanceHead
 from decodekit.train.acceptance_data import DATA_SOURCE, generate_dataset, pydoc_prompts
@@ -99,8 +99,7 @@ def train(
         k: v for k, v in locals().items() if isinstance(v, (str, int, float, bool, type(None))) and k != "out_dir"
     }
     source = DATA_SOURCE if prompts is None else f"{len(prompts)} prompts passed to train()"
-    if labels not in LABELS:
-        raise ConfigError(f"labels must be one of {', '.join(LABELS)}, got {labels!r}")
+    check_choice("labels", labels, LABELS)
     for name, value in (("epochs", epochs), ("batch_size", batch_size), ("save_every", save_every)):
         check_int(name, value, low=1)
     check_int("threads", threads, low=1, optional=True)

@@ -259,6 +259,10 @@ def test_draft_model_with_a_shorter_context(target):
         (lambda t: ModelDrafter(t, temperature=-1), ConfigError, "temperature must be None or a finite number"),
         (lambda t: ModelDrafter(t, temperature="0"), ConfigTypeError, "temperature"),
         (lambda t: dk.SamplingParams(temperature=float("nan")), ConfigError, "temperature"),
+        (lambda t: dk.dlm.LLaDARule("lowest"), ConfigError, "remasking must be one of 'low_confidence', 'random'"),
+        (lambda t: dk.dlm.ProphetRule(region="all"), ConfigError, "region must be one of 'masked', 'block', got 'all'"),
+        (lambda t: dk.dlm.ProphetRule(reduce="max"), ConfigError, "reduce must be one of 'mean', 'min', got 'max'"),
+        (lambda t: dk.dlm.SpiffyDrafts(width=2, depth=3), ConfigError, r"depth must be an integer in \[1, 2\]"),
     ],
 )
 def test_constructors(target, build, error, match):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from decodekit.checks import check_choice
 from decodekit.dlm.rules.common import top_per_row, transfer_counts
 from decodekit.dlm.state import DLMState, Proposal
-from decodekit.errors import ConfigError
 from decodekit.registry import register
 from decodekit.sampling import uniform
 
@@ -30,9 +30,7 @@ class LLaDARule:
     """
 
     def __init__(self, remasking: str = "low_confidence") -> None:
-        if remasking not in REMASKING:
-            raise ConfigError(f"remasking must be one of {REMASKING}, got {remasking!r}")
-        self.remasking = remasking
+        self.remasking = check_choice("remasking", remasking, REMASKING)
         self.counts: torch.Tensor | None = None  # [B, block steps]
 
     def begin_block(self, state: DLMState) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from decodekit.checks import check_choice
 from decodekit.dlm.rules.llada import LLaDARule
 from decodekit.dlm.state import DLMState, Proposal
 from decodekit.errors import ConfigError
@@ -52,11 +53,7 @@ class ProphetRule:
                 f"Prophet needs one threshold per stage, len(thresholds) == len(stages) + 1, stages increasing; got "
                 f"thresholds={self.thresholds}, stages={self.stages}"
             )
-        if region not in REGIONS or reduce not in REDUCTIONS:
-            raise ConfigError(
-                f"region must be one of {REGIONS} and reduce one of {REDUCTIONS}, got {region!r}, {reduce!r}"
-            )
-        self.region, self.reduce = region, reduce
+        self.region, self.reduce = check_choice("region", region, REGIONS), check_choice("reduce", reduce, REDUCTIONS)
 
     def begin_block(self, state: DLMState) -> None:
         if hasattr(self.base, "begin_block"):
