@@ -35,14 +35,25 @@ def run(model, draft=None, cache="recompute", **kwargs):
 @pytest.mark.parametrize("shift", [False, True])
 @pytest.mark.parametrize("cache", list(CACHES))
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-@pytest.mark.parametrize("rule", ["llada", "threshold", "factor", "local_leap", "prophet"])
+def make_rule(name: str, model, **kwargs):
+    """The rule ``name``; EoTStop ends a text at the token the base writes second in row 0 (the tiny model declares
+    no end-of-sequence id), so that it fires."""
+    if name != "eot_stop":
+        return dk.build("dlm_rule", name)
+    return dk.dlm.EoTStop(eot_token_ids=run(model, **kwargs).sequences[0][1])
+
+
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("cache", list(CACHES))
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("rule", ["llada", "random_order", "threshold", "factor", "local_leap", "prophet", "eot_stop"])
 def test_drafted_sampler_is_the_sampler_token_for_token(hf, shift, cache, temperature, rule):
     """With drafts, every row's output equals the undrafted run's (per-row seeds: the same draws), and the steps are
-    the same ones; only the forwards fall, one per step at most."""
+    the same ones; only the forwards fall, one per step at most. Every registered rule."""
     model = dk.dlm.load_model(hf, mask_token_id=MASK, shift_logits=shift)
     kwargs = dict(cache=cache, temperature=temperature)
-    plain = run(model, rule=dk.build("dlm_rule", rule), **kwargs)
-    drafted = run(model, dk.dlm.SpiffyDrafts(depth=3), rule=dk.build("dlm_rule", rule), **kwargs)
+    plain = run(model, rule=make_rule(rule, model, **kwargs), **kwargs)
+    drafted = run(model, dk.dlm.SpiffyDrafts(depth=3), rule=make_rule(rule, model, **kwargs), **kwargs)
     assert drafted.sequences == plain.sequences
     assert drafted.stats.block_steps == plain.stats.block_steps and plain.stats.nfe == sum(plain.stats.block_steps)
     assert drafted.stats.nfe <= plain.stats.nfe and sum(drafted.stats.row_nfe) <= sum(plain.stats.row_nfe)
