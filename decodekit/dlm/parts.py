@@ -52,18 +52,15 @@ def _check_parts(rule: Any, cache: Any, schedule: Any, draft: Any = None) -> Non
             f"{type(cache).__name__} keeps one canvas's K/V: use cache=None (recompute) or "
             "cache=dk.dlm.BlockCausalCache(), or draft=None"
         )
-    if draft is not None and not getattr(schedule, "fixed_blocks", False):
-        raise ConfigError(
-            f"{type(draft).__name__} drafts within a fixed block; {type(schedule).__name__} moves the region every "
-            "round: use schedule=None (fixed blocks), or draft=None"
-        )
     if not getattr(schedule, "fixed_blocks", False):
-        for part, why in ((cache, "keeps K/V per block"), (rule, "plans its commits per block")):
+        parts = ((cache, "keeps K/V per block"), (rule, "plans its commits per block"), (draft, "drafts per block"))
+        for part, why in parts:
             if getattr(part, "fixed_blocks", False):
                 raise ConfigError(
                     f"{type(part).__name__} {why}, which needs the same blocks in every row; "
                     f"{type(schedule).__name__} gives rows their own: use schedule=None (fixed blocks)"
                     + (" or cache=None, DKVCache(), PrefixCache() or DualCache()" if part is cache else "")
+                    + (" or draft=None" if part is draft else "")
                 )
     if getattr(cache, "needs_plan", False) and not getattr(rule, "plans", False):
         raise ConfigError(

@@ -45,6 +45,8 @@ class SpiffyDrafts:
         depth: the most candidates a drafted canvas commits (at most ``width``).
     """
 
+    fixed_blocks = True  # drafts within state.block: every row in the same block
+
     def __init__(self, width: int = 3, depth: int = 3) -> None:
         self.width = check_int("width", width, low=1)
         self.depth = check_int("depth", depth, low=1, high=self.width, hint=" (at most width)")
