@@ -91,7 +91,10 @@ class LengthPolicy(Protocol):
 @runtime_checkable
 class UnmaskRule(Protocol):
     """Decides which slots of a diffusion LM's canvas to commit this step (:func:`decodekit.dlm.generate`).
-    Optional: ``begin_block(state)``, called when a block starts (schedules)."""
+    Optional: ``begin_block(state)``, called when a block starts (schedules); ``per_row_steps = True``, a promise that
+    a row's commits depend only on that row (its step in the block read from ``state.steps_in_block()``, never
+    ``state.step`` or ``state.progress``) and that a row with no eligible slot gets none, so that with drafts each row
+    may take its own number of steps a forward."""
 
     def select(self, state: DLMState, proposal: Proposal, eligible: torch.Tensor) -> torch.Tensor:
         """``[B, G]`` bool: the slots to commit with ``proposal.tokens``. ``eligible [B, G]``: the masked slots of

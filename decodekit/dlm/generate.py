@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -127,7 +127,7 @@ def generate(
         cache.begin(state)
     for _ in tqdm(schedule.rounds(dlm, state), desc="blocks", disable=not progress):
         forwards = _decode_block(dlm, state, parts, temperature, cfg_scale)
-        stats.block_steps.append(state.step)
+        stats.block_steps.append(int(state.block_step.max()))  # the row that took the most
         stats.nfe += forwards
     tokens = state.tokens.tolist()
     stats.cache_forwards = getattr(cache, "forwards", 0)
@@ -138,8 +138,11 @@ def generate(
 def _decode_block(dlm: DLMModel, state: DLMState, parts: Parts, temperature: float, cfg_scale: float) -> int:
     """Forwards until the current block has no masked slot; returns how many were taken. A forward runs the canvas
     (and, with a draft strategy, the drafted canvases after it); steps follow on its outputs, the first on the
-    canvas's, each next one on the output of the drafted canvas each row reached, while every row reached one."""
+    canvas's, each next one on the output of the drafted canvas each row reached. Rows step together while every
+    row reached one; with a rule that declares ``per_row_steps``, each row goes on while it reaches one."""
     left = (state.masked & state.in_block).sum(1).tolist()
+    state.block_step = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
+    own_steps = bool(getattr(parts.rule, "per_row_steps", False))
     forwards, variants = 0, None  # variants: [1 + N, B, T], the canvas and its drafts, for the next forward
     while max(left):
         if variants is None:
@@ -149,21 +152,34 @@ def _decode_block(dlm: DLMModel, state: DLMState, parts: Parts, temperature: flo
         forwards += 1
         state.row_forwards[:] = [n + int(k > 0) for n, k in zip(state.row_forwards, left)]
         node = torch.zeros_like(state.lengths)  # the canvas each row is on: 0, then the drafted one it reached
+        live = [k > 0 for k in left] if own_steps else [True] * len(left)  # the rows that step on this forward
+        last = None  # each row's last step
         while True:
             logits = outputs if variants is None else _output_at(outputs, node)
-            proposal, commit, left = _step(state, parts, logits, temperature, left)
-            if variants is None or not max(left) or (node := _on_graph(state, variants)) is None:
+            step = _step(state, parts, logits, temperature, left, live)
+            last, left = (step if last is None else _keep(last, step, live)), step.left
+            if variants is None or not max(left):
                 break
-        variants = parts.draft.variants(state, proposal, commit, max(left)) if parts.draft and max(left) else None
+            node, live = _on_graph(state, variants, left, own_steps)
+            if not any(live):
+                break
+        if parts.draft is not None and max(left):
+            variants = parts.draft.variants(state, last.proposal, last.commit, max(left))
     return forwards
 
 
-def _on_graph(state: DLMState, variants: torch.Tensor) -> torch.Tensor | None:
-    """``[B]``: the canvas of ``variants [1 + N, B, T]`` each row's canvas now equals (a row that took no step since
-    the forward is on canvas 0), or None if some row's equals none of them (one host read): only then is every
-    row's next step computed from the output of its own canvas, as the undrafted sampler computes it."""
+def _on_graph(
+    state: DLMState, variants: torch.Tensor, left: list[int], own_steps: bool
+) -> tuple[torch.Tensor, list[bool]]:
+    """``[B]``: the canvas of ``variants [1 + N, B, T]`` each row's canvas now equals (0 where none), and which rows
+    take the next step on its output (one host read): every row if every row's canvas is one of them, else none;
+    with ``own_steps``, each row whose canvas is one of them and that has masked slots left. Only where no draft
+    was reached is a row's next step left to the next forward, computed from its own canvas as the undrafted
+    sampler computes it."""
     match = (variants == state.canvas).all(-1)  # [1 + N, B]
-    return match.int().argmax(0) if bool(match.any(0).all()) else None
+    on = match.any(0).tolist()
+    live = [o and k > 0 for o, k in zip(on, left)] if own_steps else [all(on)] * len(on)
+    return match.int().argmax(0), live
 
 
 def _output_at(outputs: torch.Tensor | SlotLogits, node: torch.Tensor) -> torch.Tensor | SlotLogits:
@@ -175,22 +191,36 @@ def _output_at(outputs: torch.Tensor | SlotLogits, node: torch.Tensor) -> torch.
     return outputs[node, rows]
 
 
-def _step(
-    state: DLMState, parts: Parts, logits: Any, temperature: float, left: list[int]
-) -> tuple[Proposal, torch.Tensor, list[int]]:
+class _Step(NamedTuple):
+    """One step of the sampler: its proposals, the slots it committed (``[B, G]`` bool) and each row's masked slots
+    left in its block (host ints)."""
+
+    proposal: Proposal
+    commit: torch.Tensor
+    left: list[int]
+
+
+def _step(state: DLMState, parts: Parts, logits: Any, temperature: float, left: list[int], live: list[bool]) -> _Step:
     """One step of the sampler on ``logits`` (the current canvas's): proposals, the rule's commits, written into the
-    canvas. Returns them and each row's masked slots left in its block (one host read)."""
+    canvas, in the ``live [B]`` rows only (the others wait for the next forward; their step counters stay). One
+    host read: each row's masked slots left in its block, and whether a live row stalled."""
     begin_round(state.generator, state.row_steps)
     proposal = propose(logits, temperature, state)
     eligible = state.masked & parts.schedule.region(state, proposal)
     if state.step == 0 and hasattr(parts.rule, "begin_block"):
         parts.rule.begin_block(state)
     commit = parts.rule.select(state, proposal, eligible) & state.masked
+    if not all(live):
+        rows = torch.tensor(live, device=state.device)
+        commit, eligible = commit & rows[:, None], eligible & rows[:, None]
+        state.block_step += rows
+    else:
+        state.block_step += 1
     stalled = eligible.any(1) & ~commit.any(1)
     state.commit(commit, proposal.tokens)
     if getattr(parts.schedule, "slides", False):  # the window moves on after a commit: a row is live while it has one
         parts.schedule.region(state, proposal)
-    state.row_steps[:] = [n + int(k > 0) for n, k in zip(state.row_steps, left)]
+    state.row_steps[:] = [n + int(k > 0 and on) for n, k, on in zip(state.row_steps, left, live)]
     state.step += 1
     state.global_step += 1
     now = torch.cat([(state.masked & state.in_block).sum(1), stalled.any()[None]]).tolist()
@@ -199,7 +229,23 @@ def _step(
             f"{type(parts.rule).__name__}.select committed nothing in a row that still has masked slots in its block "
             f"(step {state.step}); a rule must commit at least one eligible slot per row and step"
         )
-    return proposal, commit, now[:-1]
+    return _Step(proposal, commit, now[:-1])
+
+
+def _keep(last: _Step, step: _Step, live: list[bool]) -> _Step:
+    """Each row's latest step: ``step``'s in the ``live`` rows, ``last``'s in the others (what a row's drafts for
+    the next forward come from)."""
+    if all(live):
+        return step
+    rows = torch.tensor(live, device=step.commit.device)
+    old, new = last.proposal, step.proposal
+    proposal = Proposal(
+        torch.where(rows[:, None], new.tokens, old.tokens),
+        torch.where(rows[:, None], new.confidence, old.confidence),
+        torch.where(rows[:, None, None], new.logits, old.logits),
+        new.lo,
+    )
+    return _Step(proposal, torch.where(rows[:, None], step.commit, last.commit), step.left)
 
 
 def _guided_logits(dlm: DLMModel, state: DLMState, cfg_scale: float) -> torch.Tensor:

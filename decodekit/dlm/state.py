@@ -32,7 +32,11 @@ class DLMState:
             under the fixed one.
         block_steps: the current block's step budget (``steps / number of blocks``; schedules spread commits over
             it; rules that stop on their own may use fewer steps, never more than the block's slots).
-        step: steps taken in the current block.
+        step: the loop's steps in the current block (``block_step`` in every row, unless rows advance on their own).
+        block_step: ``[B]`` long, the steps each row has taken in the current block: ``step`` in every row, unless a
+            draft strategy lets rows advance on their own within a forward (a rule that declares
+            ``per_row_steps``, reading its step from :meth:`steps_in_block`); None outside
+            :func:`~decodekit.dlm.generate` (a caller's own loop).
         global_step, total_steps: steps taken in the call, and its budget ``steps``.
         row_steps: ``[B]`` host ints: steps in which each row still had masked slots in its block (per-row random
             draws are keyed by it).
@@ -58,6 +62,7 @@ class DLMState:
     region: torch.Tensor | None = None
     block_steps: int = 0
     step: int = 0
+    block_step: torch.Tensor | None = None
     global_step: int = 0
     row_steps: list[int] = field(default_factory=list)
     row_forwards: list[int] = field(default_factory=list)
@@ -127,6 +132,12 @@ class DLMState:
     def progress(self) -> float:
         """``global_step / total_steps``: how far through its step budget the call is."""
         return self.global_step / max(self.total_steps, 1)
+
+    def steps_in_block(self) -> torch.Tensor:
+        """``[B]`` long: each row's steps in the current block (``block_step``, or ``step`` in every row)."""
+        if self.block_step is not None:
+            return self.block_step
+        return torch.full((self.batch_size,), self.step, dtype=torch.long, device=self.device)
 
     def commit(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
         """Write ``tokens [B, G]`` into the slots where ``slots [B, G]`` (bool) is True."""

@@ -32,9 +32,6 @@ def run(model, draft=None, cache="recompute", **kwargs):
     return dk.dlm.generate(model, PROMPTS, cache=CACHES[cache](), draft=draft, **settings)
 
 
-@pytest.mark.parametrize("shift", [False, True])
-@pytest.mark.parametrize("cache", list(CACHES))
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
 def make_rule(name: str, model, **kwargs):
     """The rule ``name``; EoTStop ends a text at the token the base writes second in row 0 (the tiny model declares
     no end-of-sequence id), so that it fires."""
@@ -59,6 +56,46 @@ def test_drafted_sampler_is_the_sampler_token_for_token(hf, shift, cache, temper
     assert drafted.stats.nfe <= plain.stats.nfe and sum(drafted.stats.row_nfe) <= sum(plain.stats.row_nfe)
 
 
+class Lockstep:
+    """A rule's steps without its ``per_row_steps``: the loop keeps the batch's rows in step."""
+
+    def __init__(self, rule):
+        self.rule = rule
+
+    def begin_block(self, state):
+        self.rule.begin_block(state) if hasattr(self.rule, "begin_block") else None
+
+    def select(self, state, proposal, eligible):
+        return self.rule.select(state, proposal, eligible)
+
+
+@pytest.mark.parametrize("cache", list(CACHES))
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("rule", ["llada", "random_order", "threshold", "eot_stop"])
+def test_each_row_takes_the_forwards_it_takes_alone(hf, cache, temperature, rule):
+    """With a rule that declares ``per_row_steps``, a row goes on stepping on the drafts it reached while its batch
+    mates wait for the next forward: its output and its forwards (``row_nfe``) are those it has alone. Kept in step
+    (``Lockstep``), the same rows give the same output with more forwards: a forward's steps end for all when one
+    row leaves its drafts."""
+    model = dk.dlm.load_model(hf, mask_token_id=MASK)
+    kwargs = dict(cache=cache, temperature=temperature)
+    rule_for = lambda: make_rule(rule, model, **kwargs)  # noqa: E731
+    assert rule_for().per_row_steps
+    batch = run(model, dk.dlm.SpiffyDrafts(), rule=rule_for(), **kwargs)
+    settings = dict(gen_length=12, block_length=6, steps=12, temperature=temperature)
+    alone = [
+        dk.dlm.generate(
+            model, [p], cache=CACHES[cache](), draft=dk.dlm.SpiffyDrafts(), rule=rule_for(), seed=[s], **settings
+        )
+        for p, s in zip(PROMPTS, [4, 5, 6])
+    ]
+    assert batch.sequences == [a.sequences[0] for a in alone]
+    assert batch.stats.row_nfe == [a.stats.nfe for a in alone]
+    lockstep = run(model, dk.dlm.SpiffyDrafts(), rule=Lockstep(rule_for()), **kwargs)
+    assert lockstep.sequences == batch.sequences
+    assert sum(lockstep.stats.row_nfe) > sum(batch.stats.row_nfe)
+
+
 @pytest.mark.parametrize("cache", list(CACHES))
 def test_drafts_save_forwards_on_a_peaked_model(hf, cache):
     """LLaDA's one-token-a-step sampler: drafts take fewer forwards, and the graph over 3 candidates no more than
@@ -77,8 +114,11 @@ def test_a_loop_that_skipped_verification_would_fail_the_equality_test(hf, monke
     loop = importlib.import_module("decodekit.dlm.generate")  # the module (dk.dlm.generate is the function)
     model = dk.dlm.load_model(hf, mask_token_id=MASK)
     plain = run(model)
-    first_draft = lambda state, variants: torch.ones(state.batch_size, dtype=torch.long)  # noqa: E731
-    monkeypatch.setattr(loop, "_on_graph", first_draft)  # as if every row always reached the first draft
+
+    def first_draft(state, variants, left, own_steps):  # as if every row always reached the first draft
+        return torch.ones(state.batch_size, dtype=torch.long), [k > 0 for k in left]
+
+    monkeypatch.setattr(loop, "_on_graph", first_draft)
     unchecked = run(model, dk.dlm.SpiffyDrafts(depth=3))
     assert unchecked.sequences != plain.sequences
 

@@ -39,6 +39,11 @@ class EoTStop:
         if self.eot_token_ids == ():
             raise ConfigError("EoTStop needs at least one end-of-text id (eot_token_ids=[...]) or None for the model's")
 
+    @property
+    def per_row_steps(self) -> bool:
+        """Rows may take their own steps when the wrapped rule allows it (this wrapper reads no step counter)."""
+        return bool(getattr(self.rule, "per_row_steps", False))
+
     def begin_block(self, state: DLMState) -> None:
         if hasattr(self.rule, "begin_block"):
             self.rule.begin_block(state)

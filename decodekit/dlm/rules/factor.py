@@ -25,6 +25,8 @@ class FactorRule:
         factor: ``f`` (1.0 in the paper; larger commits more per step).
     """
 
+    per_row_steps = True  # reads no step counter
+
     def __init__(self, factor: float = 1.0) -> None:
         self.factor = check_float("factor", factor, low=0.0, low_open=True)
 

@@ -29,6 +29,8 @@ class LLaDARule:
         remasking: ``"low_confidence"`` or ``"random"``.
     """
 
+    per_row_steps = True  # reads each row's step from state.steps_in_block()
+
     def __init__(self, remasking: str = "low_confidence") -> None:
         self.remasking = check_choice("remasking", remasking, REMASKING)
         self.counts: torch.Tensor | None = None  # [B, block steps]
@@ -41,8 +43,8 @@ class LLaDARule:
         if self.counts is None:
             self.begin_block(state)
         assert self.counts is not None
-        step = min(state.step, self.counts.shape[1] - 1)  # past the schedule (a caller's own loop): keep the last
+        step = state.steps_in_block().clamp(max=self.counts.shape[1] - 1)  # past the schedule: keep the last count
         score = proposal.confidence
         if self.remasking == "random":
             score = uniform(tuple(eligible.shape), state.generator, eligible.device, key="order")
-        return top_per_row(score, eligible, self.counts[:, step])
+        return top_per_row(score, eligible, self.counts.gather(1, step[:, None])[:, 0])

@@ -26,6 +26,8 @@ class LocalLeapRule:
         threshold: ``tau`` (0.9). relaxed: ``tau_relaxed`` near anchors (0.75). radius: slots either side (4).
     """
 
+    per_row_steps = True  # reads no step counter
+
     def __init__(self, threshold: float = 0.9, relaxed: float = 0.75, radius: int = 4) -> None:
         self.threshold = check_float("threshold", threshold, low=0.0, high=1.0)
         self.relaxed = check_float("relaxed", relaxed, low=0.0, high=1.0)

@@ -29,6 +29,7 @@ class RandomOrderRule:
 
     plans = True  # publishes state.planned
     fixed_blocks = True
+    per_row_steps = True  # reads each row's step from state.steps_in_block()
 
     def __init__(self) -> None:
         self.rank: torch.Tensor | None = None  # [B, G] position of each masked block slot in the order (else G)
@@ -48,12 +49,13 @@ class RandomOrderRule:
         if self.rank is None:  # a caller's own loop that does not call begin_block
             self.begin_block(state)
         assert self.rank is not None and self.bounds is not None
-        commit = self._due(min(state.step, self.bounds.shape[1] - 2)) & eligible
-        last = state.step + 1 >= self.bounds.shape[1] - 1
-        state.planned = None if last else self._due(state.step + 1)
+        step, end = state.steps_in_block(), self.bounds.shape[1] - 2
+        commit = self._due(step.clamp(max=end)) & eligible
+        state.planned = None if state.step + 1 > end else self._due((step + 1).clamp(max=end))
         return commit
 
-    def _due(self, step: int) -> torch.Tensor:
-        """``[B, G]`` bool: the slots of the order that step ``step`` of the block commits."""
+    def _due(self, step: torch.Tensor) -> torch.Tensor:
+        """``[B, G]`` bool: the slots of the order that each row's step ``step [B]`` of the block commits."""
         assert self.rank is not None and self.bounds is not None
-        return (self.rank >= self.bounds[:, step : step + 1]) & (self.rank < self.bounds[:, step + 1 : step + 2])
+        lo, hi = self.bounds.gather(1, step[:, None]), self.bounds.gather(1, step[:, None] + 1)
+        return (self.rank >= lo) & (self.rank < hi)

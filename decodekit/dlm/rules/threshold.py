@@ -23,6 +23,8 @@ class ThresholdRule:
         threshold: confidence needed to commit a slot beside the row's most confident one (0.9 in the paper).
     """
 
+    per_row_steps = True  # reads no step counter
+
     def __init__(self, threshold: float = 0.9) -> None:
         self.threshold = check_float("threshold", threshold, low=0.0, high=1.0)
 
