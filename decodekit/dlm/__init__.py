@@ -6,7 +6,7 @@ out.sequences, out.stats.nfe, out.stats.tokens_per_forward
 """
 
 from decodekit.dlm.caches import BlockCausalCache, DKVCache, DKVGreedyCache, DualCache, PrefixCache, Recompute
-from decodekit.dlm.drafts import SpiffyDrafts
+from decodekit.dlm.drafts import SpiffyDrafts, calibrate_graph
 from decodekit.dlm.generate import DLMOutput, generate
 from decodekit.dlm.model import DLMModel, load_model
 from decodekit.dlm.rules import (
@@ -42,6 +42,7 @@ __all__ = [
     "RandomOrderRule",
     "Proposal",
     "SpiffyDrafts",
+    "calibrate_graph",
     "SlotLogits",
     "ThresholdRule",
     "dense_logits",

@@ -11,6 +11,7 @@ import torch
 
 import decodekit as dk
 from decodekit.dlm import DLMState, SlotLogits
+from decodekit.dlm.drafts.calibrate import forwards, greedy_graph
 from decodekit.errors import ConfigError
 from tests.unit.dlm_common import MASK, dense, peaked_llama
 
@@ -175,3 +176,66 @@ def test_drafts_are_refused_where_they_cannot_run(hf):
         dk.dlm.SpiffyDrafts(width=2, depth=3)
     with pytest.raises(ConfigError, match="draft"):
         dk.dlm.generate(model, PROMPTS, gen_length=8, block_length=4, steps=8, draft=3)
+    with pytest.raises(ConfigError, match="not both"):
+        dk.dlm.SpiffyDrafts(width=3, graph=[[0]])
+    with pytest.raises(ConfigError, match="smollm2-135m-bdlm"):  # the message lists the calibrated graphs
+        dk.dlm.SpiffyDrafts(graph="no-such-model")
+    with pytest.raises(ConfigError, match="budget takes"):
+        dk.dlm.SpiffyDrafts(budget=3)
+    for bad, message in (
+        ([[0], [0]], "each node once"),
+        ([[]], "non-empty"),
+        ([[0, 0]], "distinct"),
+        ([["a"]], "ranks"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            dk.dlm.SpiffyDrafts(graph=bad)
+
+
+def test_a_graph_names_the_sets_it_drafts(hf):
+    """``graph=`` drafts exactly the sets it lists: the full graph over 3 candidates is the default's (same
+    forwards), a graph of the first candidate alone is the chain, and any graph is lossless."""
+    model = dk.dlm.load_model(hf, mask_token_id=MASK)
+    full = [[0], [1], [2], [0, 1], [0, 2], [1, 2], [0, 1, 2]]
+    default, listed = run(model, dk.dlm.SpiffyDrafts()), run(model, dk.dlm.SpiffyDrafts(graph=full))
+    assert listed.sequences == default.sequences and listed.stats.nfe == default.stats.nfe
+    chain = run(model, dk.dlm.SpiffyDrafts(width=1, depth=1))
+    assert run(model, dk.dlm.SpiffyDrafts(graph=[[0]])).stats.nfe == chain.stats.nfe
+    named = dk.dlm.SpiffyDrafts(graph="smollm2-135m-bdlm", budget=7)  # the zoo's calibration, first 7 picks
+    assert set(named.nodes) == set(dk.dlm.SpiffyDrafts().nodes)  # for LLaDA's rule they are the default graph
+    assert len(dk.dlm.SpiffyDrafts(graph="smollm2-135m-bdlm").nodes) == 31
+    odd = run(model, dk.dlm.SpiffyDrafts(graph=[[2], [1, 3]]))
+    assert odd.sequences == run(model).sequences
+
+
+def test_calibration_replays_the_drafted_loop_and_picks_what_saves_forwards():
+    """The replay counts the forwards the loop takes: per block, one for the first step, then one per step plus the
+    walk's nodes the graph holds. Each greedy pick saves the most forwards; a node after one the graph lacks saves
+    none, and a pick that saves nothing is not made."""
+    block = [((0,), (0, 1)), ((0,),), ((1,), (1, 2)), ((2,),), ()]  # walks from a block's first 5 of 6 steps
+    assert forwards([block], set()) == 6
+    assert forwards([block], {(0,)}) == 5  # steps 0 | 1, 2 | 3 | 4 | 5
+    assert forwards([block], {(0,), (0, 1)}) == 4  # steps 0 | 1, 2, 3 | 4 | 5
+    assert forwards([block], {(1, 2)}) == 6  # (1, 2) is never reached without (1,)
+    result = greedy_graph([block, block], budget=5)
+    assert result.forwards[0] == result.steps == 12
+    assert result.graph[:2] == [(0,), (1,)]  # then (1,) and (0, 1) each save 2: the smaller set wins the tie
+    assert result.graph[2] == (1, 2) and result.forwards == [12, 10, 8, 6]
+    # (0, 1) would now cost a forward: its walk ends at step 3, past step 2, whose walk the graph follows to the end
+    assert forwards([block], {(0,), (1,), (1, 2), (0, 1)}) == 4 > forwards([block], {(0,), (1,), (1, 2)}) == 3
+    assert result.forwards == sorted(result.forwards, reverse=True)
+    assert len(set(result.forwards)) == len(result.forwards)  # every pick saved forwards
+
+
+def test_calibrated_graph_is_lossless_and_drafts_what_the_walks_reached(hf):
+    """Calibration records the undrafted sampler's steps and picks reachable sets; drafting with them changes no
+    token and saves forwards on the prompts it was calibrated on."""
+    model = dk.dlm.load_model(hf, mask_token_id=MASK)
+    settings = dict(gen_length=12, block_length=6, steps=12, seed=[4, 5, 6], cache=dk.dlm.BlockCausalCache())
+    found = dk.dlm.calibrate_graph(model, PROMPTS, budget=3, width=4, depth=3, progress=False, **settings)
+    assert 1 <= len(found.graph) <= 3 and found.steps > 0
+    assert found.forwards[0] == found.steps and found.forwards == sorted(found.forwards, reverse=True)
+    plain = dk.dlm.generate(model, PROMPTS, **settings)
+    drafted = dk.dlm.generate(model, PROMPTS, draft=dk.dlm.SpiffyDrafts(graph=found.graph), **settings)
+    assert drafted.sequences == plain.sequences and drafted.stats.nfe < plain.stats.nfe
+    assert sum(drafted.stats.row_nfe) == found.forwards[-1]  # the replay counts the forwards the loop takes

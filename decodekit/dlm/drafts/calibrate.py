@@ -1,0 +1,166 @@
+"""Spiffy's offline calibration: which sets of candidates to draft, picked from the sampler's recorded steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from decodekit.checks import check_int
+from decodekit.dlm.state import DLMState, Proposal
+
+
+@dataclass
+class Calibration:
+    """What :func:`calibrate_graph` found.
+
+    Attributes:
+        graph: the chosen nodes, the most useful first (sets of candidate ranks; ``SpiffyDrafts(graph=...)``). The
+            first ``k`` are the graph greedy calibration picks with a budget of ``k``.
+        forwards: ``forwards[k]``: the forwards the drafted loop takes on the recorded steps with the first ``k``
+            nodes (``forwards[0]``: the undrafted loop's, one a step).
+        steps: the recorded steps (summed over rows).
+    """
+
+    graph: list[tuple[int, ...]]
+    forwards: list[int]
+    steps: int
+
+
+class StepRecorder:
+    """A draft strategy that drafts nothing and records, after every step, each row's ``width`` candidates (the
+    most confident masked slots of the block, as :class:`~decodekit.dlm.drafts.SpiffyDrafts` ranks them) with their
+    proposed tokens, and the slots still masked in the block: what :func:`calibrate_graph` replays."""
+
+    fixed_blocks = True
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.records: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def variants(self, state: DLMState, proposal: Proposal, committed: torch.Tensor, left: int) -> None:
+        open_ = state.masked & state.in_block & proposal.predicted
+        score = proposal.confidence.masked_fill(~open_, float("-inf"))
+        ranked = score.argsort(dim=1, descending=True, stable=True)[:, : self.width]  # [B, width]
+        tokens = proposal.tokens.gather(1, ranked)
+        self.records.append(
+            (
+                state.block[0],
+                ranked.cpu(),
+                open_.gather(1, ranked).cpu(),
+                tokens.cpu(),
+                (state.masked & state.in_block).cpu(),
+            )
+        )
+        return None
+
+
+Walk = tuple[tuple[int, ...], ...]  # the nodes a walk from one step went through
+
+
+def walks(records: list[Any], outputs: list[list[int]], depth: int) -> list[list[Walk]]:
+    """Per row and block, in step order, the walk from each step the row took that was not its last in the block:
+    the nodes its next steps went through. After ``k`` more steps, the node is the set of candidate ranks its commits
+    since the step form, while each commit is a candidate with its proposed token (the output's token), up to
+    ``depth`` candidates and short of the step that finishes the block (taken on the last node's output, it needs
+    no node)."""
+    out: dict[tuple[int, int], list[Walk]] = {}
+    for t, (block, ranked, usable, tokens, masked) in enumerate(records):
+        for b in range(ranked.shape[0]):
+            if not bool(masked[b].any()):  # the row's block is done: no step follows
+                continue
+            rank = {
+                int(s): r
+                for r, (s, ok, tok) in enumerate(zip(ranked[b].tolist(), usable[b].tolist(), tokens[b].tolist()))
+                if ok and tok == outputs[b][s]
+            }
+            chain: list[tuple[int, ...]] = []
+            for later in records[t + 1 :]:
+                if later[0] != block or not bool(later[4][b].any()):
+                    break
+                slots = (masked[b] & ~later[4][b]).nonzero()[:, 0].tolist()  # committed since the step
+                if len(slots) > depth or any(s not in rank for s in slots):
+                    break
+                chain.append(tuple(sorted(rank[s] for s in slots)))
+            out.setdefault((b, block), []).append(tuple(chain))
+    return list(out.values())
+
+
+def forwards(steps: list[list[Walk]], graph: set[tuple[int, ...]]) -> int:
+    """The forwards the drafted loop takes over the recorded steps with ``graph``: per row and block, the first
+    forward takes the block's first step; each next one takes a step and then one more for each node of the walk
+    from there that the graph holds."""
+    total = 0
+    for block in steps:
+        s, total = 0, total + 1
+        while s < len(block):
+            k = 0
+            while k < len(block[s]) and block[s][k] in graph:
+                k += 1
+            s, total = s + 1 + k, total + 1
+    return total
+
+
+def greedy_graph(steps: list[list[Walk]], budget: int) -> Calibration:
+    """Add, ``budget`` times, the node that saves the most forwards on the recorded steps (:func:`forwards`; the
+    candidates are the nodes where walks stop now); ties go to the smaller set, then the lower ranks."""
+    graph: list[tuple[int, ...]] = []
+    chosen: set[tuple[int, ...]] = set()
+    counts = [forwards(steps, chosen)]
+    for _ in range(budget):
+        candidates = {next((n for n in w if n not in chosen), None) for block in steps for w in block} - {None}
+        if not candidates:
+            break
+        cost = {n: forwards(steps, chosen | {n}) for n in candidates}
+        best = min(cost, key=lambda n: (cost[n], len(n), n))
+        if cost[best] >= counts[-1]:
+            break
+        graph.append(best)
+        chosen.add(best)
+        counts.append(cost[best])
+    return Calibration(graph, counts, sum(len(block) + 1 for block in steps))
+
+
+def calibrate_graph(
+    dlm: Any,
+    prompts: Any,
+    budget: int = 7,
+    width: int = 8,
+    depth: int = 4,
+    progress: bool = True,
+    **generate_kwargs: Any,
+) -> Calibration:
+    """Spiffy's offline calibration (Agrawal et al. 2025): run the undrafted sampler on ``prompts`` (not the prompts
+    you will measure on), record every step's candidates (the ``width`` most confident masked slots) and which of
+    them the next steps commit with their proposed tokens, and pick ``budget`` sets of candidates greedily, each the
+    one that saves the most forwards when the drafted loop is replayed on the recorded steps (:func:`forwards`; the
+    replay takes the forwards the loop would, since every drafted step is the recorded one).
+
+    Faithfulness: the paper calibrates its draft graph offline from the model's decoding trajectories to maximise
+    acceptance; this follows that idea with a greedy pick on replayed forwards, not the paper's exact procedure.
+    Per-row records assume the rule lets rows take their own steps (``per_row_steps``) or a batch of one.
+
+    Args:
+        dlm: the diffusion LM (:func:`decodekit.dlm.load_model`).
+        prompts: calibration prompts (as :func:`decodekit.dlm.generate` takes them).
+        budget: nodes to pick (drafted canvases a forward).
+        width: candidates considered per step (ranks ``0 .. width - 1``).
+        depth: the largest set considered.
+        generate_kwargs: the sampler to calibrate for (``gen_length``, ``block_length``, ``steps``, ``rule``,
+            ``cache``, ``temperature``, ``seed``, ...), as it will run with drafts.
+
+    Returns:
+        a :class:`Calibration`; ``SpiffyDrafts(graph=calibration.graph)`` drafts with it.
+    """
+    from decodekit.dlm.generate import generate
+
+    budget = check_int("budget", budget, low=1)
+    width = check_int("width", width, low=1)
+    depth = check_int("depth", depth, low=1, high=width, hint=" (at most width)")
+    recorder = StepRecorder(width)
+    out = generate(dlm, prompts, draft=recorder, progress=progress, **generate_kwargs)
+    return greedy_graph(walks(recorder.records, out.sequences, depth), budget)
+
+
+__all__ = ["Calibration", "StepRecorder", "calibrate_graph", "forwards", "greedy_graph", "walks"]
