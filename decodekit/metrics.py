@@ -153,7 +153,7 @@ class DLMStats:
             once, as in Fast-dLLM's counts; so does a forward of the canvas with its drafted canvases).
         row_nfe: per row, the forwards in which it still had masked slots in its block.
         tokens: generated tokens (rows times ``gen_length``).
-        block_steps: per block, the steps it took (the batch's; more than its forwards with a draft strategy).
+        block_steps: per block, the steps it took (its slowest row's; more than its forwards with a draft strategy).
         cache_forwards: forwards a cache strategy ran besides the steps' own (the block-causal cache stores each
             finished block once; not in ``nfe``).
         wall_time_s: wall time of the call.

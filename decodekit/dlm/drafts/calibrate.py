@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from decodekit.checks import check_int
+from decodekit.dlm.drafts.spiffy import candidates
 from decodekit.dlm.state import DLMState, Proposal
 
 
@@ -40,19 +41,10 @@ class StepRecorder:
         self.records: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def variants(self, state: DLMState, proposal: Proposal, committed: torch.Tensor, left: int) -> None:
-        open_ = state.masked & state.in_block & proposal.predicted
-        score = proposal.confidence.masked_fill(~open_, float("-inf"))
-        ranked = score.argsort(dim=1, descending=True, stable=True)[:, : self.width]  # [B, width]
+        ranked, usable = candidates(state, proposal, self.width)
         tokens = proposal.tokens.gather(1, ranked)
-        self.records.append(
-            (
-                state.block[0],
-                ranked.cpu(),
-                open_.gather(1, ranked).cpu(),
-                tokens.cpu(),
-                (state.masked & state.in_block).cpu(),
-            )
-        )
+        masked = state.masked & state.in_block
+        self.records.append((state.block[0], ranked.cpu(), usable.cpu(), tokens.cpu(), masked.cpu()))
         return None
 
 

@@ -88,17 +88,24 @@ class SpiffyDrafts:
         depth = min(self.depth, left - 1)
         if depth < 1:
             return None
-        open_ = state.masked & state.in_block & proposal.predicted
-        score = proposal.confidence.masked_fill(~open_, float("-inf"))
-        ranked = score.argsort(dim=1, descending=True, stable=True)[:, : self.width]  # [B, width] slot indices
-        usable = open_.gather(1, ranked)  # a row with fewer open slots repeats a smaller set: harmless
+        ranked, usable = candidates(state, proposal, self.width)  # a row with fewer repeats a smaller set: harmless
         index = state.slots
         current = state.canvas.gather(1, index)  # [B, G]
         out = [state.canvas]
         for chosen in (n for n in self.nodes if len(n) <= depth):
-            pick = torch.zeros_like(open_).scatter(1, ranked[:, chosen], usable[:, chosen])
+            pick = torch.zeros_like(current, dtype=torch.bool).scatter(1, ranked[:, chosen], usable[:, chosen])
             out.append(state.canvas.scatter(1, index, torch.where(pick, proposal.tokens, current)))
         return torch.stack(out)
+
+
+def candidates(state: DLMState, proposal: Proposal, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``width`` candidates after a step: ``[B, width]`` slot indices of the block's masked slots, most
+    confident first by ``proposal``, and ``[B, width]`` bool, which of them are such slots (a row with fewer has
+    ``False`` after its last)."""
+    open_ = state.masked & state.in_block & proposal.predicted
+    score = proposal.confidence.masked_fill(~open_, float("-inf"))
+    ranked = score.argsort(dim=1, descending=True, stable=True)[:, :width]
+    return ranked, open_.gather(1, ranked)
 
 
 # Calibrated graphs, the most useful node first: ``dk.dlm.calibrate_graph(dlm, prompts, budget=31, width=8, depth=5,
@@ -139,4 +146,4 @@ def check_graph(graph: Any) -> list[tuple[int, ...]]:
     return nodes
 
 
-__all__ = ["CALIBRATED_GRAPHS", "SpiffyDrafts", "check_graph"]
+__all__ = ["CALIBRATED_GRAPHS", "SpiffyDrafts", "candidates", "check_graph"]
