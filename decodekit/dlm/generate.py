@@ -156,8 +156,9 @@ def _decode_block(dlm: DLMModel, state: DLMState, parts: Parts, temperature: flo
         last = None  # each row's last step
         while True:
             logits = outputs if variants is None else _output_at(outputs, node)
-            step = _step(state, parts, logits, temperature, left, live)
-            last, left = (step if last is None else _keep(last, step, live)), step.left
+            rows = None if all(live) else torch.tensor(live, device=state.device)  # [B] bool: some rows wait
+            step = _step(state, parts, logits, temperature, left, live, rows)
+            last, left = (step if last is None or rows is None else _keep(last, step, rows)), step.left
             if variants is None or not max(left):
                 break
             node, live = _on_graph(state, variants, left, own_steps)
@@ -200,22 +201,28 @@ class _Step(NamedTuple):
     left: list[int]
 
 
-def _step(state: DLMState, parts: Parts, logits: Any, temperature: float, left: list[int], live: list[bool]) -> _Step:
+def _step(
+    state: DLMState,
+    parts: Parts,
+    logits: Any,
+    temperature: float,
+    left: list[int],
+    live: list[bool],
+    rows: torch.Tensor | None,
+) -> _Step:
     """One step of the sampler on ``logits`` (the current canvas's): proposals, the rule's commits, written into the
-    canvas, in the ``live [B]`` rows only (the others wait for the next forward; their step counters stay). One
-    host read: each row's masked slots left in its block, and whether a live row stalled."""
+    canvas, in the ``live [B]`` rows only (host bools; ``rows``: the same on the device, None when all are live; the
+    others wait for the next forward, their step counters stay). One host read: each row's masked slots left in its
+    block, and whether a live row stalled."""
     begin_round(state.generator, state.row_steps)
     proposal = propose(logits, temperature, state)
     eligible = state.masked & parts.schedule.region(state, proposal)
     if state.step == 0 and hasattr(parts.rule, "begin_block"):
         parts.rule.begin_block(state)
     commit = parts.rule.select(state, proposal, eligible) & state.masked
-    if not all(live):
-        rows = torch.tensor(live, device=state.device)
+    if rows is not None:
         commit, eligible = commit & rows[:, None], eligible & rows[:, None]
-        state.block_step += rows
-    else:
-        state.block_step += 1
+    state.block_step += 1 if rows is None else rows
     stalled = eligible.any(1) & ~commit.any(1)
     state.commit(commit, proposal.tokens)
     if getattr(parts.schedule, "slides", False):  # the window moves on after a commit: a row is live while it has one
@@ -232,12 +239,9 @@ def _step(state: DLMState, parts: Parts, logits: Any, temperature: float, left: 
     return _Step(proposal, commit, now[:-1])
 
 
-def _keep(last: _Step, step: _Step, live: list[bool]) -> _Step:
-    """Each row's latest step: ``step``'s in the ``live`` rows, ``last``'s in the others (what a row's drafts for
-    the next forward come from)."""
-    if all(live):
-        return step
-    rows = torch.tensor(live, device=step.commit.device)
+def _keep(last: _Step, step: _Step, rows: torch.Tensor) -> _Step:
+    """Each row's latest step: ``step``'s in the ``rows [B]`` (bool) that took it, ``last``'s in the others (what a
+    row's drafts for the next forward come from)."""
     old, new = last.proposal, step.proposal
     proposal = Proposal(
         torch.where(rows[:, None], new.tokens, old.tokens),

@@ -11,11 +11,16 @@ from decodekit.masks import bidirectional_mask, write_at_layout
 from decodekit.registry import register
 
 
-def full_forward(dlm: DLMModel, state: DLMState, block_causal: bool = False) -> tuple[torch.Tensor, KVCache]:
+def full_forward(
+    dlm: DLMModel, state: DLMState, block_causal: bool = False, canvases: torch.Tensor | None = None
+) -> tuple[torch.Tensor, KVCache]:
     """The whole canvas, bidirectional (or block-causal over the call's blocks): ``[B, G, V]`` logits and the
-    staged cache (:meth:`DLMModel.forward`)."""
+    staged cache (:meth:`DLMModel.forward`). ``canvases [N, B, T]``: variants of the canvas instead, run as ``N * B``
+    rows (``[N * B, G, V]`` logits)."""
+    n, canvas = (1, state.canvas) if canvases is None else (len(canvases), canvases.flatten(0, 1))
     blocks = state.block_length if block_causal else None
-    return dlm.forward(state.canvas, state.lengths, state.starts, state.gen_length, block_causal=blocks)
+    lengths, starts = state.lengths.repeat(n), state.starts.repeat(n)
+    return dlm.forward(canvas, lengths, starts, state.gen_length, block_causal=blocks)
 
 
 def full_forward_kept(dlm: DLMModel, state: DLMState) -> tuple[torch.Tensor, KVCache]:
@@ -125,9 +130,5 @@ class Recompute:
     def logits_many(self, dlm: DLMModel, state: DLMState, canvases: torch.Tensor) -> torch.Tensor:
         """``[N, B, G, V]``: for each of ``canvases [N, B, T]`` (variants of ``state.canvas``: self-speculative drafts)
         what :meth:`logits` gives on it, in one forward of ``N * B`` rows."""
-        n = len(canvases)
-        blocks = state.block_length if self.block_causal else None
-        out, _ = dlm.forward(
-            canvases.flatten(0, 1), state.lengths.repeat(n), state.starts.repeat(n), state.gen_length, blocks
-        )
-        return out.unflatten(0, (n, state.batch_size))
+        out, _ = full_forward(dlm, state, self.block_causal, canvases)
+        return out.unflatten(0, (len(canvases), state.batch_size))

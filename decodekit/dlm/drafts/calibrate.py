@@ -101,10 +101,10 @@ def greedy_graph(steps: list[list[Walk]], budget: int) -> Calibration:
     chosen: set[tuple[int, ...]] = set()
     counts = [forwards(steps, chosen)]
     for _ in range(budget):
-        candidates = {next((n for n in w if n not in chosen), None) for block in steps for w in block} - {None}
-        if not candidates:
+        stops = {next((n for n in w if n not in chosen), None) for block in steps for w in block} - {None}
+        if not stops:
             break
-        cost = {n: forwards(steps, chosen | {n}) for n in candidates}
+        cost = {n: forwards(steps, chosen | {n}) for n in stops}
         best = min(cost, key=lambda n: (cost[n], len(n), n))
         if cost[best] >= counts[-1]:
             break

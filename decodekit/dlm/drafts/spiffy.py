@@ -22,9 +22,9 @@ class SpiffyDrafts:
     After a step commits, each row's ``width`` most confident slots still masked in the block (by that step's
     proposals) are the candidates; every set of 1 to ``depth`` candidates (or each set of a calibrated ``graph``),
     committed with their proposed tokens, is a drafted canvas (``sum_k C(width, k)`` of them: 7 at the defaults). A
-    set names a canvas whatever the order its
-    slots were committed in, so the drafts form a directed graph in which each step moves to a set one or more
-    candidates larger: the sampler may commit the candidates in any order, several a step or one, and stay on it.
+    set names a canvas whatever the order its slots were committed in, so the drafts form a directed graph in which
+    each step moves to a set one or more candidates larger: the sampler may commit the candidates in any order,
+    several a step or one, and stay on it.
     :func:`decodekit.dlm.generate` runs the canvas and the drafts in one forward (the cache's ``logits_many``), takes
     the sampler's own step on the canvas, and while the canvas a row reached is one of the drafts takes the next
     step on that draft's output: each forward takes ``1 +`` (steps that stayed on the graph) steps.
@@ -38,9 +38,9 @@ class SpiffyDrafts:
     masked slots; its offline calibration of which nodes to keep in the spirit of the paper, not its procedure
     (:func:`~decodekit.dlm.drafts.calibrate.calibrate_graph`: a greedy pick over the sampler's recorded walks). Not
     reproduced: the paper's pruning of unsure nodes during inference, and drafting alternative tokens for a slot
-    (here: its proposed token only). In a batch each
-    row walks its own graph: it steps on while its canvas is one of its drafts and waits for the next forward when
-    not (with a rule that declares ``per_row_steps``; other rules keep the rows in step).
+    (here: its proposed token only). In a batch each row walks its own graph: it steps on while its canvas is one
+    of its drafts and waits for the next forward when not (with a rule that declares ``per_row_steps``; other rules
+    keep the rows in step).
 
     Cost: a forward runs ``1 +`` (nodes) canvases (the block's slots only with the block-causal cache, whole
     canvases under recompute). It pays where a forward's time barely grows with its width (a GPU at small batch);
@@ -73,9 +73,7 @@ class SpiffyDrafts:
         elif width is not None or depth is not None:
             raise ConfigError("SpiffyDrafts takes a graph or width and depth, not both (a graph sets both)")
         else:
-            nodes = check_graph(
-                CALIBRATED_GRAPHS[graph] if isinstance(graph, str) and graph in CALIBRATED_GRAPHS else graph
-            )
+            nodes = check_graph(graph)
             if budget is not None:
                 nodes = nodes[: check_int("budget", budget, low=1)]
             self.width, self.depth = max(max(n) for n in nodes) + 1, max(map(len, nodes))
@@ -128,10 +126,14 @@ CALIBRATED_GRAPHS: dict[str, list[list[int]]] = {
 
 
 def check_graph(graph: Any) -> list[tuple[int, ...]]:
-    """``graph`` as sorted tuples of candidate ranks (0 = the most confident masked slot), each node once; a clear
-    error for anything else."""
+    """``graph`` (a list of sets, or the name of one in ``CALIBRATED_GRAPHS``) as sorted tuples of candidate ranks
+    (0 = the most confident masked slot), each node once; a clear error for anything else."""
     if isinstance(graph, str):
-        raise ConfigError(f"no calibrated graph named {graph!r}; the calibrated graphs: {sorted(CALIBRATED_GRAPHS)}")
+        if graph not in CALIBRATED_GRAPHS:
+            raise ConfigError(
+                f"no calibrated graph named {graph!r}; the calibrated graphs: {sorted(CALIBRATED_GRAPHS)}"
+            )
+        graph = CALIBRATED_GRAPHS[graph]
     try:
         nodes = [tuple(sorted(int(r) for r in node)) for node in graph]
     except (TypeError, ValueError):
