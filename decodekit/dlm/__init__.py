@@ -6,7 +6,7 @@ out.sequences, out.stats.nfe, out.stats.tokens_per_forward
 """
 
 from decodekit.dlm.caches import BlockCausalCache, DKVCache, DKVGreedyCache, DualCache, PrefixCache, Recompute
-from decodekit.dlm.drafts import SpiffyDrafts, calibrate_graph
+from decodekit.dlm.drafts import SpiffyDrafts, calibrate_graph, canvas_cost
 from decodekit.dlm.generate import DLMOutput, generate
 from decodekit.dlm.model import DLMModel, load_model
 from decodekit.dlm.rules import (
@@ -43,6 +43,7 @@ __all__ = [
     "Proposal",
     "SpiffyDrafts",
     "calibrate_graph",
+    "canvas_cost",
     "SlotLogits",
     "ThresholdRule",
     "dense_logits",

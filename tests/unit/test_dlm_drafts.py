@@ -239,3 +239,28 @@ def test_calibrated_graph_is_lossless_and_drafts_what_the_walks_reached(hf):
     drafted = dk.dlm.generate(model, PROMPTS, draft=dk.dlm.SpiffyDrafts(graph=found.graph), **settings)
     assert drafted.sequences == plain.sequences and drafted.stats.nfe < plain.stats.nfe
     assert sum(drafted.stats.row_nfe) == found.forwards[-1]  # the replay counts the forwards the loop takes
+
+
+def test_best_budget_trades_forwards_saved_against_each_canvas_cost():
+    """The budget minimises the predicted time forwards[k] * (1 + cost * k): all nodes when canvases are free, fewer
+    as they cost more, none when no draft pays; a negative or non-numeric cost is refused."""
+    found = dk.dlm.drafts.Calibration(graph=[(0,), (1,), (0, 1)], forwards=[100, 60, 50, 48], steps=100)
+    assert found.best_budget(0.0) == 3  # free canvases: every node
+    assert found.best_budget(0.1) == 2  # 60 * 1.1 = 66, 50 * 1.2 = 60, 48 * 1.3 = 62.4
+    assert found.best_budget(0.6) == 1  # 60 * 1.6 = 96 < 100 < 50 * 2.2
+    assert found.best_budget(1.0) == 0  # 60 * 2 = 120 > 100: drafting does not pay
+    with pytest.raises(ConfigError, match="canvas_cost"):
+        found.best_budget(-0.1)
+
+
+def test_canvas_cost_prices_a_drafted_forward_on_this_device(hf):
+    """canvas_cost runs the sampler with and without the drafts and returns the extra time per drafted canvas, a
+    non-negative fraction of a forward; the drafts it prices are checked like SpiffyDrafts' own."""
+    model = dk.dlm.load_model(hf, mask_token_id=MASK)
+    settings = dict(gen_length=12, block_length=6, steps=12, cache=dk.dlm.BlockCausalCache())
+    cost = dk.dlm.canvas_cost(model, PROMPTS[:1], graph=[[0], [0, 1], [1]], repeats=1, **settings)
+    assert isinstance(cost, float) and 0.0 <= cost < 100.0
+    with pytest.raises(ConfigError, match="graph"):
+        dk.dlm.canvas_cost(model, PROMPTS[:1], graph=[[]], **settings)
+    with pytest.raises(ConfigError, match="repeats"):
+        dk.dlm.canvas_cost(model, PROMPTS[:1], graph=[[0]], repeats=0, **settings)

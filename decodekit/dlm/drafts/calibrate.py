@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_int
-from decodekit.dlm.drafts.spiffy import candidates
+from decodekit.checks import check_float, check_int
+from decodekit.dlm.drafts.spiffy import SpiffyDrafts, candidates
 from decodekit.dlm.state import DLMState, Proposal
 
 
@@ -27,6 +27,15 @@ class Calibration:
     graph: list[tuple[int, ...]]
     forwards: list[int]
     steps: int
+
+    def best_budget(self, canvas_cost: float) -> int:
+        """How many of ``graph``'s nodes to draft on a device where a forward of ``1 + k`` canvases takes
+        ``1 + canvas_cost * k`` undrafted forwards' time (:func:`canvas_cost` measures it): the ``k`` that minimises
+        ``forwards[k] * (1 + canvas_cost * k)``, the predicted time of the recorded steps; the smaller ``k`` on a tie.
+        0 means drafting does not pay there (run without a draft); else ``SpiffyDrafts(graph=graph, budget=k)``."""
+        cost = check_float("canvas_cost", canvas_cost, low=0, hint=" (a forward's extra time per drafted canvas)")
+        times = [n * (1 + cost * k) for k, n in enumerate(self.forwards)]
+        return min(range(len(times)), key=times.__getitem__)
 
 
 class StepRecorder:
@@ -155,4 +164,33 @@ def calibrate_graph(
     return greedy_graph(walks(recorder.records, out.sequences, depth), budget)
 
 
-__all__ = ["Calibration", "StepRecorder", "calibrate_graph", "forwards", "greedy_graph", "walks"]
+def canvas_cost(
+    dlm: Any, prompts: Any, graph: Any, budget: int | None = None, repeats: int = 2, **generate_kwargs: Any
+) -> float:
+    """The time one drafted canvas adds to a forward, as a fraction of an undrafted forward, on the device ``dlm`` is
+    on (what :meth:`Calibration.best_budget` takes): the sampler's time per forward with ``SpiffyDrafts(graph=graph,
+    budget=budget)`` over its time per forward without drafts, less 1, per drafted canvas; each the fastest of
+    ``repeats`` calls after a warm-up call. An estimate: a forward at a block's last step runs no drafts, so the cost
+    is a little low; a CPU gives about 0.5, a dispatch-bound GPU a few hundredths (docs/benchmarks.md).
+
+    Args:
+        prompts: a few prompts, as :func:`decodekit.dlm.generate` takes them (a batch costs what it will cost).
+        graph, budget: the drafts to price (as :class:`~decodekit.dlm.drafts.SpiffyDrafts` takes them).
+        generate_kwargs: the sampler, as it will run (``gen_length``, ``rule``, ``cache``, ...).
+    """
+    from decodekit.dlm.generate import generate
+
+    drafts = SpiffyDrafts(graph=graph, budget=budget)
+    repeats = check_int("repeats", repeats, low=1)
+
+    def per_forward(draft: Any) -> float:
+        times = []
+        for _ in range(repeats + 1):
+            stats = generate(dlm, prompts, draft=draft, progress=False, **generate_kwargs).stats
+            times.append(stats.wall_time_s / stats.nfe)
+        return min(times[1:])
+
+    return max(per_forward(drafts) / per_forward(None) - 1.0, 0.0) / len(drafts.nodes)
+
+
+__all__ = ["Calibration", "StepRecorder", "calibrate_graph", "canvas_cost", "forwards", "greedy_graph", "walks"]
