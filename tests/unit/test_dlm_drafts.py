@@ -186,6 +186,10 @@ def test_drafts_are_refused_where_they_cannot_run(hf):
         ([[0], [0]], "each node once"),
         ([[]], "non-empty"),
         ([[0, 0]], "distinct"),
+        ([[0, [0, 1]]], "distinct"),  # one slot, two tokens
+        ([[[0, -1]]], "j >= 0"),
+        ([[[0, 1, 2]]], "pair"),
+        ([[True]], "ranks"),
         ([["a"]], "ranks"),
     ):
         with pytest.raises(ConfigError, match=message):
@@ -264,3 +268,48 @@ def test_canvas_cost_prices_a_drafted_forward_on_this_device(hf):
         dk.dlm.canvas_cost(model, PROMPTS[:1], graph=[[]], **settings)
     with pytest.raises(ConfigError, match="repeats"):
         dk.dlm.canvas_cost(model, PROMPTS[:1], graph=[[0]], repeats=0, **settings)
+
+
+def test_candidates_offer_the_next_most_likely_tokens():
+    """A candidate's alternatives are the most likely tokens after its proposed one, by the step's logits (also when
+    the proposed token was sampled and is not the argmax), most likely first."""
+    from types import SimpleNamespace
+
+    from decodekit.dlm.drafts.spiffy import candidates
+
+    logits = torch.tensor([[[0.0, 3.0, 1.0, 2.0, -1.0], [4.0, 0.5, 0.0, 2.5, 3.0], [1.0, 1.0, 5.0, 0.0, 2.0]]])
+    proposal = dk.dlm.Proposal(
+        tokens=torch.tensor([[1, 3, 2]]), confidence=torch.tensor([[0.5, 0.2, 0.9]]), logits=logits
+    )
+    state = SimpleNamespace(masked=torch.tensor([[True, True, False]]), in_block=torch.ones(1, 3, dtype=torch.bool))
+    ranked, usable, tokens = candidates(state, proposal, width=2, alternatives=2)
+    assert ranked.tolist() == [[0, 1]] and usable.tolist() == [[True, True]]  # slot 2 is committed
+    assert tokens.tolist() == [[[1, 3, 2], [3, 0, 4]]]  # slot 1's proposal (3) was sampled: 0 and 4 are next
+    assert candidates(state, proposal, width=2)[2].tolist() == [[[1], [3]]]
+
+
+def test_alternative_tokens_in_a_graph_are_lossless_and_replayed_exactly(hf):
+    """A graph whose nodes draft candidates with other tokens (pairs [r, j]) changes no token; calibrating with
+    alternatives picks such nodes where the walks need them, and the replay still counts the loop's forwards."""
+    model = dk.dlm.load_model(hf, mask_token_id=MASK)
+    settings = dict(gen_length=12, block_length=6, steps=12, seed=[4, 5, 6], cache=dk.dlm.BlockCausalCache())
+    plain = dk.dlm.generate(model, PROMPTS, **settings)
+    drafts = dk.dlm.SpiffyDrafts(graph=[[0], [[0, 1]], [0, [1, 2]], [[1, 1]]])
+    assert drafts.alternatives == 2 and drafts.nodes[1] == ((0, 1),) and (drafts.width, drafts.depth) == (2, 2)
+    assert dk.dlm.generate(model, PROMPTS, draft=drafts, **settings).sequences == plain.sequences
+    every = dk.dlm.SpiffyDrafts(width=3, depth=2, alternatives=1)  # each set of up to 2 of 3, each with 2 tokens
+    assert len(every.nodes) == 3 * 2 + 3 * 4 and ((0, 1), (2, 0)) in every.nodes
+    widened = dk.dlm.generate(model, PROMPTS, draft=every, **settings)
+    assert widened.sequences == plain.sequences
+    assert widened.stats.nfe <= dk.dlm.generate(model, PROMPTS, draft=dk.dlm.SpiffyDrafts(3, 2), **settings).stats.nfe
+    with pytest.raises(ConfigError, match="not both"):
+        dk.dlm.SpiffyDrafts(graph=[[0]], alternatives=1)
+    found = dk.dlm.calibrate_graph(
+        model, PROMPTS, budget=12, width=4, depth=3, alternatives=2, progress=False, **settings
+    )
+    drafted = dk.dlm.generate(model, PROMPTS, draft=dk.dlm.SpiffyDrafts(graph=found.graph), **settings)
+    assert drafted.sequences == plain.sequences
+    assert sum(drafted.stats.row_nfe) == found.forwards[-1]
+    assert any(isinstance(e, tuple) for node in found.graph for e in node)  # an (r, j) element: another token
+    without = dk.dlm.calibrate_graph(model, PROMPTS, budget=12, width=4, depth=3, progress=False, **settings)
+    assert found.forwards[-1] < without.forwards[-1]  # here the other tokens reach canvases the proposals miss

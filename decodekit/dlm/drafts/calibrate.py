@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from decodekit.checks import check_float, check_int
-from decodekit.dlm.drafts.spiffy import SpiffyDrafts, candidates
+from decodekit.dlm.drafts.spiffy import Node, SpiffyDrafts, candidates
 from decodekit.dlm.state import DLMState, Proposal
 
 
@@ -17,14 +17,15 @@ class Calibration:
     """What :func:`calibrate_graph` found.
 
     Attributes:
-        graph: the chosen nodes, the most useful first (sets of candidate ranks; ``SpiffyDrafts(graph=...)``). The
-            first ``k`` are the graph greedy calibration picks with a budget of ``k``.
+        graph: the chosen nodes, the most useful first (sets of candidate ranks, ``r`` with its proposed token,
+            ``(r, j)`` with its ``j``-th other; ``SpiffyDrafts(graph=...)``). The first ``k`` are the graph greedy
+            calibration picks with a budget of ``k``.
         forwards: ``forwards[k]``: the forwards the drafted loop takes on the recorded steps with the first ``k``
             nodes (``forwards[0]``: the undrafted loop's, one a step).
         steps: the recorded steps (summed over rows).
     """
 
-    graph: list[tuple[int, ...]]
+    graph: list[tuple[Any, ...]]
     forwards: list[int]
     steps: int
 
@@ -41,42 +42,42 @@ class Calibration:
 class StepRecorder:
     """A draft strategy that drafts nothing and records, after every step, each row's ``width`` candidates (the
     most confident masked slots of the block, as :class:`~decodekit.dlm.drafts.SpiffyDrafts` ranks them) with their
-    proposed tokens, and the slots still masked in the block: what :func:`calibrate_graph` replays."""
+    proposed tokens (and ``alternatives`` other likely ones each), and the slots still masked in the block: what
+    :func:`calibrate_graph` replays."""
 
     fixed_blocks = True
 
-    def __init__(self, width: int) -> None:
-        self.width = width
+    def __init__(self, width: int, alternatives: int = 0) -> None:
+        self.width, self.alternatives = width, alternatives
         self.records: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def variants(self, state: DLMState, proposal: Proposal, committed: torch.Tensor, left: int) -> None:
-        ranked, usable = candidates(state, proposal, self.width)
-        tokens = proposal.tokens.gather(1, ranked)
+        ranked, usable, tokens = candidates(state, proposal, self.width, self.alternatives)
         masked = state.masked & state.in_block
         self.records.append((state.block[0], ranked.cpu(), usable.cpu(), tokens.cpu(), masked.cpu()))
         return None
 
 
-Walk = tuple[tuple[int, ...], ...]  # the nodes a walk from one step went through
+Walk = tuple[Node, ...]  # the nodes a walk from one step went through
 
 
 def walks(records: list[Any], outputs: list[list[int]], depth: int) -> list[list[Walk]]:
     """Per row and block, in step order, the walk from each step the row took that was not its last in the block:
-    the nodes its next steps went through. After ``k`` more steps, the node is the set of candidate ranks its commits
-    since the step form, while each commit is a candidate with its proposed token (the output's token), up to
-    ``depth`` candidates and short of the step that finishes the block (taken on the last node's output, it needs
-    no node)."""
+    the nodes its next steps went through. After ``k`` more steps, the node is the set of ``(rank, token)`` pairs
+    its commits since the step form, while each commit is a candidate with one of its recorded tokens (the output's
+    token; 0 = the proposed one), up to ``depth`` candidates and short of the step that finishes the block (taken
+    on the last node's output, it needs no node)."""
     out: dict[tuple[int, int], list[Walk]] = {}
     for t, (block, ranked, usable, tokens, masked) in enumerate(records):
         for b in range(ranked.shape[0]):
             if not bool(masked[b].any()):  # the row's block is done: no step follows
                 continue
             rank = {
-                int(s): r
-                for r, (s, ok, tok) in enumerate(zip(ranked[b].tolist(), usable[b].tolist(), tokens[b].tolist()))
-                if ok and tok == outputs[b][s]
+                int(s): (r, toks.index(outputs[b][s]))
+                for r, (s, ok, toks) in enumerate(zip(ranked[b].tolist(), usable[b].tolist(), tokens[b].tolist()))
+                if ok and outputs[b][s] in toks
             }
-            chain: list[tuple[int, ...]] = []
+            chain: list[Node] = []
             for later in records[t + 1 :]:
                 if later[0] != block or not bool(later[4][b].any()):
                     break
@@ -106,8 +107,8 @@ def forwards(steps: list[list[Walk]], graph: set[tuple[int, ...]]) -> int:
 def greedy_graph(steps: list[list[Walk]], budget: int) -> Calibration:
     """Add, ``budget`` times, the node that saves the most forwards on the recorded steps (:func:`forwards`; the
     candidates are the nodes where walks stop now); ties go to the smaller set, then the lower ranks."""
-    graph: list[tuple[int, ...]] = []
-    chosen: set[tuple[int, ...]] = set()
+    graph: list[Node] = []
+    chosen: set[Node] = set()
     counts = [forwards(steps, chosen)]
     for _ in range(budget):
         stops = {next((n for n in w if n not in chosen), None) for block in steps for w in block} - {None}
@@ -129,6 +130,7 @@ def calibrate_graph(
     budget: int = 7,
     width: int = 8,
     depth: int = 4,
+    alternatives: int = 0,
     progress: bool = True,
     **generate_kwargs: Any,
 ) -> Calibration:
@@ -148,6 +150,9 @@ def calibrate_graph(
         budget: nodes to pick (drafted canvases a forward).
         width: candidates considered per step (ranks ``0 .. width - 1``).
         depth: the largest set considered.
+        alternatives: other tokens considered per candidate (its most likely after the proposed one): a node may
+            then draft a candidate with one of them (``[r, j]``), where the next steps commit it with another token
+            than the one proposed now.
         generate_kwargs: the sampler to calibrate for (``gen_length``, ``block_length``, ``steps``, ``rule``,
             ``cache``, ``temperature``, ``seed``, ...), as it will run with drafts.
 
@@ -159,9 +164,11 @@ def calibrate_graph(
     budget = check_int("budget", budget, low=1)
     width = check_int("width", width, low=1)
     depth = check_int("depth", depth, low=1, high=width, hint=" (at most width)")
-    recorder = StepRecorder(width)
+    recorder = StepRecorder(width, check_int("alternatives", alternatives, low=0))
     out = generate(dlm, prompts, draft=recorder, progress=progress, **generate_kwargs)
-    return greedy_graph(walks(recorder.records, out.sequences, depth), budget)
+    found = greedy_graph(walks(recorder.records, out.sequences, depth), budget)
+    found.graph = [tuple(r if j == 0 else (r, j) for r, j in node) for node in found.graph]  # r: its proposed token
+    return found
 
 
 def canvas_cost(
