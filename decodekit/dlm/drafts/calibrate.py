@@ -89,7 +89,7 @@ def walks(records: list[Any], outputs: list[list[int]], depth: int) -> list[list
     return list(out.values())
 
 
-def forwards(steps: list[list[Walk]], graph: set[tuple[int, ...]]) -> int:
+def forwards(steps: list[list[Walk]], graph: set[Node]) -> int:
     """The forwards the drafted loop takes over the recorded steps with ``graph``: per row and block, the first
     forward takes the block's first step; each next one takes a step and then one more for each node of the walk
     from there that the graph holds."""

@@ -51,6 +51,8 @@ class RandomOrderRule:
         assert self.rank is not None and self.bounds is not None
         step, end = state.steps_in_block(), self.bounds.shape[1] - 2
         commit = self._due(step.clamp(max=end)) & eligible
+        # the plan's end reads the loop's step, not each row's: only dKV-Cache-Greedy reads plans, and it runs
+        # without drafts, where every row's step is state.step (a host int: no device read)
         state.planned = None if state.step + 1 > end else self._due((step + 1).clamp(max=end))
         return commit
 
