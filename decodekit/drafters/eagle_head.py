@@ -14,6 +14,7 @@ from torch import nn
 
 from decodekit.cache import KVCache
 from decodekit.drafters.head_files import read_head, save_head
+from decodekit.drafters.lean_layer import LeanLayer, lean_layer
 from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import match_kernels
 from decodekit.models.base import LanguageModel
@@ -56,6 +57,7 @@ class EagleHead(nn.Module):
         self._cache_arg = cache_argument(self.decoder)
         vocab = torch.arange(int(config.vocab_size)) if vocab is None else vocab.long()
         self.register_buffer("vocab", vocab)
+        self.lean: LeanLayer | None = None  # set by load_head: the layer's draft steps without transformers' calls
 
     def forward(
         self,
@@ -68,8 +70,11 @@ class EagleHead(nn.Module):
         """``embeds [B, N, H]`` (of the tokens ``x_{t+1}``) and ``feats [B, N, H]`` (``f_t``) -> ``g [B, N, H]``.
 
         Without a cache, causal attention over the ``N`` positions (training); with one, ``positions [B, N]`` and a
-        4-D bool ``mask [B, 1, N, S]`` against the staged cache, as :meth:`LanguageModel.forward`."""
+        4-D bool ``mask [B, 1, N, S]`` against the staged cache, as :meth:`LanguageModel.forward`, through
+        :attr:`lean` where :func:`load_head` set one (the same arithmetic, without transformers' per-call work)."""
         x = self.fc(torch.cat([embeds, feats], -1))
+        if cache is not None and self.lean is not None:
+            return self.lean(x, positions, mask, cache)  # type: ignore[arg-type]
         kwargs: dict[str, Any] = {}
         if cache is not None:
             kwargs = {self._cache_arg: cache, "use_cache": True}
@@ -104,10 +109,16 @@ def read_init(path: str | Path, target: LanguageModel, retrain: str) -> tuple[di
     return meta, tensors
 
 
-def load_head(path: str | Path, target: LanguageModel) -> tuple[EagleHead, dict[str, Any]]:
-    """The head in ``path`` for ``target`` (on its device and dtype, with its CPU
-    kernels: :func:`~decodekit.kernels.match_kernels`) and its metadata; refuses a head trained
-    for another target."""
+def load_head(
+    path: str | Path, target: LanguageModel, *, lean: bool = True, bf16: bool | None = None
+) -> tuple[EagleHead, dict[str, Any]]:
+    """The head in ``path`` for ``target`` and its metadata, for drafting; refuses a head trained for another
+    target.
+
+    The head takes the target's device, dtype and CPU kernels (:func:`~decodekit.kernels.match_kernels`; ``bf16``:
+    bfloat16 packed weights, None = where the CPU computes them natively), and with ``lean`` its layer runs as a
+    :class:`~decodekit.drafters.lean_layer.LeanLayer` where one covers it (``lean=False``, ``bf16=False``: the head
+    as trained, through transformers in the target's dtype)."""
     config = getattr(getattr(target, "hf", None), "config", None)
     if config is None:
         raise ConfigError(f"the eagle drafter needs a transformers target (its config builds the head); got {target!r}")
@@ -117,4 +128,6 @@ def load_head(path: str | Path, target: LanguageModel) -> tuple[EagleHead, dict[
     if unexpected or any("embed_tokens" not in k for k in missing):
         raise ConfigError(f"{path} does not match the head's layout: missing {missing}, unexpected {unexpected}")
     head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
-    return match_kernels(head, target), meta
+    head = match_kernels(head, target, bf16=bf16)
+    head.lean = lean_layer(head.decoder) if lean else None
+    return head, meta

@@ -174,15 +174,21 @@ def test_greedy_equals_plain_decoding_with_drafts_accepted(greedy_setup, ragged_
     assert_greedy_twice(lm, ragged_prompts, tree, FixedLength(6, depth=3), reference, 40)
 
 
-def test_the_head_takes_the_targets_cpu_kernels(greedy_setup, ragged_prompts):
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_head_takes_the_targets_cpu_kernels(greedy_setup, ragged_prompts, monkeypatch, bf16):
     """On a target with packed oneDNN linears the head and its trimmed output head are packed too (faster one-token
-    steps); on a stock target they stay stock. Greedy output is plain decoding's either way."""
+    steps; bfloat16 weights where the CPU computes them natively), its layer run lean; on a stock target they stay
+    stock. Greedy output is plain decoding's either way."""
+    if bf16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("this CPU cannot run oneDNN's bfloat16 linears")
+    monkeypatch.setattr("decodekit.kernels.cpu.native_bf16", lambda: bf16)
     lm, path = greedy_setup
     packed = dk.load_model(tiny_llama(0), kernels="onednn")
     for target, kind in ((lm, torch.nn.Linear), (packed, PackedLinear)):
         drafter = Eagle3Drafter(path, target=target)
         assert type(drafter.head.fc) is kind and type(drafter.head.fuse) is kind
-        assert type(drafter.trimmed.proj) is kind
+        assert type(drafter.trimmed.proj) is kind and drafter.head.lean is not None
+    assert drafter.head.fc.compute_dtype == (torch.bfloat16 if bf16 else torch.float32)
     reference = dk.generate(packed, ragged_prompts, max_new_tokens=40, eos_token_id=()).sequences
     assert_greedy_twice(packed, ragged_prompts, Eagle3Drafter(path), FixedLength(3), reference, 40)
 
