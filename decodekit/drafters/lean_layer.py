@@ -19,20 +19,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from decodekit.cache import KVCache
 from decodekit.kernels.cpu import fused_linear
 from decodekit.models.grouped_attention import TORCH_HAS_GQA
 
 COVERED = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``x [B, H, N, D]`` by ``cos`` / ``sin [B, N, D]`` (the half-split convention of the
-    covered layers)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos[:, None] + rotated * sin[:, None]
 
 
 class LeanLayer:
@@ -62,7 +55,7 @@ class LeanLayer:
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = self.rotary(x, positions)
-        q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
+        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # the covered layers' own
         keys, values = cache.update(k, v.transpose(1, 2), 0)
         if not (TORCH_HAS_GQA and x.device.type == "cpu"):  # GPUs: a masked enable_gqa call may take the math path
             group = q.shape[1] // keys.shape[1]

@@ -14,7 +14,7 @@ from decodekit.cache import KVCache
 from decodekit.drafters.eagle_head import EagleHead
 from decodekit.drafters.lean_layer import lean_layer
 from decodekit.kernels.cpu import PackedLinear, fused_linear, match_kernels, onednn_linears
-from decodekit.masks import chain_mask, tree_mask
+from decodekit.masks import chain_mask, tree_ancestors, tree_mask
 from decodekit.models.tiny import tiny_llama
 
 SIZES = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2)
@@ -55,12 +55,7 @@ def run(head: EagleHead, lean: bool) -> list[torch.Tensor]:
         outs.append(head(embeds[:, 9:12], feats[:, 9:12], positions, mask, cache))
         cache.keep(torch.tensor([1, 3]), host_counts=[1, 3])
         parents = torch.tensor([[-1, 0, 0, 1], [-1, -1, 1, 2]])
-        ancestors = torch.eye(4, dtype=torch.bool).repeat(2, 1, 1)
-        for b in range(2):
-            for node in range(4):
-                p = int(parents[b, node])
-                while p >= 0:
-                    ancestors[b, node, p], p = True, int(parents[b, p])
+        ancestors = tree_ancestors(parents, torch.ones_like(parents, dtype=torch.bool))
         kv = cache.stage(4)
         mask, positions = tree_mask(cache.lengths, ancestors, kv)
         outs.append(head(embeds[:, 12:], feats[:, 12:], positions, mask, cache))
