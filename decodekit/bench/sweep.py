@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from decodekit.cli import COMPONENTS, GENERIC_METHOD, build_component, check_bench_config, method_label
+from decodekit.bench.config import COMPONENTS, GENERIC_METHOD, check_bench_config, method_label
 from decodekit.errors import ConfigError
+from decodekit.instantiate import build_component
 
 if TYPE_CHECKING:
     from decodekit.bench.methods import Method, TransformersBaseline

@@ -16,8 +16,10 @@ from omegaconf import OmegaConf
 
 import decodekit as dk
 from decodekit import registry
+from decodekit.bench.config import ran_config
 from decodekit.bench.methods import TransformersBaseline
-from decodekit.cli import RECIPES, build_component, ran_config
+from decodekit.cli import RECIPES
+from decodekit.instantiate import build_component
 from decodekit.models.tiny import tiny_llama
 
 GROUPS = ("model", "drafter", "verifier", "policy", "task")
@@ -135,7 +137,7 @@ def test_results_config_holds_only_what_ran():
 
 
 def test_generic_method_is_named_by_what_ran():
-    from decodekit.cli import method_label
+    from decodekit.bench.config import method_label
     from decodekit.drafters import NGramDrafter
     from decodekit.policies import FixedLength
     from decodekit.verifiers import RejectionVerifier

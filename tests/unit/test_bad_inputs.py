@@ -419,7 +419,7 @@ def compose_bench(monkeypatch):
     ],
 )
 def test_cli_plain_values(compose_bench, overrides, error, match):
-    from decodekit.cli import check_bench_config
+    from decodekit.bench.config import check_bench_config
 
     with pytest.raises(error, match=match):
         check_bench_config(compose_bench(overrides))
@@ -438,7 +438,7 @@ def test_cli_plain_values(compose_bench, overrides, error, match):
     ],
 )
 def test_cli_component_overrides(compose_bench, overrides, key, error, match):
-    from decodekit.cli import build_component
+    from decodekit.instantiate import build_component
 
     cfg = compose_bench(overrides)
     with pytest.raises(error, match=match):

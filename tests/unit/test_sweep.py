@@ -20,8 +20,9 @@ from hydra import compose, initialize_config_dir
 
 import decodekit as dk
 from decodekit.bench import tasks
+from decodekit.bench.config import ran_config
 from decodekit.bench.sweep import Sweep
-from decodekit.cli import RECIPES, main, ran_config
+from decodekit.cli import RECIPES, main
 from decodekit.errors import ConfigError
 from decodekit.models import zoo
 from decodekit.models.tiny import tiny_llama
