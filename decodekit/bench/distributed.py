@@ -30,7 +30,7 @@ from decodekit.models import HFCausalLM, LanguageModel
 
 if TYPE_CHECKING:
     from decodekit.bench.methods import Method, Run, TransformersBaseline
-    from decodekit.bench.runner import Call
+    from decodekit.bench.results import Call
 
 __all__ = ["World", "current_world", "init_process", "launched_processes", "merge", "place"]
 

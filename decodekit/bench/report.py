@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from decodekit.bench.distributed import current_world
-from decodekit.bench.runner import Result
+from decodekit.bench.results import Result
 
 
 def result_dict(result: Result) -> dict[str, Any]:

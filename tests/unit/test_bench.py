@@ -229,7 +229,7 @@ def test_speedup_per_task_is_a_ratio_within_each_pass():
     """Two tasks, two passes: the method is 2x on task a and 1x on task b in pass 0, 4x / 1x in pass 1 (a slow
     pass for the reference on task a); per task, the median of the per-pass ratios."""
     from decodekit.bench.report import task_speedups
-    from decodekit.bench.runner import Call, Result
+    from decodekit.bench.results import Call, Result
 
     def result(name, seconds):  # seconds[pass][prompt]: decode time of 11 tokens (+1 from prefill) per prompt
         calls = [
