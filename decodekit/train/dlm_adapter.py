@@ -40,8 +40,8 @@ from decodekit.train.common import BUDGET_PROBE, Checkpoints, budgeted_steps, pl
 from decodekit.train.corpus import corpus_texts, token_chunks
 from decodekit.train.dlm_data import region_rows
 from decodekit.train.dlm_losses import masked_diffusion_loss, region_diffusion_loss
-from decodekit.train.feature_data import DATA_SOURCE as SELF_SOURCE
-from decodekit.train.feature_data import SEQUENCES
+from decodekit.train.sequences import DATA_SOURCE as SELF_SOURCE
+from decodekit.train.sequences import SEQUENCES
 
 DATA_SOURCE = "Python standard library test-suite source (Lib/test/**/*.py) and pydoc_data topics"
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -103,7 +103,7 @@ def train(
             :mod:`decodekit.train.dlm_data`, a clean context of at most ``context`` tokens and a region of at most
             ``gen_len`` slots (:func:`~decodekit.train.dlm_losses.region_diffusion_loss`); ``val_fraction`` of them
             held out; ``data_dir`` where their sequences are cached (shared with the EAGLE recipe), ``sequences``
-            how they are built (over :data:`~decodekit.train.feature_data.SEQUENCES`).
+            how they are built (over :data:`~decodekit.train.sequences.SEQUENCES`).
         block_length: None = bidirectional attention; a block length = block-causal training (``data="self"``
             only), for the block-causal sampler at the same block length.
         name: the adapter file's stem (``<name>.safetensors``) and the zoo name it is for.

@@ -1,7 +1,7 @@
 """Self-distilled rows for the DLM adapter (``data=self`` of :mod:`decodekit.train.dlm_adapter`): each row a clean
 context and a region the loss denoises, the way the sampler meets them (a prompt, then ``G`` masked slots).
 
-The sequences are the ones the EAGLE, Medusa and exit-head recipes train on (:mod:`decodekit.train.feature_data`,
+The sequences are the ones the EAGLE, Medusa and exit-head recipes train on (:mod:`decodekit.train.sequences`,
 shared through ``data_dir``): SmolLM2's own greedy responses to pydoc_data questions and to ``Lib/test`` code
 prompts (region = the response, its prompt the context), and plain ``Lib/test`` chunks (region = a window of ``G``
 tokens drawn afresh each time a row is used, the text before it the context). No benchmark prompt set is read.
@@ -57,8 +57,8 @@ class RegionRows:
 
 def region_rows(target: Any, cfg: dict[str, Any], data_dir: Path, seed: int, progress: bool) -> RegionRows:
     """The self-distilled sequences (read from ``data_dir/sequences.json`` or built there: see
-    :func:`decodekit.train.feature_data.load_sequences`) as :class:`RegionRows`."""
-    from decodekit.train.feature_data import load_sequences
+    :func:`decodekit.train.sequences.load_sequences`) as :class:`RegionRows`."""
+    from decodekit.train.sequences import load_sequences
 
     seqs, starts = load_sequences(target, cfg, data_dir, seed, progress)
     kept = [(s, st if st else None) for s, st in zip(seqs, starts) if len(s) > max(st, 1) + 1]

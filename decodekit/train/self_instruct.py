@@ -5,7 +5,7 @@ An instruction-tuned model given its chat template up to where a user's message 
 plausible user message: the distribution of requests it was tuned on (writing, reasoning, maths, code, advice).
 Sampled at temperature 1 until the end of the turn, each continuation is one request; put back into the template
 with the generation prompt, it is a chat prompt the target then answers (greedy, :func:`~decodekit.train.
-feature_data.answer`). Faithful to Magpie's first step (the pre-query template, temperature-1 sampling, one turn);
+sequences.answer`). Faithful to Magpie's first step (the pre-query template, temperature-1 sampling, one turn);
 its filtering by quality and difficulty is not done here: requests that run past ``max_query_tokens`` without
 ending, are shorter than 4 tokens or repeat an earlier one are dropped, nothing else. No prompt set is read.
 """

@@ -10,7 +10,7 @@ import pytest
 import decodekit as dk
 from decodekit.drafters.eagle import default_weights, load_head
 from decodekit.train.eagle import train
-from decodekit.train.feature_data import code_prompts
+from decodekit.train.sequences import code_prompts
 from tests.integration.head_prompts import head_prompts
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import torch
 
 import decodekit as dk
 from decodekit.train.common import WarmupCosine, budgeted_steps, warmup_cosine
-from decodekit.train.feature_data import answer, load_sequences, write_sequences
+from decodekit.train.sequences import answer, load_sequences, write_sequences
 
 
 def test_warmup_cosine_warms_up_anneals_to_zero_and_follows_a_new_total():
@@ -69,7 +69,7 @@ def test_zero_prompts_asked_for_are_none():
     """``code_prompts=0`` / ``chat_prompts=0`` in a recipe: no prompts, not every prompt the corpus gives (the
     loops stopped on ``len == num`` after appending, which 0 never meets)."""
     from decodekit.train.acceptance_data import pydoc_prompts
-    from decodekit.train.feature_data import code_prompts
+    from decodekit.train.sequences import code_prompts
 
     assert code_prompts(None, 0, 64) == [] and pydoc_prompts(None, 0, 64) == []  # no tokenizer call either
 

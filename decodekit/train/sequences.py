@@ -1,0 +1,168 @@
+"""The self-distilled sequences the trained heads and adapters learn from (the features computed on them:
+:mod:`decodekit.train.feature_data`).
+
+The sequences (offline, no benchmark prompts):
+
+- chat: questions about snippets of the Python reference documentation (``pydoc_data``, through the chat template)
+  with the target's own greedy responses;
+- code: code-completion prompts cut from the standard library's test suite (``Lib/test``) with the target's own
+  greedy continuations;
+- text: plain ``Lib/test`` source chunks;
+- self-instruct (recipes with a ``self_instruct`` key, e.g. ``eagle3``): chat requests the target writes itself
+  (Magpie, :mod:`decodekit.train.self_instruct`) with its greedy responses.
+
+The ``stdlib`` benchmark task mines ``Lib`` outside ``test``; HumanEval and MT-Bench are never read. The token
+sequences are written to ``<data_dir>/sequences.json`` (and where each response starts to ``starts.json``), which a
+later run (``resume=true``, or another recipe with ``data_dir``) reuses.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from decodekit.checks import check_int
+
+DATA_SOURCE = (
+    "self-distilled: SmolLM2's greedy responses to questions about pydoc_data snippets and its greedy "
+    "continuations of Lib/test code prompts, plus Lib/test source chunks (and, with self_instruct > 0, its greedy "
+    "responses to chat requests it wrote itself, Magpie-style)"
+)
+
+
+def code_prompts(tokenizer: Any, num: int, max_prompt_tokens: int, seed: int = 0) -> list[list[int]]:
+    """``num`` distinct code-completion prompts: up to 30 lines of a ``Lib/test`` file ending at a ``def`` line.
+
+    One prompt per file and pass over the files (the first pass is the recipe's original prompt list, where two
+    files can give the same prompt); when ``num`` asks for more prompts than there are files with a ``def``, later
+    passes pick other ``def`` lines and skip prompts already taken, up to 8 passes."""
+    from decodekit.train.corpus import corpus_texts
+
+    if num <= 0:  # none asked for (the loop below would return every prompt it can make)
+        return []
+    rng, prompts, seen = random.Random(seed), [], set()
+    files = [text.splitlines(keepends=True) for text in corpus_texts(seed)]
+    files = [(lines, [i for i, line in enumerate(lines) if line.lstrip().startswith("def ")]) for lines in files]
+    files = [(lines, starts) for lines, starts in files if starts]
+    for later in range(8):
+        for lines, starts in files:
+            end = rng.choice(starts) + 1
+            ids = tokenizer("".join(lines[max(0, end - 30) : end]))["input_ids"][-max_prompt_tokens:]
+            if not later or tuple(ids) not in seen:
+                seen.add(tuple(ids))
+                prompts.append(list(ids))
+            if len(prompts) == num:
+                return prompts
+    return prompts
+
+
+def training_prompts(tokenizer: Any, cfg: dict[str, int], seed: int) -> list[list[int]]:
+    """The chat prompts, then the code prompts, that the target answers."""
+    from decodekit.train.acceptance_data import pydoc_prompts
+
+    prompts = pydoc_prompts(tokenizer, cfg["chat_prompts"], cfg["max_prompt_tokens"], seed)
+    return prompts + code_prompts(tokenizer, cfg["code_prompts"], cfg["max_prompt_tokens"], seed + 1)
+
+
+def sequence_plan(tokenizer: Any, cfg: dict[str, int], seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """What :func:`write_sequences` needs from the corpus: the prompts the target answers (chat, then code) and the
+    plain text chunks (``seq_len`` tokens each). Built on one machine, they can be answered on another (a GPU
+    machine whose Python has a different standard library)."""
+    from decodekit.train.corpus import corpus_texts, token_chunks
+
+    chunks = token_chunks(tokenizer, corpus_texts(seed + 2), cfg["seq_len"], cfg["text_chunks"], tokenizer.eos_token_id)
+    return training_prompts(tokenizer, cfg, seed), chunks.tolist()
+
+
+def answer(
+    target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int, progress: bool
+) -> list[list[int]]:
+    """The target's greedy responses to ``prompts`` (token ids, up to ``max_new_tokens`` each, its end-of-text
+    token kept), in order; the prompts are batched by length (``batch_size`` a batch) to waste little padding."""
+    import decodekit as dk
+
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    responses: list[list[int]] = [[] for _ in prompts]
+    bar = tqdm(total=len(prompts), desc="target responses", unit="prompt", disable=not progress)
+    for i in range(0, len(order), batch_size):
+        rows = order[i : i + batch_size]
+        out = dk.generate(target, [prompts[r] for r in rows], max_new_tokens=max_new_tokens)
+        for r, response in zip(rows, out.sequences):
+            responses[r] = response
+        bar.update(len(rows))
+    bar.close()
+    return responses
+
+
+def write_sequences(
+    target: Any, prompts: list[list[int]], chunks: list[list[int]], cfg: dict[str, int], data_dir: Path, progress: bool
+) -> tuple[list[list[int]], list[int]]:
+    """Answer ``prompts`` (:func:`answer`), then write the sequences (prompt + response, then the text ``chunks``)
+    to ``data_dir/sequences.json`` and where each one's response starts (0 for a chunk) to ``starts.json``."""
+    responses = answer(target, prompts, cfg["max_new_tokens"], cfg["gen_batch_size"], progress)
+    seqs = [p + r for p, r in zip(prompts, responses)] + chunks
+    starts = [len(p) for p in prompts] + [0] * len(chunks)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "sequences.json").write_text(json.dumps(seqs))
+    (data_dir / "starts.json").write_text(json.dumps(starts))
+    return seqs, starts
+
+
+def load_sequences(
+    target: Any, cfg: dict[str, Any], data_dir: Path, seed: int, progress: bool
+) -> tuple[list[list[int]], list[int]]:
+    """The self-distilled sequences (token ids: prompts with the target's greedy responses, then plain text chunks)
+    and where each one's response starts, read from ``data_dir`` when a run (of any recipe sharing ``data_dir``)
+    wrote them, else built and written there (the responses take the longest)."""
+    data_dir = Path(data_dir)
+    written = data_dir / "sequences.json"
+    if not written.is_file():
+        prompts, chunks = sequence_plan(target.tokenizer, cfg, seed)
+        if cfg.get("self_instruct"):  # chat prompts the target writes itself (a recipe that has the key)
+            from decodekit.train.self_instruct import self_instruct_prompts
+
+            num = check_int("self_instruct", cfg["self_instruct"], low=0)
+            limit = cfg["max_prompt_tokens"]
+            prompts += self_instruct_prompts(target, num, 64, limit, seed, cfg["gen_batch_size"], progress)
+        return write_sequences(target, prompts, chunks, cfg, data_dir, progress)
+    seqs = json.loads(written.read_text())
+    if (data_dir / "starts.json").is_file():
+        return seqs, json.loads((data_dir / "starts.json").read_text())
+    prompts = [len(p) for p in training_prompts(target.tokenizer, cfg, seed)]  # a cache written before starts.json
+    return seqs, prompts + [0] * (len(seqs) - len(prompts))
+
+
+def pad_sequences(seqs: list[list[int]], seq_len: int, starts: list[int] | None = None) -> dict:
+    """``tokens [N, L]`` (0-padded) and ``lengths [N]`` of the sequences, each cut to ``L = seq_len`` tokens
+    (sequences of fewer than 3 tokens are dropped); with ``starts`` (one per sequence: where its response starts),
+    also ``starts [N]`` of the sequences kept."""
+    kept = [i for i, s in enumerate(seqs) if len(s) >= 3]
+    cut = [seqs[i][:seq_len] for i in kept]
+    tokens = torch.zeros(len(cut), seq_len, dtype=torch.long)
+    for i, s in enumerate(cut):
+        tokens[i, : len(s)] = torch.tensor(s)
+    data = {"tokens": tokens, "lengths": torch.tensor([len(s) for s in cut])}
+    return data if starts is None else {**data, "starts": torch.tensor([starts[i] for i in kept])}
+
+
+DATA_KEYS = ("chat_prompts", "code_prompts", "text_chunks", "max_prompt_tokens", "max_new_tokens", "seq_len")
+SEQUENCES = {  # the EAGLE recipe's sequences (its defaults), which other recipes share through its data_dir
+    "chat_prompts": 256,
+    "code_prompts": 256,
+    "text_chunks": 1024,
+    "max_prompt_tokens": 320,
+    "max_new_tokens": 128,
+    "seq_len": 384,
+    "gen_batch_size": 8,
+}
+
+
+__all__ = [
+    "DATA_KEYS", "DATA_SOURCE", "SEQUENCES", "answer", "code_prompts", "load_sequences", "pad_sequences",
+    "sequence_plan", "training_prompts", "write_sequences",
+]  # fmt: skip
