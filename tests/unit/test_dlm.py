@@ -527,8 +527,10 @@ def test_dlm_bench_refuses_an_uncached_reference_to_a_disabled_method(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "experiment", [None, "bdlm_g256", "bdlm_synthetic_chat", "bdlm_spiffy", "bdlm_spiffy_calibrated", "dcd_caches"]
-)
+    "experiment",
+    [None, "bdlm_g256", "bdlm_synthetic_chat", "bdlm_spiffy", "bdlm_spiffy_calibrated", "bdlm_spiffy_pruned",
+     "dcd_caches"],
+)  # fmt: skip
 def test_dlm_bench_experiments_compose_and_build(experiment):
     """The dlm-bench recipe and each of its experiments compose, build every method and the base, and every
     ``uncached`` reference names an enabled method (the check ``run`` makes before loading a model)."""
@@ -548,16 +550,19 @@ def test_dlm_bench_experiments_compose_and_build(experiment):
     assert base["rule"] is None and methods
     for name, spec in methods.items():
         assert spec.get("uncached") in (None, *methods), name
-    if experiment in ("bdlm_g256", "bdlm_synthetic_chat", "bdlm_spiffy", "bdlm_spiffy_calibrated"):
+    if experiment not in (None, "dcd_caches"):  # the block-causal zoo DLM's protocols
         assert cfg.model == "smollm2-135m-bdlm" and isinstance(base["cache"], dk.dlm.BlockCausalCache)
         assert all(isinstance(spec["cache"], dk.dlm.BlockCausalCache) for spec in methods.values())
     if experiment == "dcd_caches":
         assert set(methods) == {"dcd", "dcd_prefix", "dcd_dual"} and cfg.synthetic == 0
     if experiment == "bdlm_synthetic_chat":  # the synthetic table only, as chat turns
         assert cfg.synthetic_style == "chat" and not cfg.gen_lengths and "threshold_95_block_causal" in methods
-    if experiment in ("bdlm_spiffy", "bdlm_spiffy_calibrated"):  # each drafted rule beside the same rule undrafted
+    if experiment and experiment.startswith("bdlm_spiffy"):  # each drafted rule beside the same rule undrafted
         drafted = {name for name, spec in methods.items() if isinstance(spec.get("draft"), dk.dlm.SpiffyDrafts)}
         assert drafted and all(methods[name].get("uncached") in (None, *methods) for name in drafted)
+    if experiment == "bdlm_spiffy_pruned":  # pruned rows draft 7 of 210 nodes, beside the 7-node graph
+        pruned = [spec["draft"] for spec in methods.values() if getattr(spec.get("draft"), "keep", None)]
+        assert len(pruned) == 2 and all(d.keep == 7 and len(d.nodes) == 210 for d in pruned)
 
 
 def test_dlm_bench_similarity_tells_a_late_shift_from_a_different_text():

@@ -313,3 +313,89 @@ def test_alternative_tokens_in_a_graph_are_lossless_and_replayed_exactly(hf):
     assert any(isinstance(e, tuple) for node in found.graph for e in node)  # an (r, j) element: another token
     without = dk.dlm.calibrate_graph(model, PROMPTS, budget=12, width=4, depth=3, progress=False, **settings)
     assert found.forwards[-1] < without.forwards[-1]  # here the other tokens reach canvases the proposals miss
+
+
+@pytest.mark.parametrize("cache", ["recompute", "block_causal"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("rule", ["llada", "threshold"])
+@pytest.mark.parametrize("score", ["geometric", "product"])
+def test_pruned_drafts_are_lossless_and_run_keep_canvases(hf, cache, temperature, rule, score, monkeypatch):
+    """With ``keep``, each forward runs the canvas and ``keep`` drafts (each row its own best-scored nodes) and the
+    output is still the undrafted sampler's; keeping every node drafts what the unpruned graph does."""
+    model = dk.dlm.load_model(hf, mask_token_id=MASK)
+    kwargs = dict(cache=cache, temperature=temperature, rule=dk.build("dlm_rule", rule))
+    plain = run(model, **kwargs)
+    widths = []
+    original = dk.dlm.SpiffyDrafts.variants
+
+    def counted(self, *args):
+        out = original(self, *args)
+        widths.append(None if out is None else out.shape[0])
+        return out
+
+    monkeypatch.setattr(dk.dlm.SpiffyDrafts, "variants", counted)
+    pruned = run(model, dk.dlm.SpiffyDrafts(width=4, depth=3, alternatives=1, keep=3, score=score), **kwargs)
+    assert pruned.sequences == plain.sequences
+    assert {w for w in widths if w is not None} <= {4} and 4 in widths  # the canvas and 3 drafts (fewer: no room)
+    full = run(model, dk.dlm.SpiffyDrafts(width=3, depth=2), **kwargs)
+    every = run(model, dk.dlm.SpiffyDrafts(width=3, depth=2, keep=6), **kwargs)
+    assert every.sequences == plain.sequences and every.stats.nfe == full.stats.nfe
+
+
+def test_pruning_scores_nodes_by_geometric_means_and_keeps_each_rows_best():
+    """A node's local score is the geometric mean of its tokens' probabilities; a node with children takes the
+    geometric mean of that and its best child's score. Each row drafts its own top nodes, committed on its canvas."""
+    from types import SimpleNamespace
+
+    # row 0: a sure first candidate; row 1: its first candidate's two likeliest tokens are close, so drafting the
+    # other one ([0, 1]) outscores the pair of candidates
+    logits = torch.tensor([[[4.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.5]], [[3.0, 2.96, 0.0], [0.0, 0.5, 0.2],
+                           [0.0, 0.1, 0.0]]])  # fmt: skip
+    probs = logits.softmax(-1)
+    proposal = dk.dlm.Proposal(tokens=logits.argmax(-1), confidence=probs.amax(-1), logits=logits)
+    state = SimpleNamespace(
+        masked=torch.ones(2, 3, dtype=torch.bool),
+        in_block=torch.ones(2, 3, dtype=torch.bool),
+        canvas=torch.tensor([[7, MASK, MASK, MASK], [7, MASK, MASK, MASK]]),
+        slots=torch.tensor([[1, 2, 3], [1, 2, 3]]),
+        batch_size=2,
+        device=torch.device("cpu"),
+    )
+    drafts = dk.dlm.SpiffyDrafts(graph=[[0], [1], [0, 1], [[0, 1]]], keep=2)
+    from decodekit.dlm.drafts.spiffy import candidates
+
+    ranked, usable, tokens = candidates(state, proposal, drafts.width, drafts.alternatives)
+    graph = drafts._graph(state.device)
+    score = drafts.scores(proposal, ranked, usable, tokens, graph, torch.ones(len(drafts.nodes), dtype=torch.bool))
+    for b in range(2):
+        top = probs[b].amax(-1)[ranked[b]]  # the candidates' proposed tokens' probabilities, most confident first
+        other = probs[b, ranked[b, 0]].sort(descending=True).values[1]  # candidate 0's next most likely token
+        pair = (top[0] * top[1]).sqrt()
+        expected = {((0, 0),): (top[0] * pair).sqrt(), ((1, 0),): (top[1] * pair).sqrt(), ((0, 0), (1, 0)): pair,
+                    ((0, 1),): other}  # fmt: skip
+        for i, node in enumerate(drafts.nodes):
+            assert score[b, i].item() == pytest.approx(expected[node].item(), rel=1e-5), (b, node)
+    out = drafts.variants(state, proposal, torch.zeros(2, 3, dtype=torch.bool), left=3)
+    assert out.shape == (3, 2, 4) and torch.equal(out[0], state.canvas)
+    for b in range(2):
+        best = score[b].topk(2).indices.tolist()
+        for k, i in enumerate(best):
+            expected_canvas = state.canvas[b].clone()
+            for r, j in drafts.nodes[i]:
+                expected_canvas[1 + ranked[b, r]] = tokens[b, r, j]
+            assert torch.equal(out[1 + k, b], expected_canvas), (b, k)
+    assert score[0].topk(2).indices.tolist() != score[1].topk(2).indices.tolist()  # each row kept its own nodes
+    product = dk.dlm.SpiffyDrafts(graph=[[0], [1], [0, 1], [[0, 1]]], keep=2, score="product")
+    by_product = product.scores(proposal, ranked, usable, tokens, graph, torch.ones(4, dtype=torch.bool))
+    for b in range(2):
+        top = probs[b].amax(-1)[ranked[b]]
+        other = probs[b, ranked[b, 0]].sort(descending=True).values[1]
+        expected = {((0, 0),): top[0], ((1, 0),): top[1], ((0, 0), (1, 0)): top[0] * top[1], ((0, 1),): other}
+        for i, node in enumerate(product.nodes):
+            assert by_product[b, i].item() == pytest.approx(expected[node].item(), rel=1e-5), (b, node)
+    with pytest.raises(ConfigError, match="keep"):
+        dk.dlm.SpiffyDrafts(keep=0)
+    with pytest.raises(ConfigError, match="score"):
+        dk.dlm.SpiffyDrafts(keep=2, score="mean")
+    with pytest.raises(ConfigError, match="keep="):
+        dk.dlm.SpiffyDrafts(score="product")

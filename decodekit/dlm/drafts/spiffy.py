@@ -7,11 +7,12 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_int, is_int
+from decodekit.checks import check_choice, check_int, is_int
 from decodekit.dlm.state import DLMState, Proposal
 from decodekit.errors import ConfigError
 from decodekit.registry import register
 
+SCORES = ("geometric", "product")  # how pruning ranks nodes (SpiffyDrafts.scores)
 Node = tuple[tuple[int, int], ...]  # a drafted set: (candidate rank, token choice) pairs, token 0 the proposed one
 
 
@@ -38,17 +39,20 @@ class SpiffyDrafts:
     Faithfulness: Spiffy's verification (a drafted block state is accepted when the sampler's own next state equals
     it, and the accepted draft's output is the next step's) and its order-free draft graph over the most confident
     masked slots; its offline calibration of which nodes to keep in the spirit of the paper, not its procedure
-    (:func:`~decodekit.dlm.drafts.calibrate.calibrate_graph`: a greedy pick over the sampler's recorded walks). Not
-    reproduced: the paper's pruning of unsure nodes during inference. A graph may also draft a candidate with one of
+    (:func:`~decodekit.dlm.drafts.calibrate.calibrate_graph`: a greedy pick over the sampler's recorded walks). The
+    pruning during inference (``keep``) follows the paper's v4 as second-hand accounts give it (its text was not
+    available here): each node's local score is the geometric mean of its tokens' probabilities, combined by a
+    geometric mean with its children's score, and each step keeps the top nodes; taking the best child's score
+    (and a node's own score where it has no child) is our reading. A graph may also draft a candidate with one of
     its other likely tokens by the step's logits (an element ``[r, j]``; not claimed to be the paper's choice of
     alternatives): on the zoo DLM most walks that stop do so because the next steps commit a candidate with another
     token than the one proposed now (docs/benchmarks.md). In a batch each row walks its own graph: it steps on while
     its canvas is one of its drafts and waits for the next forward when not (with a rule that declares
     ``per_row_steps``; other rules keep the rows in step).
 
-    Cost: a forward runs ``1 +`` (nodes) canvases (the block's slots only with the block-causal cache, whole
-    canvases under recompute). It pays where a forward's time barely grows with its width (a GPU at small batch);
-    on a CPU the forwards fall and the wall time rises.
+    Cost: a forward runs ``1 +`` (nodes) canvases, ``1 + keep`` when pruned (the block's slots only with the
+    block-causal cache, whole canvases under recompute). It pays where a forward's time barely grows with its width
+    (a GPU at small batch); on a CPU the forwards fall and the wall time rises.
 
     Args:
         width: candidate slots per row (the most confident masked ones); default 3.
@@ -63,6 +67,11 @@ class SpiffyDrafts:
             canvases); default 0.
         budget: draft only the graph's first ``budget`` nodes (a calibration lists the most useful first; a forward
             runs ``1 + budget`` canvases); default all.
+        keep: prune during inference: after each step, each row drafts only the ``keep`` nodes of the graph that
+            score best on that step's probabilities (:meth:`scores`), so a forward runs ``1 + keep`` canvases
+            whatever the graph's size; default None (every node).
+        score: how ``keep`` ranks nodes: ``"geometric"`` (the paper's geometric means, default) or ``"product"``
+            (the product of the drafted tokens' probabilities); :meth:`scores`.
     """
 
     fixed_blocks = True  # drafts within state.block: every row in the same block
@@ -74,7 +83,13 @@ class SpiffyDrafts:
         graph: Any = None,
         budget: int | None = None,
         alternatives: int | None = None,
+        keep: int | None = None,
+        score: str = "geometric",
     ) -> None:
+        self.keep = check_int("keep", keep, low=1, optional=True, hint=" (drafted canvases a forward after pruning)")
+        self.score = check_choice("score", score, SCORES)
+        if self.keep is None and score != SCORES[0]:
+            raise ConfigError(f"score={score!r} ranks the nodes that keep= keeps: pass keep=<drafts a forward> too")
         if budget is not None and graph is None:
             raise ConfigError("budget takes the first nodes of a graph: pass graph=[...] or a calibrated graph's name")
         if graph is None:
@@ -100,25 +115,113 @@ class SpiffyDrafts:
             self.width, self.depth = max(r for n in nodes for r, _ in n) + 1, max(map(len, nodes))
         self.alternatives = max(j for n in nodes for _, j in n)  # other tokens a slot may take (0: the proposed)
         self.nodes: list[Node] = sorted(nodes, key=lambda n: (len(n), n))
+        self._tensors: _Graph | None = None
 
     def variants(self, state: DLMState, proposal: Proposal, committed: torch.Tensor, left: int) -> torch.Tensor | None:
         """``[1 + N, B, T]``: ``state.canvas``, then the ``N`` drafted canvases (None when no draft can help: a
         row's last step needs none). ``proposal`` and ``committed [B, G]``: the step just taken (unused: any rule's
-        step count works); ``left``: the most masked slots a row has left in its block (a host int)."""
+        step count works); ``left``: the most masked slots a row has left in its block (a host int). With ``keep``,
+        ``N = keep`` and each row drafts its own best-scored nodes (:meth:`scores`)."""
         depth = min(self.depth, left - 1)
         if depth < 1:
             return None
         # a row with fewer candidates keeps its unusable ones masked, so repeats a smaller set: harmless
         ranked, usable, tokens = candidates(state, proposal, self.width, self.alternatives)
-        index = state.slots
-        current = state.canvas.gather(1, index)  # [B, G]
-        out = [state.canvas]
-        for node in (n for n in self.nodes if len(n) <= depth):
-            ranks, picks = [r for r, _ in node], [j for _, j in node]
-            slots = ranked[:, ranks]  # [B, n]
-            values = torch.where(usable[:, ranks], tokens[:, ranks, picks], current.gather(1, slots))
-            out.append(state.canvas.scatter(1, index, current.scatter(1, slots, values)))
-        return torch.stack(out)
+        graph = self._graph(state.device)
+        fits = graph.sizes <= depth  # [N]: the nodes this block still has room for
+        if self.keep is None:
+            chosen = fits.nonzero()[:, 0].expand(state.batch_size, -1)  # [B, N']: every node, the same for each row
+        else:
+            score = self.scores(proposal, ranked, usable, tokens, graph, fits)
+            chosen = score.topk(min(self.keep, int(graph.counts[depth])), dim=1).indices  # [B, K]
+        return torch.cat([state.canvas[None], graph.canvases(state, ranked, usable, tokens, chosen)])
+
+    def scores(
+        self,
+        proposal: Proposal,
+        ranked: torch.Tensor,
+        usable: torch.Tensor,
+        tokens: torch.Tensor,
+        graph: _Graph,
+        fits: torch.Tensor,
+    ) -> torch.Tensor:
+        """``[B, N]`` each node's score for this step (higher: more likely on the sampler's walk), ``-1`` for nodes
+        past ``fits [N]``, from the probabilities of the tokens a node drafts (the untempered ``softmax`` of the
+        step's logits; 0 for an unusable candidate). ``score="geometric"``: their geometric mean, then, from the
+        largest sets down, the geometric mean of that and the best score among the node's children (the sets one
+        candidate larger), so a node on the way to a likely larger set ranks with it (Spiffy v4's pruning, in our
+        reading: class docstring). ``score="product"``: their product, the chance that every drafted token is
+        committed as drafted if they were independent; a set never outscores its subsets, so the nodes kept are
+        each reachable one slot at a time."""
+        at = (ranked - proposal.lo).clamp(0, proposal.logits.shape[1] - 1)  # [B, W]; outside the window: unusable
+        logits = proposal.logits.gather(1, at[..., None].expand(-1, -1, proposal.logits.shape[-1]))
+        logp = logits.log_softmax(-1).gather(-1, tokens).masked_fill(~usable[..., None], float("-inf"))  # [B, W, J]
+        picked = logp[:, graph.ranks, graph.picks].masked_fill(~graph.valid, 0.0)  # [B, N, D]
+        if self.score == "product":
+            return picked.sum(-1).exp().masked_fill(~fits, -1.0)
+        local = (picked.sum(-1) / graph.sizes).exp()  # [B, N]: geometric mean
+        score = local.masked_fill(~fits, -1.0)
+        # the largest sets first: their scores are final when their parents read them
+        for level, children in reversed(list(zip(graph.levels, graph.children))):
+            padded = torch.cat([score, score.new_full((score.shape[0], 1), -1.0)], 1)  # column N: no child
+            child = padded[:, children].amax(-1)  # [B, n]: -1 where no child fits
+            mixed = torch.where(child >= 0, (local[:, level] * child.clamp(min=0)).sqrt(), local[:, level])
+            score[:, level] = mixed.masked_fill(~fits[level], -1.0)
+        return score
+
+    def _graph(self, device: torch.device) -> _Graph:
+        """The nodes as index tensors on ``device`` (built once per device)."""
+        if self._tensors is None or self._tensors.ranks.device != device:
+            self._tensors = _Graph(self.nodes, device)
+        return self._tensors
+
+
+class _Graph:
+    """A draft graph's ``N`` nodes (sorted by size) as padded index tensors.
+
+    Attributes:
+        ranks, picks: ``[N, D]`` each element's candidate rank and token choice (padding repeats the first element).
+        valid: ``[N, D]`` bool, the real elements; ``sizes [N]`` their count.
+        counts: ``[D + 1]`` how many nodes have at most ``d`` elements.
+        levels: per size, ``slice`` of the nodes of that size.
+        children: per size, ``[n, C]`` the indices of each node's children (its set plus one element), padded with
+            ``N`` (a sentinel column of scores ``-1`` is appended where read).
+    """
+
+    def __init__(self, nodes: list[Node], device: torch.device) -> None:
+        n, d = len(nodes), max(map(len, nodes))
+        padded = [list(node) + [node[0]] * (d - len(node)) for node in nodes]
+        self.ranks = torch.tensor([[r for r, _ in row] for row in padded], device=device)
+        self.picks = torch.tensor([[j for _, j in row] for row in padded], device=device)
+        self.valid = torch.tensor([[i < len(node) for i in range(d)] for node in nodes], device=device)
+        self.sizes = self.valid.sum(1)
+        self.counts = torch.tensor([sum(len(node) <= k for node in nodes) for k in range(d + 1)])
+        self.levels: list[slice] = []
+        self.children: list[torch.Tensor] = []
+        for size in range(1, d + 1):
+            members = [i for i, node in enumerate(nodes) if len(node) == size]
+            if not members:
+                continue
+            self.levels.append(slice(members[0], members[-1] + 1))
+            kids = [[j for j, o in enumerate(nodes) if len(o) == size + 1 and set(nodes[i]) < set(o)] for i in members]
+            width = max(1, *map(len, kids))
+            self.children.append(torch.tensor([k + [n] * (width - len(k)) for k in kids], device=device))
+
+    def canvases(
+        self, state: DLMState, ranked: torch.Tensor, usable: torch.Tensor, tokens: torch.Tensor, chosen: torch.Tensor
+    ) -> torch.Tensor:
+        """``[K, B, T]`` row ``b``'s canvas with node ``chosen[b, k]`` committed: each element's candidate slot
+        (``ranked [B, W]``) with its token (``tokens [B, W, J]``), where ``usable [B, W]``."""
+        rows = torch.arange(chosen.shape[0], device=chosen.device)[:, None, None]
+        ranks, picks = self.ranks[chosen], self.picks[chosen]  # [B, K, D]
+        slots = ranked[rows, ranks]  # [B, K, D]: region slots
+        current = state.canvas.gather(1, state.slots)  # [B, G]
+        kept = current[rows, slots]
+        values = torch.where(usable[rows, ranks], tokens[rows, ranks, picks], kept)  # padding: the first element
+        region = current[:, None].expand(-1, chosen.shape[1], -1).scatter(2, slots, values)  # [B, K, G]
+        canvas = state.canvas[:, None].expand(-1, chosen.shape[1], -1)
+        index = state.slots[:, None].expand(-1, chosen.shape[1], -1)
+        return canvas.scatter(2, index, region).transpose(0, 1)
 
 
 def candidates(
