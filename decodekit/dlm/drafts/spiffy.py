@@ -128,12 +128,12 @@ class SpiffyDrafts:
         # a row with fewer candidates keeps its unusable ones masked, so repeats a smaller set: harmless
         ranked, usable, tokens = candidates(state, proposal, self.width, self.alternatives)
         graph = self._graph(state.device)
-        fits = graph.sizes <= depth  # [N]: the nodes this block still has room for
-        if self.keep is None:
-            chosen = fits.nonzero()[:, 0].expand(state.batch_size, -1)  # [B, N']: every node, the same for each row
+        fits, room = graph.sizes <= depth, int(graph.counts[depth])  # the nodes this block still has room for
+        if self.keep is None:  # every node that fits (the first `room`: sorted by size), the same for each row
+            chosen = torch.arange(room, device=state.device).expand(state.batch_size, -1)  # [B, N']
         else:
             score = self.scores(proposal, ranked, usable, tokens, graph, fits)
-            chosen = score.topk(min(self.keep, int(graph.counts[depth])), dim=1).indices  # [B, K]
+            chosen = score.topk(min(self.keep, room), dim=1).indices  # [B, K]
         return torch.cat([state.canvas[None], graph.canvases(state, ranked, usable, tokens, chosen)])
 
     def scores(
@@ -182,7 +182,7 @@ class _Graph:
     Attributes:
         ranks, picks: ``[N, D]`` each element's candidate rank and token choice (padding repeats the first element).
         valid: ``[N, D]`` bool, the real elements; ``sizes [N]`` their count.
-        counts: ``[D + 1]`` how many nodes have at most ``d`` elements.
+        counts: ``[D + 1]`` how many nodes have at most ``d`` elements (on the CPU: read without a device sync).
         levels: per size, ``slice`` of the nodes of that size.
         children: per size, ``[n, C]`` the indices of each node's children (its set plus one element), padded with
             ``N`` (a sentinel column of scores ``-1`` is appended where read).
