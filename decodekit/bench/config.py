@@ -31,7 +31,7 @@ def method_label(parts: dict[str, Any]) -> str:
 def check_bench_config(cfg: Any) -> None:
     """Check a bench config's plain values (types and ranges) before anything is loaded; each error names its
     key (e.g. ``max_new_tokens must be an integer >= 1, got 'abc' (str)``). Components are checked by their
-    constructors when :func:`build_component` instantiates them."""
+    constructors when :func:`~decodekit.instantiate.build_component` instantiates them."""
     from decodekit.bench.methods import Setting
     from decodekit.bench.tasks import TASKS
 

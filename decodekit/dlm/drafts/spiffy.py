@@ -153,9 +153,8 @@ class SpiffyDrafts:
         reading: class docstring). ``score="product"``: their product, the chance that every drafted token is
         committed as drafted if they were independent; a set never outscores its subsets, so the nodes kept are
         each reachable one slot at a time."""
-        at = (ranked - proposal.lo).clamp(0, proposal.logits.shape[1] - 1)  # [B, W]; outside the window: unusable
-        logits = proposal.logits.gather(1, at[..., None].expand(-1, -1, proposal.logits.shape[-1]))
-        logp = logits.log_softmax(-1).gather(-1, tokens).masked_fill(~usable[..., None], float("-inf"))  # [B, W, J]
+        logp = slot_logits(proposal, ranked).log_softmax(-1).gather(-1, tokens)  # [B, W, J]
+        logp = logp.masked_fill(~usable[..., None], float("-inf"))  # an unusable candidate: probability 0
         picked = logp[:, graph.ranks, graph.picks].masked_fill(~graph.valid, 0.0)  # [B, N, D]
         if self.score == "product":
             return picked.sum(-1).exp().masked_fill(~fits, -1.0)
@@ -236,11 +235,16 @@ def candidates(
     ranked = score.argsort(dim=1, descending=True, stable=True)[:, :width]
     tokens = proposal.tokens.gather(1, ranked)[..., None]
     if alternatives:
-        at = (ranked - proposal.lo).clamp(0, proposal.logits.shape[1] - 1)  # outside the window: not usable anyway
-        logits = proposal.logits.gather(1, at[..., None].expand(-1, -1, proposal.logits.shape[-1]))
-        others = logits.scatter(-1, tokens, float("-inf")).topk(alternatives, dim=-1).indices
+        others = slot_logits(proposal, ranked).scatter(-1, tokens, float("-inf")).topk(alternatives, dim=-1).indices
         tokens = torch.cat([tokens, others], -1)
     return ranked, open_.gather(1, ranked), tokens
+
+
+def slot_logits(proposal: Proposal, ranked: torch.Tensor) -> torch.Tensor:
+    """``[B, W, V]`` the step's logits at the region slots ``ranked [B, W]`` (a slot outside the window the logits
+    cover reads the nearest edge: such a slot is never a usable candidate)."""
+    at = (ranked - proposal.lo).clamp(0, proposal.logits.shape[1] - 1)
+    return proposal.logits.gather(1, at[..., None].expand(-1, -1, proposal.logits.shape[-1]))
 
 
 # Calibrated graphs, the most useful node first: ``dk.dlm.calibrate_graph(dlm, prompts, budget=31, width=8, depth=5,
