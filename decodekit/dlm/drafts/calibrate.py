@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from decodekit.checks import check_float, check_int
-from decodekit.dlm.drafts.spiffy import Node, SpiffyDrafts, candidates
+from decodekit.dlm.drafts.graphs import Node
+from decodekit.dlm.drafts.spiffy import SpiffyDrafts, candidates
 from decodekit.dlm.state import DLMState, Proposal
 
 

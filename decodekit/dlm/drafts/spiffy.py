@@ -7,13 +7,13 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_choice, check_int, is_int
+from decodekit.checks import check_choice, check_int
+from decodekit.dlm.drafts.graphs import DraftGraph, Node, check_graph
 from decodekit.dlm.state import DLMState, Proposal
 from decodekit.errors import ConfigError
 from decodekit.registry import register
 
 SCORES = ("geometric", "product")  # how pruning ranks nodes (SpiffyDrafts.scores)
-Node = tuple[tuple[int, int], ...]  # a drafted set: (candidate rank, token choice) pairs, token 0 the proposed one
 
 
 @register("dlm_draft", "spiffy")
@@ -69,7 +69,9 @@ class SpiffyDrafts:
             runs ``1 + budget`` canvases); default all.
         keep: prune during inference: after each step, each row drafts only the ``keep`` nodes of the graph that
             score best on that step's probabilities (:meth:`scores`), so a forward runs ``1 + keep`` canvases
-            whatever the graph's size; default None (every node).
+            whatever the graph's size; default None (every node). Which nodes a row keeps follows its logits, so in
+            a batch float rounding can tip a near tie and a row's forwards differ a little from its count alone (its
+            tokens never do).
         score: how ``keep`` ranks nodes: ``"geometric"`` (the paper's geometric means, default) or ``"product"``
             (the product of the drafted tokens' probabilities); :meth:`scores`.
     """
@@ -115,7 +117,7 @@ class SpiffyDrafts:
             self.width, self.depth = max(r for n in nodes for r, _ in n) + 1, max(map(len, nodes))
         self.alternatives = max(j for n in nodes for _, j in n)  # other tokens a slot may take (0: the proposed)
         self.nodes: list[Node] = sorted(nodes, key=lambda n: (len(n), n))
-        self._tensors: _Graph | None = None
+        self._tensors: DraftGraph | None = None
 
     def variants(self, state: DLMState, proposal: Proposal, committed: torch.Tensor, left: int) -> torch.Tensor | None:
         """``[1 + N, B, T]``: ``state.canvas``, then the ``N`` drafted canvases (None when no draft can help: a
@@ -142,7 +144,7 @@ class SpiffyDrafts:
         ranked: torch.Tensor,
         usable: torch.Tensor,
         tokens: torch.Tensor,
-        graph: _Graph,
+        graph: DraftGraph,
         fits: torch.Tensor,
     ) -> torch.Tensor:
         """``[B, N]`` each node's score for this step (higher: more likely on the sampler's walk), ``-1`` for nodes
@@ -168,59 +170,11 @@ class SpiffyDrafts:
             score[:, level] = mixed.masked_fill(~fits[level], -1.0)
         return score
 
-    def _graph(self, device: torch.device) -> _Graph:
+    def _graph(self, device: torch.device) -> DraftGraph:
         """The nodes as index tensors on ``device`` (built once per device)."""
         if self._tensors is None or self._tensors.ranks.device != device:
-            self._tensors = _Graph(self.nodes, device)
+            self._tensors = DraftGraph(self.nodes, device)
         return self._tensors
-
-
-class _Graph:
-    """A draft graph's ``N`` nodes (sorted by size) as padded index tensors.
-
-    Attributes:
-        ranks, picks: ``[N, D]`` each element's candidate rank and token choice (padding repeats the first element).
-        valid: ``[N, D]`` bool, the real elements; ``sizes [N]`` their count.
-        counts: ``[D + 1]`` how many nodes have at most ``d`` elements (on the CPU: read without a device sync).
-        levels: per size, ``slice`` of the nodes of that size.
-        children: per size, ``[n, C]`` the indices of each node's children (its set plus one element), padded with
-            ``N`` (a sentinel column of scores ``-1`` is appended where read).
-    """
-
-    def __init__(self, nodes: list[Node], device: torch.device) -> None:
-        n, d = len(nodes), max(map(len, nodes))
-        padded = [list(node) + [node[0]] * (d - len(node)) for node in nodes]
-        self.ranks = torch.tensor([[r for r, _ in row] for row in padded], device=device)
-        self.picks = torch.tensor([[j for _, j in row] for row in padded], device=device)
-        self.valid = torch.tensor([[i < len(node) for i in range(d)] for node in nodes], device=device)
-        self.sizes = self.valid.sum(1)
-        self.counts = torch.tensor([sum(len(node) <= k for node in nodes) for k in range(d + 1)])
-        self.levels: list[slice] = []
-        self.children: list[torch.Tensor] = []
-        for size in range(1, d + 1):
-            members = [i for i, node in enumerate(nodes) if len(node) == size]
-            if not members:
-                continue
-            self.levels.append(slice(members[0], members[-1] + 1))
-            kids = [[j for j, o in enumerate(nodes) if len(o) == size + 1 and set(nodes[i]) < set(o)] for i in members]
-            width = max(1, *map(len, kids))
-            self.children.append(torch.tensor([k + [n] * (width - len(k)) for k in kids], device=device))
-
-    def canvases(
-        self, state: DLMState, ranked: torch.Tensor, usable: torch.Tensor, tokens: torch.Tensor, chosen: torch.Tensor
-    ) -> torch.Tensor:
-        """``[K, B, T]`` row ``b``'s canvas with node ``chosen[b, k]`` committed: each element's candidate slot
-        (``ranked [B, W]``) with its token (``tokens [B, W, J]``), where ``usable [B, W]``."""
-        rows = torch.arange(chosen.shape[0], device=chosen.device)[:, None, None]
-        ranks, picks = self.ranks[chosen], self.picks[chosen]  # [B, K, D]
-        slots = ranked[rows, ranks]  # [B, K, D]: region slots
-        current = state.canvas.gather(1, state.slots)  # [B, G]
-        kept = current[rows, slots]
-        values = torch.where(usable[rows, ranks], tokens[rows, ranks, picks], kept)  # padding: the first element
-        region = current[:, None].expand(-1, chosen.shape[1], -1).scatter(2, slots, values)  # [B, K, G]
-        canvas = state.canvas[:, None].expand(-1, chosen.shape[1], -1)
-        index = state.slots[:, None].expand(-1, chosen.shape[1], -1)
-        return canvas.scatter(2, index, region).transpose(0, 1)
 
 
 def candidates(
@@ -247,61 +201,4 @@ def slot_logits(proposal: Proposal, ranked: torch.Tensor) -> torch.Tensor:
     return proposal.logits.gather(1, at[..., None].expand(-1, -1, proposal.logits.shape[-1]))
 
 
-# Calibrated graphs, the most useful node first: ``dk.dlm.calibrate_graph(dlm, prompts, budget=31, width=8, depth=5,
-# gen_length=128, block_length=32, steps=128, rule=..., cache=dk.dlm.BlockCausalCache(), seed=[0] * 8)`` on 8 stdlib
-# code prompts (``load_task("stdlib", num_prompts=8, max_prompt_tokens=384, seed=1)``; never the benchmark's), with
-# LLaDA's rule (1,024 recorded steps; replayed: 1.53x / 2.25x / 2.55x / 2.74x fewer forwards with the first 1 / 7 /
-# 15 / 31 nodes) and with ``ThresholdRule(0.95)`` (657 steps; 1.26x / 1.63x / 1.74x / 1.82x fewer than its own).
-CALIBRATED_GRAPHS: dict[str, list[list[int]]] = {
-    "smollm2-135m-bdlm": [
-        [0], [0, 1], [1], [0, 2], [0, 1, 2], [2], [1, 2], [0, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2, 3], [0, 1, 4],
-        [0, 1, 2, 4], [0, 4], [3], [2, 4], [4], [1, 3], [1, 4], [1, 2, 5], [0, 1, 2, 5], [0, 2, 3, 4], [5], [6], [7],
-        [0, 5], [0, 1, 5], [0, 1, 2, 3, 4], [0, 1, 3, 5], [2, 3], [0, 1, 7],
-    ],
-    "smollm2-135m-bdlm-threshold-0.95": [
-        [0], [0, 1], [1], [0, 2], [2], [0, 1, 2], [1, 2], [0, 4], [0, 1, 3], [0, 3], [0, 2, 3], [3], [4], [7],
-        [1, 2, 5], [0, 1, 2, 3], [0, 2, 3, 4], [5], [6], [0, 7], [2, 3], [0, 2, 4], [0, 2, 5], [0, 4, 6], [1, 2, 3],
-        [1, 3], [1, 2, 6], [2, 3, 4], [0, 1, 2, 4], [0, 1, 2, 5], [0, 1, 3, 5],
-    ],
-}  # fmt: skip
-
-
-def check_graph(graph: Any) -> list[Node]:
-    """``graph`` (a list of sets, or the name of one in ``CALIBRATED_GRAPHS``) as sorted tuples of ``(rank,
-    token)`` pairs (rank 0: the most confident masked slot; token 0: its proposed one, ``j``: its ``j``-th most
-    likely other; an element ``r`` is ``(r, 0)``), each node once; a clear error for anything else."""
-    if isinstance(graph, str):
-        if graph not in CALIBRATED_GRAPHS:
-            raise ConfigError(
-                f"no calibrated graph named {graph!r}; the calibrated graphs: {sorted(CALIBRATED_GRAPHS)}"
-            )
-        graph = CALIBRATED_GRAPHS[graph]
-    try:
-        nodes = [tuple(sorted(_element(e) for e in node)) for node in graph]
-    except (TypeError, ValueError):
-        raise ConfigError(
-            "graph must be a list of sets of candidate ranks, each an int r or a pair [r, j] (rank r's j-th other "
-            f"token), such as [[0], [0, 1], [1], [[0, 1]]]; got {graph!r}"
-        ) from None
-    for node in nodes:
-        ranks = [r for r, _ in node]
-        if not node or min(ranks) < 0 or min(j for _, j in node) < 0 or len(set(ranks)) < len(ranks):
-            raise ConfigError(
-                f"each graph node is a non-empty set of distinct ranks >= 0 (pairs [r, j]: j >= 0); got {list(node)}"
-            )
-    if not nodes or len(set(nodes)) < len(nodes):
-        raise ConfigError(f"graph needs at least one node and each node once; got {graph!r}")
-    return nodes
-
-
-def _element(element: Any) -> tuple[int, int]:
-    """A graph element as ``(rank, token)``: ``r`` -> ``(r, 0)``, ``[r, j]`` -> ``(r, j)``."""
-    if is_int(element):
-        return int(element), 0
-    rank, token = element
-    if not (is_int(rank) and is_int(token)):
-        raise TypeError(element)
-    return int(rank), int(token)
-
-
-__all__ = ["CALIBRATED_GRAPHS", "Node", "SpiffyDrafts", "candidates", "check_graph"]
+__all__ = ["SpiffyDrafts", "candidates", "slot_logits"]
