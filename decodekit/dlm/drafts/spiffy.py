@@ -130,11 +130,11 @@ class SpiffyDrafts:
         # a row with fewer candidates keeps its unusable ones masked, so repeats a smaller set: harmless
         ranked, usable, tokens = candidates(state, proposal, self.width, self.alternatives)
         graph = self._graph(state.device)
-        fits, room = graph.sizes <= depth, int(graph.counts[depth])  # the nodes this block still has room for
-        if self.keep is None:  # every node that fits (the first `room`: sorted by size), the same for each row
+        room = int(graph.counts[depth])  # the nodes this block still has room for: the first `room` (sorted by size)
+        if self.keep is None:  # every node that fits, the same for each row
             chosen = torch.arange(room, device=state.device).expand(state.batch_size, -1)  # [B, N']
         else:
-            score = self.scores(proposal, ranked, usable, tokens, graph, fits)
+            score = self.scores(proposal, ranked, usable, tokens, graph, graph.sizes <= depth)
             chosen = score.topk(min(self.keep, room), dim=1).indices  # [B, K]
         return torch.cat([state.canvas[None], graph.canvases(state, ranked, usable, tokens, chosen)])
 
