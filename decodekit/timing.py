@@ -35,14 +35,22 @@ def timed_call(fn: Callable[[], T], device: torch.device | str | None = None) ->
 
 
 def median_time(
-    fn: Callable[[], T], *, warmup: int = 1, repeats: int = 5, device: torch.device | str | None = None
+    fn: Callable[[], T],
+    *,
+    warmup: int = 1,
+    repeats: int = 5,
+    device: torch.device | str | None = None,
+    budget_s: float | None = None,
+    least: int = 1,
 ) -> tuple[T, float]:
-    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times; return the last result and the median time."""
+    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times; return the last result and the median time.
+    With ``budget_s``, stop once the timed calls add up to it, after at least ``least`` of them (slow calls are
+    timed fewer times, fast ones ``repeats`` times)."""
     for _ in range(warmup):
         fn()
-    times = []
+    times: list[float] = []
     result = None
-    for _ in range(repeats):
+    while len(times) < repeats and (budget_s is None or len(times) < least or sum(times) < budget_s):
         result, seconds = timed_call(fn, device)
         times.append(seconds)
     return result, statistics.median(times)

@@ -12,8 +12,6 @@ forward time for ``n`` tokens; the size with the best modelled speedup ``tau v(1
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,16 +19,13 @@ import torch
 
 from decodekit.masks import chain_mask
 from decodekit.policies.analytic import expected_tokens
+from decodekit.timing import median_time
 
 
-def median_ms(fn: Callable[[], Any], repeats: int = 30) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+def median_ms(fn: Callable[[], Any], device: torch.device | str | None = None) -> float:
+    """Median wall time (ms) of ``fn()`` after a warm-up call, synchronised on ``device``: 30 calls, or as many as
+    fit in a second but at least 5 (a target forward of 0.1-0.2 s on a slow CPU is timed 5-10 times)."""
+    return 1000 * median_time(fn, repeats=30, device=device, budget_s=1.0, least=5)[1]
 
 
 @torch.no_grad()
@@ -71,7 +66,7 @@ def target_ms(target: Any, counts: Sequence[int], context: int = 256) -> dict[in
         mask, pos = chain_mask(cache.lengths, n, kv)
         target.forward(x[:, :n], pos, mask, cache)
 
-    return {n: median_ms(lambda n=n: verify(n)) for n in counts}
+    return {n: median_ms(lambda n=n: verify(n), target.device) for n in counts}
 
 
 @torch.no_grad()
@@ -95,7 +90,7 @@ def step_ms(head: Any, target: Any, sizes: Sequence[int], context: int = 256) ->
         g = head(target.embed(x[:, :1]), torch.randn(1, 1, hidden, device=dev), pos, mask, cache)
         (g[:, 0] @ w[:s].T).argmax(-1)
 
-    return {s: median_ms(lambda s=s: head_step(s)) for s in sizes}
+    return {s: median_ms(lambda s=s: head_step(s), dev) for s in sizes}
 
 
 def pick_vocab(

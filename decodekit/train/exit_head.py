@@ -98,7 +98,7 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
         (head(n.last_hidden[:, 0]) @ w[:s].T).argmax(-1)
 
     acc = {s: hits[s] / max(total, 1) for s in sizes}
-    draft = {s: median_ms(lambda s=s: step(s)) for s in sizes}
+    draft = {s: median_ms(lambda s=s: step(s), target.device) for s in sizes}
     return chain_pick(acc, draft, target_ms(target, (1, k + 1)), k, k)  # k draft steps: the pending token and k - 1
 
 

@@ -86,7 +86,7 @@ def pick_vocab(heads: Any, target: Any, val: Any, sizes: Sequence[int]) -> dict[
     rows = {}
     for s in sizes:
         acc = [hits[s][k] / max(totals[k], 1) for k in range(num_heads)]
-        draft = median_ms(lambda s=s: (heads(f1) @ w[:s].T).argmax(-1))
+        draft = median_ms(lambda s=s: (heads(f1) @ w[:s].T).argmax(-1), dev)
         tau = float(expected_tokens_positional(torch.tensor(acc).cumprod(0))[-1])  # 1 + sum_j prod_{k<=j} a_k
         rows[s] = {
             "agreement": acc,

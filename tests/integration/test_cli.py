@@ -1,5 +1,5 @@
-"""The command line: its help (fast, nothing loaded), and a sweep and the README's notebook example on the real
-model (slow)."""
+"""The command line: its help (printed before Hydra or a model loads; the real entry point run once), and a
+sweep and the README's notebook example on the real model (slow)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from decodekit.cli import USAGE, main
 from decodekit.models.gguf_convert import gguf_source
 from decodekit.models.zoo import ZOO
 
@@ -22,18 +23,26 @@ def decodekit_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("args", [["--help"], ["-h"], []])
-def test_help_lists_the_commands(args):
-    run = decodekit_cli(*args)
+def test_help_lists_the_commands():
+    run = decodekit_cli("--help")  # the real entry point once; the other spellings in-process below
     assert run.returncode == 0, run.stderr[-2000:]
     assert "usage: python -m decodekit" in run.stdout
     assert re.search(r"^\s+bench\s", run.stdout, flags=re.M), run.stdout
 
 
-def test_unknown_command_is_an_error_with_the_usage():
-    run = decodekit_cli("bnech")
-    assert run.returncode == 2
-    assert "unknown command 'bnech'" in run.stderr and "bench" in run.stderr
+@pytest.mark.parametrize("args", [["-h"], ["help"], []])
+def test_every_help_spelling_prints_the_usage(args, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == USAGE
+
+
+def test_unknown_command_is_an_error_with_the_usage(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bnech"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert "unknown command 'bnech'" in err and "bench" in err
 
 
 def test_hydra_help_names_the_app_decodekit():

@@ -270,3 +270,24 @@ def test_a_fresh_method_clears_its_components_before_every_call():
             method.generate(model, prompts, setting, max_new_tokens=8, seed=0)
         assert drafter.cleared == ([False, True] if fresh else [])  # the second call found the first's matrix
         assert drafter.matrix is not None
+
+
+def test_median_time_stops_at_its_budget_after_the_least_calls(monkeypatch):
+    """``median_time(budget_s=...)``: calls are timed until they add up to the budget, never fewer than ``least``
+    nor more than ``repeats`` (a fake clock: each call takes 0.3 s)."""
+    import decodekit.timing as timing
+
+    clock = iter(0.3 * i for i in range(1000))  # every read 0.3 s after the one before
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
+    calls = []
+    _, median = timing.median_time(lambda: calls.append(1), repeats=30, budget_s=1.0, least=2)
+    assert len(calls) == 1 + 4 and median == pytest.approx(0.3)  # warm-up, then 4 calls of 0.3 s pass 1.0 s
+    calls.clear()
+    timing.median_time(lambda: calls.append(1), repeats=30, budget_s=1.0, least=8)
+    assert len(calls) == 1 + 8  # at least `least`
+    calls.clear()
+    timing.median_time(lambda: calls.append(1), repeats=3, budget_s=100.0, least=1)
+    assert len(calls) == 1 + 3  # never more than `repeats`
+    calls.clear()
+    timing.median_time(lambda: calls.append(1), repeats=6)
+    assert len(calls) == 1 + 6  # no budget: `repeats` calls
