@@ -1,5 +1,5 @@
 """What the training recipes share: the learning-rate schedule, one logged optimizer step, checkpoints (accelerate
-state, keep the last two, resume) and the loss plot."""
+state without frozen parameters, keep the last two, resume) and the loss plot."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from decodekit.errors import ConfigError
 
 
 class WarmupCosine:
@@ -65,7 +67,11 @@ def take_step(
 
 
 class Checkpoints:
-    """``<out>/checkpoints/step_*``: accelerate's full state plus the loss history, the last two kept.
+    """``<out>/checkpoints/step_*``: accelerate's state (the models' trainable parameters, optimizer, schedule, RNG)
+    plus the loss history, the last two kept.
+
+    A model's frozen parameters (a LoRA adapter's base model) are left out of the checkpoint: they come from where
+    the run loaded them, so a SmolLM2 adapter's checkpoint holds its few MB instead of the 540 MB model.
 
     Args:
         accelerator: the run's :class:`accelerate.Accelerator` (its prepared model, optimizer and schedule are saved).
@@ -74,13 +80,23 @@ class Checkpoints:
 
     def __init__(self, accelerator: Any, out: Path) -> None:
         self.accelerator, self.dir = accelerator, Path(out) / "checkpoints"
+        accelerator.register_save_state_pre_hook(_trainable_only)
 
     def resume(self) -> tuple[int, dict[str, list[list[float]]]] | None:
-        """Load the last checkpoint; its step and loss history (None: there is none)."""
+        """Load the last checkpoint; its step and loss history (None: there is none). Every trainable parameter
+        must be in it (a checkpoint of another run's model is refused, naming what is missing)."""
         last = sorted(self.dir.glob("step_*"))
         if not last:
             return None
-        self.accelerator.load_state(str(last[-1]))
+        for model, name in zip(self.accelerator._models, _model_files(last[-1], len(self.accelerator._models))):
+            missing = sorted(_trainable_names(model) - _saved_names(name))
+            if missing:
+                raise ConfigError(
+                    f"the checkpoint {last[-1]} lacks {len(missing)} of this run's trainable parameters "
+                    f"({', '.join(missing[:3])}...): it comes from another model or recipe; use another out_dir "
+                    "or resume=false"
+                )
+        self.accelerator.load_state(str(last[-1]), strict=False)  # the frozen parameters stay as loaded
         return int(last[-1].name.split("_")[1]), json.loads((last[-1] / "history.json").read_text())
 
     def save(self, step: int, history: dict[str, list[list[float]]]) -> None:
@@ -92,6 +108,31 @@ class Checkpoints:
             (path / "history.json").write_text(json.dumps(history))
             for old in sorted(self.dir.glob("step_*"))[:-2]:
                 shutil.rmtree(old)
+
+
+def _trainable_names(model: torch.nn.Module) -> set[str]:
+    return {name for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _trainable_only(models: list[torch.nn.Module], weights: list[dict[str, Any]], output_dir: str) -> None:
+    """accelerate's save hook: each model's state dict cut to its trainable parameters, in place."""
+    for i, model in enumerate(models):
+        keep = _trainable_names(model)
+        weights[i] = {k: v for k, v in weights[i].items() if k in keep}
+
+
+def _model_files(path: Path, count: int) -> list[Path]:
+    """accelerate's file of each model in a checkpoint (``model.safetensors``, ``model_1.safetensors``, ...)."""
+    return [path / ("model.safetensors" if i == 0 else f"model_{i}.safetensors") for i in range(count)]
+
+
+def _saved_names(file: Path) -> set[str]:
+    if not file.is_file():
+        return set()
+    from safetensors import safe_open
+
+    with safe_open(str(file), "pt") as f:
+        return set(f.keys())
 
 
 def plot_losses(history: dict[str, list[list[float]]], path: Path, title: str, ylabel: str) -> None:
