@@ -115,10 +115,11 @@ def _trainable_names(model: torch.nn.Module) -> set[str]:
 
 
 def _trainable_only(models: list[torch.nn.Module], weights: list[dict[str, Any]], output_dir: str) -> None:
-    """accelerate's save hook: each model's state dict cut to its trainable parameters, in place."""
-    for i, model in enumerate(models):
+    """accelerate's save hook: each model's state dict cut to its trainable parameters, in place (where accelerate
+    saves a model itself, as under FSDP or DeepSpeed, ``weights`` lacks it and it is saved whole)."""
+    for i, (model, state) in enumerate(zip(models, weights)):
         keep = _trainable_names(model)
-        weights[i] = {k: v for k, v in weights[i].items() if k in keep}
+        weights[i] = {k: v for k, v in state.items() if k in keep}
 
 
 def _model_files(path: Path, count: int) -> list[Path]:
