@@ -88,8 +88,9 @@ class Checkpoints:
         last = sorted(self.dir.glob("step_*"))
         if not last:
             return None
-        for model, name in zip(self.accelerator._models, _model_files(last[-1], len(self.accelerator._models))):
-            missing = sorted(_trainable_names(model) - _saved_names(name))
+        for i, model in enumerate(self.accelerator._models):
+            saved = _saved_names(last[-1], i)
+            missing = sorted(_trainable_names(model) - saved) if saved is not None else []
             if missing:
                 raise ConfigError(
                     f"the checkpoint {last[-1]} lacks {len(missing)} of this run's trainable parameters "
@@ -122,16 +123,15 @@ def _trainable_only(models: list[torch.nn.Module], weights: list[dict[str, Any]]
         weights[i] = {k: v for k, v in state.items() if k in keep}
 
 
-def _model_files(path: Path, count: int) -> list[Path]:
-    """accelerate's file of each model in a checkpoint (``model.safetensors``, ``model_1.safetensors``, ...)."""
-    return [path / ("model.safetensors" if i == 0 else f"model_{i}.safetensors") for i in range(count)]
-
-
-def _saved_names(file: Path) -> set[str]:
-    if not file.is_file():
-        return set()
+def _saved_names(path: Path, i: int) -> set[str] | None:
+    """The tensor names in checkpoint ``path``'s file of model ``i``, named as accelerate names it; None where there is
+    no such file (accelerate saved the model its own way, as under FSDP or DeepSpeed, and loads it so)."""
+    from accelerate.utils import SAFE_WEIGHTS_NAME
     from safetensors import safe_open
 
+    file = path / (SAFE_WEIGHTS_NAME if i == 0 else SAFE_WEIGHTS_NAME.replace(".", f"_{i}."))
+    if not file.is_file():
+        return None
     with safe_open(str(file), "pt") as f:
         return set(f.keys())
 
