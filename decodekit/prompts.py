@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable, Mapping
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,7 +17,7 @@ from decodekit.errors import ConfigError, ConfigTypeError, ContextLengthError, E
 if TYPE_CHECKING:
     from decodekit.models.base import LanguageModel
 
-__all__ = ["prompt_ids"]
+__all__ = ["pad_rows", "prompt_ids"]
 
 _PROMPT_FORMS = (
     "a list of token ids (one prompt), a list of such lists (a batch), a 1-D or 2-D integer tensor or numpy array, "
@@ -46,6 +47,10 @@ def prompt_ids(prompts: Any, model: LanguageModel) -> list[list[int]]:
     if not rows:
         raise EmptyPromptError("no prompts given; pass at least one prompt")
     vocab, context = model.vocab_size, model.max_context
+    lengths = list(map(len, rows))
+    flat = list(chain.from_iterable(rows))
+    if min(lengths) > 0 and min(flat) >= 0 and max(flat) < vocab and (context is None or max(lengths) < context):
+        return rows  # all good, checked at C speed; otherwise the loop below names the first bad prompt
     for i, ids in enumerate(rows):
         if not ids:
             raise EmptyPromptError(f"prompt {i} is empty; every prompt needs at least one token (e.g. BOS)")
@@ -62,6 +67,16 @@ def prompt_ids(prompts: Any, model: LanguageModel) -> list[list[int]]:
                 f"shorten it to at most {context - 1} tokens"
             )
     return rows
+
+
+def pad_rows(rows: list[list[int]], width: int, fill: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` (non-empty token-id lists, each at most ``width`` long) right-padded with ``fill``: ``tokens [B,
+    width]`` and ``lengths [B]``, on the CPU. One copy of all the ids, not a tensor per row (a 50k-row batch is
+    padded in milliseconds)."""
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    tokens = torch.full((len(rows), width), fill, dtype=torch.long)
+    tokens[torch.arange(width) < lengths[:, None]] = torch.tensor(list(chain.from_iterable(rows)), dtype=torch.long)
+    return tokens, lengths
 
 
 def _array_rows(array: Any, name: str, allow_bool: bool = False) -> list[list[int]]:
@@ -89,6 +104,8 @@ def _rows(value: Any, name: str, tokenizer: Any, allow_bool: bool = False) -> li
     items = list(value)
     if all(_is_token(t) for t in items):  # one prompt (or an empty batch)
         return [_token_ids(items, name, allow_bool)] if items else []
+    if all(type(item) is list for item in items) and set(map(type, chain.from_iterable(items))) <= {int}:
+        return [list(item) for item in items]  # the common batch, checked at C speed
     rows = []
     for i, item in enumerate(items):
         where = f"{name}[{i}]"

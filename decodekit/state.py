@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from decodekit.prompts import pad_rows
 from decodekit.sampling import RowGenerators
 from decodekit.types import SamplingParams
 
@@ -66,10 +67,7 @@ class DecodeState:
         device: torch.device,
     ) -> DecodeState:
         """Right-pad ``prompts`` into a state with room for ``max_lengths`` tokens per row."""
-        tokens = torch.zeros(len(prompts), max(max_lengths) + 1, dtype=torch.long)
-        for b, prompt in enumerate(prompts):
-            tokens[b, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        tokens, lengths = pad_rows(prompts, max(max_lengths) + 1)
         return cls(
             tokens=tokens.to(device),
             lengths=lengths.to(device),

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 
+from decodekit.prompts import pad_rows
 from decodekit.sampling import Generator, uniform
 
 
@@ -75,10 +76,7 @@ class DLMState:
         cls, rows: list[list[int]], gen_length: int, mask_token_id: int, total_steps: int, generator: Generator, device
     ) -> DLMState:
         width = max(map(len, rows)) + gen_length
-        canvas = torch.full((len(rows), width), mask_token_id, dtype=torch.long)
-        for b, row in enumerate(rows):
-            canvas[b, : len(row)] = torch.tensor(row, dtype=torch.long)
-        starts = torch.tensor([len(r) for r in rows], dtype=torch.long)
+        canvas, starts = pad_rows(rows, width, fill=mask_token_id)
         state = cls(
             canvas.to(device),
             (starts + gen_length).to(device),
