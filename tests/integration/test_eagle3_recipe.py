@@ -3,6 +3,8 @@ head (greedy output equal to plain decoding, with drafts accepted)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -20,10 +22,18 @@ SMALL = dict(
     chat_prompts=2, code_prompts=2, text_chunks=12, max_new_tokens=8, seq_len=64, train_vocab=1024,
     vocab_sizes=[256, 1024], val_fraction=0.25, batch_size=4, lr=3e-3, progress=False,
 )  # fmt: skip
+ONE_VOCAB = {**SMALL, "vocab_sizes": [1024]}  # one size: no timing, where the pick is not what a test checks
 
 
-def test_smoke_run_writes_a_head_that_names_its_layers_and_resumes(tmp_path):
-    summary = train(tmp_path, epochs=2, **SMALL)
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> tuple[Path, dict]:
+    """A 2-epoch smoke run: its folder and summary (the smoke test resumes it; the continued head starts from it)."""
+    out = tmp_path_factory.mktemp("eagle3_smoke")
+    return out, train(out, epochs=2, **SMALL)
+
+
+def test_smoke_run_writes_a_head_that_names_its_layers_and_resumes(smoke_run):
+    tmp_path, summary = smoke_run
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     assert summary["layers"] == [2, 15, 27] and summary["fuse_fit_error"] < 1.0
     path = tmp_path / "eagle3_smollm2-135m-instruct.safetensors"
@@ -40,21 +50,20 @@ def test_online_states_train_like_the_cached_ones_within_a_time_budget(tmp_path)
     a time budget fixes the step count after the timed probe steps; self-instruct requests join the data."""
     data = str(tmp_path / "data")
     online = train(tmp_path / "online", epochs=100, online=True, time_budget_s=1e-3, data_dir=data, self_instruct=3,
-                   **SMALL)  # fmt: skip
+                   **ONE_VOCAB)  # fmt: skip
     assert not list((tmp_path / "data").glob("layers_*.pt")) and not (tmp_path / "data" / "features.pt").exists()
     assert online["sequences"] > 2 + 2 + 12  # the self-instruct requests the target wrote joined the data
     assert online["steps"] == BUDGET_PROBE + 3  # 2 warm-up steps, the timed ones, then one the budget allows
-    cached = train(tmp_path / "cached", epochs=1, data_dir=data, **SMALL)
+    cached = train(tmp_path / "cached", epochs=1, data_dir=data, **ONE_VOCAB)
     assert online["initial_val_loss"] == pytest.approx(cached["initial_val_loss"], rel=1e-3)
 
 
-def test_a_continued_head_keeps_its_draft_vocabulary_on_other_data(tmp_path):
+def test_a_continued_head_keeps_its_draft_vocabulary_on_other_data(smoke_run, tmp_path):
     """``init`` an EAGLE-3 head of the same layers with ``init_vocab``: its fuse and its draft vocabulary carry over,
     whatever the new data's token counts."""
-    first = train(tmp_path / "first", epochs=1, **SMALL)
-    path = tmp_path / "first" / "eagle3_smollm2-135m-instruct.safetensors"
+    path = smoke_run[0] / "eagle3_smollm2-135m-instruct.safetensors"
     kept = Eagle3Drafter(path, target="smollm2-135m-instruct").head.vocab
-    settings = {**SMALL, "chat_prompts": 3, "code_prompts": 0, "vocab_sizes": [first["vocab"]["picked"]]}
+    settings = {**SMALL, "chat_prompts": 3, "code_prompts": 0, "vocab_sizes": [len(kept)]}
     again = train(tmp_path / "again", epochs=1, init=str(path), init_vocab=True, seed=1, **settings)
     assert again["fuse_fit_error"] is None  # continued with the init head's fuse
     head = Eagle3Drafter(tmp_path / "again" / path.name, target="smollm2-135m-instruct").head
