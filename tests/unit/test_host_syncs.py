@@ -2,8 +2,9 @@
 
 On a GPU every ``.item() / .tolist() / .cpu() / bool(t) / int(t) / t.nonzero()`` of a device tensor stalls the
 host until the queued kernels finish. On the CPU they are cheap, but counting them here tells what a GPU user
-pays. Budgets (docs/concepts.md): plain decoding 1 per round, n-gram chain rounds 2, model-drafter rounds 2, plus
-1 per draft step when the policy has a stop rule (and, for a draft model, 1 each time rows leave the batch).
+pays. Budgets (docs/concepts.md): plain decoding 1 per round, n-gram chain rounds 2, model-drafter rounds 2, suffix
+lookup rounds 4, plus 1 per draft step when the policy has a stop rule (and, for a draft model, 1 each time rows
+leave the batch).
 The per-call syncs (prefill, first-round validation, stats, read-out: :data:`OVERHEAD`) are taken off.
 """
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.drafters import ModelDrafter, NGramDrafter
+from decodekit.drafters import ModelDrafter, NGramDrafter, SuffixDrafter
 from decodekit.models.tiny import perturbed
 from decodekit.policies import ConfidenceStop, FixedLength
 
@@ -106,6 +107,14 @@ def test_model_drafter_rounds_at_most_two(target, temperature):
     drafter = CountingModelDrafter(perturbed(target, 0.3, seed=1))
     per_round = syncs_per_round(target, drafter, FixedLength(3), temperature)
     assert per_round <= 2
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_suffix_rounds_at_most_four(target, temperature):
+    """A host-side drafter: it reads the accepted tokens for its tries and each row's budget; the loop adds its own
+    read and the used width of the draft."""
+    per_round = syncs_per_round(target, SuffixDrafter(cache_tokens=0), FixedLength(4), temperature)
+    assert per_round <= 4
 
 
 class CountingStop(ConfidenceStop):
