@@ -41,6 +41,7 @@ SMALL = dict(
     chat_prompts=2, code_prompts=2, text_chunks=12, max_new_tokens=8, seq_len=64, train_vocab=1024,
     vocab_sizes=[256, 1024], val_fraction=0.25, batch_size=4, lr=3e-3, progress=False,
 )  # fmt: skip
+ONE_VOCAB = {**SMALL, "vocab_sizes": [1024]}  # one size: no timing, where the pick is not what a test checks
 
 
 def test_smoke_run_trains_picks_a_vocabulary_and_resumes(tmp_path):
