@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ def load_zoo_dlm(name: str, **load_kwargs: Any) -> tuple[Any, ZooDLM, int | None
     """The adapted model (the LoRA merged into a fresh copy of the base) as a :class:`~decodekit.models.HFCausalLM`,
     its zoo entry, and the block length it was trained block-causally with (None: bidirectional), as the adapter file
     records it. Raises :class:`~decodekit.errors.ModelNotFoundError` when the adapter file is missing."""
-    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from peft import set_peft_model_state_dict
     from safetensors import safe_open
 
     import decodekit as dk
@@ -67,11 +68,22 @@ def load_zoo_dlm(name: str, **load_kwargs: Any) -> tuple[Any, ZooDLM, int | None
     for name, module in base.hf.named_modules():
         if name.rsplit(".", 1)[-1] in targets:  # the cached base is memory-mapped: merging into it in place would
             module.weight.data = module.weight.data.clone()  # fault in a private copy page by page (3 s here, 0.3 s so)
-    config = LoraConfig(r=summary["lora_rank"], lora_alpha=summary["lora_alpha"], target_modules=targets)
-    peft_model = get_peft_model(base.hf, config)
+    peft_model = with_lora(base.hf, summary["lora_rank"], summary["lora_alpha"], targets)
     set_peft_model_state_dict(peft_model, weights)
     merged = peft_model.merge_and_unload().eval()
     return dk.load_model(merged, tokenizer=base.tokenizer, **load_kwargs), entry, summary.get("block_length")
+
+
+def with_lora(model: Any, rank: int, alpha: float, targets: list[str]) -> Any:
+    """``model`` (a transformers model) wrapped by peft with a fresh LoRA of ``rank`` / ``alpha`` on the linear
+    layers named ``targets``: the adapter the DLM recipe trains and the zoo loads. peft reads transformers'
+    deprecated ``is_gradient_checkpointing`` (a FutureWarning from transformers 5, not the caller's to act on);
+    that one warning is silenced here."""
+    from peft import LoraConfig, get_peft_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets)))
 
 
 def _targets(weights: dict[str, Any]) -> list[str]:

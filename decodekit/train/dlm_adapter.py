@@ -35,6 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from decodekit.checks import check_bool, check_float, check_int
+from decodekit.dlm.zoo import with_lora
 from decodekit.errors import ConfigError
 from decodekit.train.common import BUDGET_PROBE, Checkpoints, budgeted_steps, plot_losses, take_step, warmup_cosine
 from decodekit.train.corpus import corpus_texts, token_chunks
@@ -115,7 +116,7 @@ def train(
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from peft import get_peft_model_state_dict
 
     import decodekit as dk
 
@@ -184,7 +185,7 @@ def train(
     if len(rows) < batch_size or not val_batches:
         raise ConfigError(f"too little data: {len(rows)} training rows and {len(val_batches)} validation batches")
 
-    model = get_peft_model(hf.train(), LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(TARGET_MODULES)))
+    model = with_lora(hf.train(), rank, alpha, list(TARGET_MODULES))
     loader = torch.utils.data.DataLoader(
         rows, batch_size=batch_size, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(seed)
     )

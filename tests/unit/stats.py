@@ -5,10 +5,15 @@ from __future__ import annotations
 import torch
 
 
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a flat float64 tensor outside autograd (a test may pass a model's probabilities as they are)."""
+    return x.detach().double().flatten()
+
+
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
     """Pearson chi-square p-value of ``counts`` against ``probs`` (both flat); cells with expected count below
     ``min_expected`` are merged into one."""
-    counts, probs = counts.double().flatten(), probs.double().flatten()
+    counts, probs = _flat(counts), _flat(probs)
     n = counts.sum()
     expected = probs * n
     small = expected < min_expected
@@ -22,11 +27,11 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: f
 
 
 def total_variation(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    empirical = counts.double().flatten() / counts.sum()
-    return 0.5 * float((empirical - probs.double().flatten()).abs().sum())
+    empirical = _flat(counts) / counts.sum()
+    return 0.5 * float((empirical - _flat(probs)).abs().sum())
 
 
 def tv_noise(probs: torch.Tensor, n: int) -> float:
     """Expected total variation of an n-sample empirical distribution from ``probs`` (sampling noise only)."""
-    p = probs.double().flatten()
+    p = _flat(probs)
     return float(0.5 * torch.sqrt(2 * p * (1 - p) / (torch.pi * n)).sum())

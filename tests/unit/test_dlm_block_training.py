@@ -128,3 +128,21 @@ def test_the_recipe_refuses_a_bad_data_choice_before_loading(tmp_path):
         train(tmp_path, block_length=32)
     with pytest.raises(ConfigError, match="data must be 'corpus' or 'self'"):
         train(tmp_path, data="chat")
+
+
+def test_the_lora_wrapper_starts_as_the_model_and_stays_quiet():
+    """``with_lora`` (the recipe's and the zoo's LoRA): a fresh adapter leaves the outputs unchanged (B = 0), it
+    trains only the adapter, and peft's read of a deprecated transformers property raises no warning."""
+    import warnings
+
+    from decodekit.dlm.zoo import with_lora
+
+    model = tiny_llama(2, init=0.6)
+    ids = torch.tensor([[5, 9, 3, 7]])
+    before = model(ids).logits
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wrapped = with_lora(model, 4, 8, ["q_proj", "v_proj"])
+    assert torch.allclose(wrapped(input_ids=ids).logits, before)
+    trainable = {n for n, p in wrapped.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
