@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import torch
 
@@ -47,6 +48,11 @@ class DraftBudget:
             rows that should stop drafting (the token just drafted is kept).
         node_bound, depth_bound: host-side upper bounds on ``max(nodes)`` / ``max(depth)`` when the policy knows
             them (a fixed length does); they spare drafters a host sync. None = read from the tensors when asked.
+        host_nodes, host_depth: ``nodes`` / ``depth`` as host tuples, when the policy knows each row's values
+            without reading the tensors (a fixed length does; :func:`decodekit.generate` caps ``host_depth`` as it
+            caps ``depth``). With them :attr:`host_lengths` and the maxima are exact and cost no host sync, and a
+            chain drafted to the budget knows its width; ``check(values=True)`` (``debug=True``) checks they agree
+            with the tensors. None = unknown.
     """
 
     nodes: torch.Tensor
@@ -55,6 +61,8 @@ class DraftBudget:
     stop: Callable[[DraftStep], torch.Tensor] | None = None
     node_bound: int | None = None
     depth_bound: int | None = None
+    host_nodes: tuple[int, ...] | None = None
+    host_depth: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         """Types and shapes, and the host-side fields' values (no sync); :meth:`check` validates the tensors."""
@@ -76,6 +84,34 @@ class DraftBudget:
             check_callable("DraftBudget.stop", self.stop)
         except ConfigError as error:  # a policy's output: say so
             raise ComponentOutputError(str(error)) from None
+        for name, tensor in (("host_nodes", self.nodes), ("host_depth", self.depth)):
+            mirror = getattr(self, name)
+            if mirror is None:
+                continue
+            if tensor is None and name == "host_depth":
+                raise ComponentOutputError("DraftBudget.host_depth mirrors depth: give depth too, or neither")
+            if (
+                not isinstance(mirror, tuple)
+                or len(mirror) != tensor.shape[0]
+                or not all(type(v) is int for v in mirror)
+            ):
+                raise ComponentOutputError(
+                    f"DraftBudget.{name} must be a tuple of {tensor.shape[0]} ints (one a row), got {describe(mirror)}"
+                )
+        if self.host_depth is not None and self.host_nodes is None:
+            raise ComponentOutputError("DraftBudget.host_depth needs host_nodes: give both host mirrors, or neither")
+
+    @classmethod
+    def uniform(cls, like: torch.Tensor, nodes: int, depth: int | None = None, **fields: Any) -> DraftBudget:
+        """The same budget for every row of ``like [B]`` (its rows, dtype and device; e.g. ``state.lengths``):
+        ``nodes`` (and ``depth``) with their host bounds and mirrors; ``fields``: ``width``, ``stop``."""
+        rows = like.shape[0]
+        if depth is None:
+            return cls(torch.full_like(like, nodes), node_bound=nodes, host_nodes=(nodes,) * rows, **fields)
+        return cls(
+            torch.full_like(like, nodes), torch.full_like(like, depth), node_bound=nodes, depth_bound=depth,
+            host_nodes=(nodes,) * rows, host_depth=(depth,) * rows, **fields,
+        )  # fmt: skip
 
     def check(self, batch_size: int, device: torch.device, source: str = "the policy", values: bool = False) -> None:
         """Raise :class:`~decodekit.errors.ComponentOutputError` unless this budget is for ``batch_size`` rows on
@@ -99,6 +135,10 @@ class DraftBudget:
             checks.append(((self.nodes <= self.node_bound).all(), f"nodes exceed node_bound={self.node_bound}"))
         if self.depth_bound is not None:
             checks.append(((depth <= self.depth_bound).all(), f"depth exceeds depth_bound={self.depth_bound}"))
+        for name, tensor, mirror in (("nodes", self.nodes, self.host_nodes), ("depth", self.depth, self.host_depth)):
+            if mirror is not None and tensor is not None:
+                same = (tensor == torch.tensor(mirror, device=tensor.device)).all()
+                checks.append((same, f"host_{name} {list(mirror)} differs from {name}"))
         results = torch.stack([ok for ok, _ in checks]).tolist()
         for ok, (_, message) in zip(results, checks):
             if not ok:
@@ -115,15 +155,35 @@ class DraftBudget:
         return self.nodes if self.depth is None else torch.minimum(self.nodes, self.depth)
 
     @cached_property
+    def host_lengths(self) -> list[int] | None:
+        """Each row's :attr:`lengths` as a host list when the host mirrors give them (no sync), else None."""
+        if self.host_nodes is None:
+            return None
+        return [min(n, d) for n, d in zip(self.host_nodes, self.host_depth or self.host_nodes)]
+
+    def host_values(self) -> tuple[list[int], list[int]]:
+        """``(nodes, depth)`` per row as host lists: the mirrors when given (no sync), else one host sync."""
+        if self.host_nodes is not None:
+            return list(self.host_nodes), list(self.host_depth or self.host_nodes)
+        nodes, depth = torch.stack([self.nodes, self.depth_or_nodes]).tolist()
+        return nodes, depth
+
+    @cached_property
     def max_nodes(self) -> int:
-        """Upper bound on ``max(nodes)`` (exact, with a host sync, unless the policy gave ``node_bound``)."""
+        """Upper bound on ``max(nodes)``: exact from ``host_nodes``, else ``node_bound``, else the tensor's maximum
+        (a host sync)."""
+        if self.host_nodes is not None:
+            return max(self.host_nodes, default=0)
         if self.node_bound is not None:
             return self.node_bound
         return int(self.nodes.max()) if self.nodes.numel() else 0
 
     @cached_property
     def max_depth(self) -> int:
-        """Upper bound on ``max(depth)`` (``depth_bound``, else the tensor's maximum: a host sync)."""
+        """Upper bound on ``max(depth)``: exact from the host mirrors, else ``depth_bound``, else the tensor's
+        maximum (a host sync)."""
+        if self.host_nodes is not None:
+            return max(self.host_depth or self.host_nodes, default=0)
         if self.depth_bound is not None:
             return self.depth_bound
         if self.depth is None:
@@ -132,7 +192,10 @@ class DraftBudget:
 
     @property
     def max_len(self) -> int:
-        """Upper bound on ``max(lengths)``: the number of columns a chain drafter needs."""
+        """Upper bound on ``max(lengths)``: the number of columns a chain drafter needs (exact, and then some row
+        drafts that many, when the host mirrors are given)."""
+        if self.host_lengths is not None:
+            return max(self.host_lengths, default=0)
         return min(self.max_nodes, self.max_depth)
 
     def mask(self, width: int | None = None) -> torch.Tensor:
@@ -140,10 +203,15 @@ class DraftBudget:
         width = self.max_len if width is None else width
         return torch.arange(width, device=self.lengths.device) < self.lengths[:, None]
 
-    def capped(self, depth: torch.Tensor, depth_bound: int) -> DraftBudget:
-        """This budget with its depth capped at ``depth [B]`` (host bound ``depth_bound``)."""
+    def capped(self, depth: torch.Tensor, depth_bound: int, host_depth: list[int] | None = None) -> DraftBudget:
+        """This budget with its depth capped at ``depth [B]`` (host bound ``depth_bound``; ``host_depth``: ``depth``
+        as a host list, which keeps the host mirrors exact)."""
         capped = torch.minimum(self.depth_or_nodes, depth).clamp(min=0)
         bound = depth_bound if self.depth_bound is None else min(self.depth_bound, depth_bound)
         if self.depth is None and self.node_bound is not None:
             bound = min(bound, self.node_bound)
-        return DraftBudget(self.nodes, capped, self.width, self.stop, self.node_bound, max(bound, 0))
+        mirrors: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)
+        if self.host_nodes is not None and host_depth is not None:
+            own = self.host_depth or self.host_nodes
+            mirrors = (self.host_nodes, tuple(max(min(a, b), 0) for a, b in zip(own, host_depth)))
+        return DraftBudget(self.nodes, capped, self.width, self.stop, self.node_bound, max(bound, 0), *mirrors)

@@ -89,6 +89,7 @@ class Components:
         self.host_row_selectors = {id(c) for c in self.row_selectors if takes_keyword(c.select_rows, "host_rows")}
         self.vocab_size = model.vocab_size
         self.unchecked = drafter is not None  # until the first non-empty draft has been validated
+        self.budget_unchecked = drafter is not None  # until the first budget's values have been validated
         self.tree_verifier = tree_verifier  # generate()'s default for tree drafts at temperature > 0
 
     def verifier_for(self, draft: Draft) -> Verifier:
@@ -159,13 +160,14 @@ class Components:
 
     # ----------------------------------------------------------------------------------- component outputs
     def plan(self, state: DecodeState, validate: bool = False) -> DraftBudget:
-        """The policy's budget for this round, checked (shape, dtype, device; values when ``validate``: a host
-        sync). The loop caps its depth."""
+        """The policy's budget for this round, checked (shape, dtype, device; values on the call's first round and
+        when ``validate``: a host sync). The loop caps its depth."""
         budget = self.policy.plan(state)
         source = f"{type(self.policy).__name__}.plan"
         if not isinstance(budget, DraftBudget):
             raise ComponentOutputError(f"{source} must return a DraftBudget, got {describe(budget)}")
-        budget.check(state.batch_size, state.device, source, values=validate)
+        budget.check(state.batch_size, state.device, source, values=validate or self.budget_unchecked)
+        self.budget_unchecked = False
         return budget
 
     def check_budget_size(self, budget: DraftBudget) -> None:

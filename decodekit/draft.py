@@ -195,12 +195,27 @@ class Draft:
         """``[B, N]`` depth of each node; children of the pending token have depth 1 (0 for invalid nodes)."""
         return self.ancestors.sum(-1) * self.valid
 
+    @cached_property
+    def used_width(self) -> int:
+        """The node columns some row uses: one past the last column with a valid node (a host sync, unless the
+        drafter that built this draft knew it and said so with :meth:`knowing_width`)."""
+        if self.num_nodes == 0:
+            return 0
+        used = self.valid.any(0)
+        return int(torch.where(used, torch.arange(1, self.num_nodes + 1, device=used.device), 0).max())
+
+    def knowing_width(self, width: int) -> Draft:
+        """This draft, told on the host that its used width is ``width`` (a drafter that built it on the host, or
+        drafted every row to a budget whose lengths it knows): :meth:`trimmed` then costs no host sync. Check the
+        claim with ``debug=True``-style validation (:meth:`check`)."""
+        self.__dict__["used_width"] = int(width)
+        return self
+
     def trimmed(self) -> Draft:
         """This draft without the trailing node columns no row uses (each would cost a verified position).
 
-        One host sync (the used width)."""
-        used = self.valid.any(0)
-        width = int(torch.where(used, torch.arange(1, self.num_nodes + 1, device=used.device), 0).max())
+        One host sync (the used width), none when the drafter declared it (:meth:`knowing_width`)."""
+        width = self.used_width
         if width == self.num_nodes:
             return self
         q = self.q if self.q is None or self.q_index is not None else self.q[:, :width]
@@ -352,6 +367,12 @@ class Draft:
         if self.__dict__.get("is_chain"):
             prefix = (self.valid == (ar < self.num_valid[:, None])).all()
             checks.append((prefix, "Draft.chain needs valid to be a prefix mask in every row (valid nodes first)"))
+        if "used_width" in self.__dict__:  # a declared width (knowing_width): the valid nodes must end there
+            declared = self.__dict__["used_width"]
+            used = self.valid.any(0)
+            last = torch.where(used, ar + 1, 0).max()
+            checks.append((last == declared, f"the draft declared a used width of {declared} (knowing_width) "
+                                             "that its valid nodes do not have"))  # fmt: skip
         results = torch.stack([ok for ok, _ in checks]).tolist()
         for ok, (_, message) in zip(results, checks):
             if not ok:

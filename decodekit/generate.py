@@ -203,7 +203,7 @@ def _loop(
     while out.drop_finished(state, cache, parts):  # state.select_rows keeps per-row generators in step
         begin_round(generator, state.host_lengths)
         timer.start()
-        draft = _propose(parts, state, validate=debug or parts.unchecked)
+        draft = _propose(parts, state, debug)
         timer.mark("draft")
         scored = model.score(
             cache, state.pending, draft, hidden_layers=parts.hidden_layers, return_hidden="hidden" in parts.needs
@@ -240,12 +240,15 @@ def _stats(counters: RoundCounters, timer: PhaseTimer, start: float, generated: 
     return stats
 
 
-def _propose(parts: Components, state: DecodeState, validate: bool) -> Draft:
+def _propose(parts: Components, state: DecodeState, debug: bool) -> Draft:
     """This round's draft: the policy's budget, its depth capped so no round passes a row's limit, spent by the
-    drafter; validated when ``validate``; unused columns trimmed."""
+    drafter; its values validated every round with ``debug`` (else the budget's on the first round, the draft's
+    until the first non-empty one); unused columns trimmed."""
     if parts.drafter is None:
         return _empty_draft(state.batch_size, state.device)
-    budget = parts.plan(state, validate).capped(state.remaining - 1, state.host_room - 1)
+    validate = debug or parts.unchecked
+    caps = [r - 1 for r in state.host_remaining]
+    budget = parts.plan(state, debug).capped(state.remaining - 1, max(caps, default=-1), caps)
     parts.check_budget_size(budget)
     if budget.max_depth == 0 or budget.max_len == 0:
         return _empty_draft(state.batch_size, state.device)

@@ -119,6 +119,11 @@ class DecodeState:
             self.generator.select_rows(host_rows)
 
     @property
+    def host_remaining(self) -> list[int]:
+        """:attr:`remaining` as a host list (no sync)."""
+        return [m - n for m, n in zip(self.host_max_lengths, self.host_lengths)]
+
+    @property
     def host_room(self) -> int:
         """The most tokens any live row may still generate (host, no sync)."""
-        return max((m - n for m, n in zip(self.host_max_lengths, self.host_lengths)), default=0)
+        return max(self.host_remaining, default=0)

@@ -44,6 +44,8 @@ def draft_chain(
         advance: feeds one drafted token per row (not called after the last).
 
     Host syncs: one per step when the budget has a stop rule (to stop once every row stopped), none otherwise.
+    Without a stop rule, on a budget with host mirrors (``FixedLength``), the draft knows its used width
+    (:meth:`~decodekit.draft.Draft.knowing_width`), which spares the loop's trimming sync.
     """
     k = budget.max_len
     report = sampling.greedy and "kl" in state.needs
@@ -73,8 +75,12 @@ def draft_chain(
     probs_t = torch.stack(qs, 1) if qs[0] is not None else None  # type: ignore[arg-type]
     tokens_t, valid_t = torch.stack(tokens, 1), torch.stack(valid, 1)
     if sampling.greedy:
-        return Draft.chain(tokens_t, valid=valid_t, draft_probs=probs_t)
-    return Draft.chain(tokens_t, valid=valid_t, q=probs_t)
+        draft = Draft.chain(tokens_t, valid=valid_t, draft_probs=probs_t)
+    else:
+        draft = Draft.chain(tokens_t, valid=valid_t, q=probs_t)
+    if budget.stop is None and budget.host_lengths is not None:  # a row drafted all k = max(lengths) tokens
+        draft.knowing_width(len(tokens))
+    return draft
 
 
 class SamplesLikeTheTarget:

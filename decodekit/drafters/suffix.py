@@ -145,8 +145,8 @@ class SuffixDrafter:
     def observe(self, state: DecodeState, round: Round) -> None:
         self._sync(state)
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        keep = rows.tolist()
+    def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
+        keep = rows.tolist() if host_rows is None else host_rows
         for b in sorted(set(range(len(self._rows))) - set(keep)):  # finished: their outputs go to the cache
             row = self._rows[b]
             self._cache.add(row.tokens[row.prompt_length :])
@@ -168,7 +168,7 @@ class SuffixDrafter:
     # ---------------------------------------------------------------------------------------------- drafting
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
         self._sync(state)
-        nodes, depths = torch.stack([budget.nodes, budget.depth_or_nodes]).tolist()
+        nodes, depths = budget.host_values()  # no sync on a budget with host mirrors (FixedLength)
         drafts = [self._row_draft(r, n, d, budget.width) for r, n, d in zip(self._rows, nodes, depths)]
         width = max((len(t) for t, _ in drafts), default=0)
         if width == 0:
@@ -179,8 +179,8 @@ class SuffixDrafter:
         device = state.device
         tokens_t, valid_t = torch.tensor(tokens, device=device), torch.tensor(valid, device=device)
         if all(p == list(range(-1, len(p) - 1)) for _, p in drafts):
-            return Draft.chain(tokens_t, valid=valid_t)
-        return Draft.tree(tokens_t, torch.tensor(parents, device=device), valid_t)
+            return Draft.chain(tokens_t, valid=valid_t).knowing_width(width)
+        return Draft.tree(tokens_t, torch.tensor(parents, device=device), valid_t).knowing_width(width)
 
     def _row_draft(self, row: RowTrie, nodes: int, depth: int, width: int | None) -> tuple[list[int], list[int]]:
         """``(tokens, parents)`` of one row's draft (empty lists: no draft): the best-scoring expansion over the

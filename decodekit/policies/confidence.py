@@ -31,4 +31,4 @@ class ConfidenceStop:
         return top1 < self.threshold
 
     def plan(self, state: DecodeState) -> DraftBudget:
-        return DraftBudget(torch.full_like(state.lengths, self.max_len), stop=self.stop, node_bound=self.max_len)
+        return DraftBudget.uniform(state.lengths, self.max_len, stop=self.stop)

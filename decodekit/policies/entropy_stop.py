@@ -102,8 +102,7 @@ class EntropyStop:
     def plan(self, state: DecodeState) -> DraftBudget:
         if self.adaptive and (self.lam is None or self.lam.shape[0] != state.batch_size):
             self.begin(state)
-        nodes = torch.full_like(state.lengths, self.max_len)
-        return DraftBudget(nodes, stop=EntropyRule(self), node_bound=self.max_len)
+        return DraftBudget.uniform(state.lengths, self.max_len, stop=EntropyRule(self))
 
     def observe(self, state: DecodeState, round: Round) -> None:
         if not self.adaptive:

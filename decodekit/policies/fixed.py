@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from decodekit.checks import check_int
 from decodekit.errors import ConfigError
 from decodekit.interfaces import HasDefaultPolicy, LengthPolicy
@@ -29,11 +27,8 @@ class FixedLength:
             raise ConfigError(f"depth={self.depth} exceeds the node budget k={self.k}: a tree of depth d has d nodes")
 
     def plan(self, state: DecodeState) -> DraftBudget:
-        nodes = torch.full_like(state.lengths, self.k)
-        if self.depth is None:
-            return DraftBudget(nodes, width=self.width, node_bound=self.k)
-        depth = torch.full_like(state.lengths, self.depth)
-        return DraftBudget(nodes, depth, self.width, node_bound=self.k, depth_bound=self.depth)
+        """The same budget for every row, with its host mirrors (a drafter reads no tensor to learn it)."""
+        return DraftBudget.uniform(state.lengths, self.k, self.depth, width=self.width)
 
 
 def policy_for(drafter: object) -> LengthPolicy:

@@ -8,7 +8,7 @@ import torch
 
 from decodekit.checks import check_int
 from decodekit.errors import ConfigError
-from decodekit.policies.lengths import drafted_depth
+from decodekit.policies.lengths import drafted_depth, length_budget
 from decodekit.registry import register
 from decodekit.state import DecodeState
 from decodekit.types import DraftBudget
@@ -47,7 +47,7 @@ class HeuristicLength:
     def plan(self, state: DecodeState) -> DraftBudget:
         if self.lengths is None:  # used outside generate(), which calls begin()
             self.begin(state)
-        return DraftBudget(self.lengths.clone())
+        return length_budget(self.lengths.clone())  # one read of the lengths, which serve as the host mirrors
 
     def observe(self, state: DecodeState, round: Round) -> None:
         drafted = drafted_depth(round.draft)  # a chain's length; a tree's depth

@@ -36,16 +36,20 @@ def length_budget(
     adapts a chain length adapts a tree's depth and size together.
 
     ``bound``: a host-side ``max(lengths)`` or more, the number of steps a step-wise drafter runs (rows past their
-    length are masked, not skipped). None reads the exact maximum: one host sync, taken while the device is idle
-    (the loop synced at the end of the last round), so it costs a copy rather than a stall; a loose bound costs
-    ``bound - max(lengths)`` wasted draft-model steps every round, far more on any device.
+    length are masked, not skipped). None reads the lengths: one host sync, taken while the device is idle (the
+    loop synced at the end of the last round), so it costs a copy rather than a stall, and the budget carries them
+    as its host mirrors (exact maxima; a chain drafted to it declares its width, which spares the loop's trimming
+    read). A loose bound costs ``bound - max(lengths)`` wasted draft-model steps every round, far more on any device.
     """
+    host: tuple[int, ...] | None = None
     if bound is None:
-        bound = int(lengths.max()) if lengths.numel() else 0
+        host = tuple(lengths.tolist())
+        bound = max(host, default=0)
     if nodes_per_depth == 1:
-        return DraftBudget(lengths, width=width, stop=stop, node_bound=bound)
+        return DraftBudget(lengths, width=width, stop=stop, node_bound=bound, host_nodes=host)
+    host_nodes = None if host is None else tuple(n * nodes_per_depth for n in host)
     return DraftBudget(
-        lengths * nodes_per_depth, lengths, width, stop, node_bound=bound * nodes_per_depth, depth_bound=bound
+        lengths * nodes_per_depth, lengths, width, stop, bound * nodes_per_depth, bound, host_nodes, host
     )
 
 

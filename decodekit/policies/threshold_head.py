@@ -176,5 +176,4 @@ class ThresholdHeadStop:
         return self.head
 
     def plan(self, state: DecodeState) -> DraftBudget:
-        nodes = torch.full_like(state.lengths, self.max_len)
-        return DraftBudget(nodes, stop=HeadStopRule(self), node_bound=self.max_len)
+        return DraftBudget.uniform(state.lengths, self.max_len, stop=HeadStopRule(self))

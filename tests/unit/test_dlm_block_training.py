@@ -83,7 +83,7 @@ def test_the_region_loss_trains(hf):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     assert sum(losses[-5:]) < 0.5 * sum(losses[:5])
 
 

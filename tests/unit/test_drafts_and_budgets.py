@@ -9,6 +9,7 @@ import torch
 import decodekit as dk
 from decodekit.drafters import ModelDrafter
 from decodekit.models.tiny import tiny_llama
+from decodekit.policies import FixedLength
 from decodekit.verifiers import GreedyVerifier, RejectionVerifier
 
 
@@ -188,3 +189,70 @@ def test_memory_light_q_is_the_per_node_q():
     assert torch.equal(a.num_accepted, b.num_accepted) and torch.equal(a.next_token, b.next_token)
     with pytest.raises(dk.ConfigError, match="q_index must be"):
         dk.Draft(tokens, light.parents, light.valid, dk.DraftKind.SAMPLED, q_rows, q_index[:, :2])
+
+
+def test_host_mirrors_give_exact_lengths_and_follow_the_cap():
+    """A budget's host mirrors (FixedLength gives them) make the lengths host-known; the loop's cap keeps them
+    equal to the capped tensors; a budget without them reads the tensors."""
+    budget = dk.DraftBudget(torch.tensor([5, 5, 5]), torch.tensor([3, 3, 3]), host_nodes=(5, 5, 5), host_depth=(3,) * 3)
+    capped = budget.capped(torch.tensor([4, 1, -1]), 4, [4, 1, -1])
+    assert capped.host_values() == (capped.nodes.tolist(), capped.depth.tolist()) == ([5, 5, 5], [3, 1, 0])
+    assert capped.host_lengths == [3, 1, 0] and capped.max_len == 3
+    capped.check(3, torch.device("cpu"), values=True)  # the mirrors agree with the tensors
+    assert budget.capped(torch.tensor([4, 1, -1]), 4).host_lengths is None  # no host caps: no mirrors
+    plain = dk.DraftBudget(torch.tensor([2, 6]), torch.tensor([5, 1]))
+    assert plain.host_lengths is None and plain.host_values() == ([2, 6], [5, 1]) and plain.max_len == 5
+    mirrored = dk.DraftBudget(torch.tensor([2, 6]), torch.tensor([5, 1]), host_nodes=(2, 6), host_depth=(5, 1))
+    assert mirrored.max_len == 2  # exact: max over rows of min(nodes, depth)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(host_nodes=(4,)), "tuple of 2 ints"),
+        (dict(host_nodes=[4, 4]), "tuple of 2 ints"),
+        (dict(host_nodes=(4, 4.0)), "tuple of 2 ints"),
+        (dict(host_nodes=(4, 4), host_depth=(2, 2)), "give depth too"),
+        (dict(depth=torch.tensor([2, 2]), host_depth=(2, 2)), "needs host_nodes"),
+    ],
+)
+def test_malformed_host_mirrors_are_refused(fields, message):
+    with pytest.raises(dk.ConfigError, match=message):
+        dk.DraftBudget(torch.tensor([4, 4]), **fields)
+
+
+def test_host_mirrors_that_disagree_with_the_tensors_are_caught_when_checked(target):
+    """A policy whose host mirrors lie is refused by ``debug=True`` (the values check), naming the mirror."""
+
+    class Lying:
+        def plan(self, state):
+            nodes = torch.full_like(state.lengths, 2)
+            return dk.DraftBudget(nodes, node_bound=3, host_nodes=(3,) * state.batch_size)
+
+    with pytest.raises(dk.ConfigError, match=r"host_nodes \[3\] differs from nodes"):
+        dk.generate(target, [[1, 2, 3]], drafter=ModelDrafter(target), policy=Lying(), max_new_tokens=8, debug=True)
+
+
+def test_a_declared_width_is_trusted_by_trimming_and_checked_by_debug():
+    valid = torch.tensor([[True, True, False, False], [True, False, False, False]])
+    draft = dk.Draft.chain(torch.ones(2, 4, dtype=torch.long), valid=valid)
+    assert draft.used_width == 2 and draft.trimmed().num_nodes == 2
+    told = dk.Draft.chain(torch.ones(2, 4, dtype=torch.long), valid=valid).knowing_width(2)
+    assert told.trimmed().num_nodes == 2
+    told.check(2, 128, dk.DraftBudget(torch.tensor([4, 4])))
+    wrong = dk.Draft.chain(torch.ones(2, 4, dtype=torch.long), valid=valid).knowing_width(4)
+    with pytest.raises(dk.ConfigError, match="declared a used width of 4"):
+        wrong.check(2, 128, dk.DraftBudget(torch.tensor([4, 4])))
+
+
+@pytest.mark.parametrize("drafter", ["model", "suffix"])
+def test_drafters_on_host_mirrored_budgets_are_greedy_decoding_to_the_last_token(target, ragged_prompts, drafter):
+    """Drafts that declare their width (chains to a mirrored budget, suffix lookup) near each row's end, where the
+    loop caps the depth per row: every declaration holds (``debug=True`` checks it) and the output is plain
+    decoding's."""
+    from decodekit.drafters import SuffixDrafter
+
+    built = ModelDrafter(target) if drafter == "model" else SuffixDrafter(cache_tokens=0)
+    plain = dk.generate(target, ragged_prompts, max_new_tokens=11)
+    out = dk.generate(target, ragged_prompts, drafter=built, policy=FixedLength(4), max_new_tokens=11, debug=True)
+    assert out.sequences == plain.sequences and out.stats.rounds < sum(map(len, plain.sequences))

@@ -2,15 +2,17 @@
 
 On a GPU every ``.item() / .tolist() / .cpu() / bool(t) / int(t) / t.nonzero()`` of a device tensor stalls the
 host until the queued kernels finish. On the CPU they are cheap, but counting them here tells what a GPU user
-pays. Budgets (docs/concepts.md): plain decoding 1 per round, n-gram chain rounds 2, model-drafter rounds 2, suffix
-lookup rounds 4, plus 1 per draft step when the policy has a stop rule (and, for a draft model, 1 each time rows
-leave the batch).
+pays. Budgets (docs/concepts.md): plain decoding 1 per round, n-gram chain rounds 2, model-drafter rounds 1 on a
+fixed length (its draft declares its width), 2 on an adaptive length policy (its read of the lengths) or a policy
+without host mirrors, suffix lookup rounds 2, plus 1 per draft step when the policy has a stop rule (and, for a draft
+model, 1 each time rows leave the batch).
 The per-call syncs (prefill, first-round validation, stats, read-out: :data:`OVERHEAD`) are taken off.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -61,9 +63,9 @@ class CountingModelDrafter(ModelDrafter):
         super().select_rows(rows, host_rows=host_rows)
 
 
-def syncs_per_round(target, drafter, policy, temperature=0.0, max_new_tokens=40) -> float:
-    """Host syncs of one call per round, after taking off the per-call ones (:data:`OVERHEAD`) and the reads when
-    rows left the batch."""
+def syncs_per_round(target, drafter, policy, temperature=0.0, max_new_tokens=40, per_call=0) -> float:
+    """Host syncs of one call per round, after taking off the per-call ones (:data:`OVERHEAD`, and the drafter's own
+    ``per_call``) and the reads when rows left the batch."""
     dk.generate(target, PROMPTS, drafter=drafter, policy=policy, max_new_tokens=4, temperature=temperature)
     leaves = getattr(drafter, "leaves", 0)
     with count_syncs() as counter:
@@ -78,7 +80,7 @@ def syncs_per_round(target, drafter, policy, temperature=0.0, max_new_tokens=40)
             seed=0,
         )
     extra = getattr(drafter, "leaves", 0) - leaves
-    return (counter[0] - OVERHEAD - extra) / out.stats.rounds
+    return (counter[0] - OVERHEAD - per_call - extra) / out.stats.rounds
 
 
 def test_the_counter_sees_syncs(target):
@@ -102,19 +104,38 @@ def test_ngram_rounds_at_most_two(target, temperature):
     assert per_round <= 2
 
 
+class Unmirrored:
+    """``FixedLength(3)``'s budget without its host mirrors: what a policy that computes on the device gives."""
+
+    def plan(self, state):
+        return dataclasses.replace(FixedLength(3).plan(state), host_nodes=None, host_depth=None)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_model_drafter_rounds_at_most_two(target, temperature):
+def test_model_drafter_rounds_as_plain_decoding_on_a_fixed_length(target, temperature):
+    """The draft knows its width from the budget's host mirrors: the loop trims it without a read, so a round
+    costs what a plain decoding step does (without the mirrors, one more: the used width)."""
     drafter = CountingModelDrafter(perturbed(target, 0.3, seed=1))
-    per_round = syncs_per_round(target, drafter, FixedLength(3), temperature)
-    assert per_round <= 2
+    assert syncs_per_round(target, drafter, FixedLength(3), temperature) <= 1
+    assert 1.5 < syncs_per_round(target, drafter, Unmirrored(), temperature) <= 2
+
+
+@pytest.mark.parametrize("policy", ["heuristic", "gammatune", "kld_stability"])
+def test_adaptive_policy_rounds_at_most_two(target, policy):
+    """An adaptive length policy reads its per-row lengths once (``length_budget``); they serve as the budget's
+    host mirrors, so the draft declares its width: that read and the loop's."""
+    drafter = CountingModelDrafter(perturbed(target, 0.3, seed=1))
+    assert syncs_per_round(target, drafter, dk.build("policy", policy)) <= 2
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_suffix_rounds_at_most_four(target, temperature):
-    """A host-side drafter: it reads the accepted tokens for its tries and each row's budget; the loop adds its own
-    read and the used width of the draft."""
-    per_round = syncs_per_round(target, SuffixDrafter(cache_tokens=0), FixedLength(4), temperature)
-    assert per_round <= 4
+def test_suffix_rounds_at_most_two(target, temperature):
+    """A host-side drafter: it reads the accepted tokens for its tries (its budget comes from the host mirrors and
+    it declares its draft's width); the loop adds its own read. Once a call, ``begin`` reads the prompts and their
+    lengths for the tries (2). Sampled, its chains: a sampled tree round adds the traversal verifier's own read."""
+    policy = FixedLength(4) if temperature == 0 else FixedLength(4, width=1)
+    per_round = syncs_per_round(target, SuffixDrafter(cache_tokens=0), policy, temperature, per_call=2)
+    assert per_round <= 2
 
 
 class CountingStop(ConfidenceStop):
