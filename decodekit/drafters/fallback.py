@@ -161,4 +161,5 @@ class FallbackDrafter:
         """``budget`` with its depth capped at ``fallback_len``."""
         if self.fallback_len is None:
             return budget
-        return budget.capped(torch.full_like(budget.nodes, self.fallback_len), self.fallback_len)
+        cap = self.fallback_len
+        return budget.capped(torch.full_like(budget.nodes, cap), cap, [cap] * budget.nodes.shape[0])

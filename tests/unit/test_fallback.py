@@ -111,7 +111,7 @@ def count_drafted(drafter) -> list[int]:
 def test_fallback_len_caps_only_the_fallbacks_budget():
     class Budgets(Fixed):
         def propose(self, state, budget):
-            self.seen = budget.max_len, budget.lengths.tolist()
+            self.seen, self.host = (budget.max_len, budget.lengths.tolist()), budget.host_lengths
             return super().propose(state, budget)
 
     primary, fallback = Budgets(chain([[1, 2, 3, 4], []])), Budgets(chain([[9], [8, 7]]))
@@ -119,6 +119,9 @@ def test_fallback_len_caps_only_the_fallbacks_budget():
         state_of([[1], [2]]), dk.DraftBudget(torch.tensor([6, 1]))
     )
     assert primary.seen == (6, [6, 1]) and fallback.seen == (2, [2, 1])
+    mirrored = dk.DraftBudget(torch.tensor([6, 1]), node_bound=6, host_nodes=(6, 1))
+    FallbackDrafter(primary, fallback, fallback_len=2).propose(state_of([[1], [2]]), mirrored)
+    assert fallback.seen == (2, [2, 1]) and fallback.host == [2, 1]  # the host mirrors are capped with it
     with pytest.raises(dk.ConfigError, match="fallback_len"):
         FallbackDrafter(NGramDrafter(), RecyclingDrafter(), fallback_len=0)
 
@@ -137,6 +140,19 @@ def test_suffix_backed_by_recycling_equals_greedy_decoding_on_ragged_rows(target
     assert_greedy_twice(target, ragged_prompts, drafter, FixedLength(16, depth=16), reference, 40)
     assert sum(proposed) > 0  # the fallback drafted in rounds suffix had no match for
     assert recycling.matrix is not None and (recycling.matrix >= 0).any()  # it observed the rounds
+
+
+def test_a_capped_chain_fallback_declares_its_width_truly(target, ragged_prompts):
+    """Suffix lookup backed by a draft model capped at ``fallback_len``: the fallback's chains declare their width
+    from the capped host mirrors (``debug=True`` checks each declaration) and output is greedy decoding's."""
+    from decodekit.models.tiny import perturbed
+
+    reference = dk.generate(target, ragged_prompts, max_new_tokens=40, eos_token_id=()).sequences
+    model = ModelDrafter(perturbed(target, 0.3, seed=1))
+    proposed = count_drafted(model)
+    drafter = FallbackDrafter(SuffixDrafter(cache_tokens=0), model, fallback_len=3)
+    assert_greedy_twice(target, ragged_prompts, drafter, FixedLength(16, depth=16), reference, 40)
+    assert sum(proposed) > 0
 
 
 def test_a_part_that_shares_the_target_gets_it_and_output_stays_greedy_decoding(target, ragged_prompts):
