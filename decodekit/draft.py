@@ -206,8 +206,8 @@ class Draft:
 
     def knowing_width(self, width: int) -> Draft:
         """This draft, told on the host that its used width is ``width`` (a drafter that built it on the host, or
-        drafted every row to a budget whose lengths it knows): :meth:`trimmed` then costs no host sync. Check the
-        claim with ``debug=True``-style validation (:meth:`check`)."""
+        drafted every row to a budget whose lengths it knows): :meth:`trimmed` then costs no host sync. :meth:`check`
+        (every round with ``generate(..., debug=True)``) refuses a width the valid nodes do not have."""
         self.__dict__["used_width"] = int(width)
         return self
 
