@@ -203,6 +203,10 @@ class DraftBudget:
         width = self.max_len if width is None else width
         return torch.arange(width, device=self.lengths.device) < self.lengths[:, None]
 
+    def capped_at(self, depth: int) -> DraftBudget:
+        """This budget with every row's depth capped at ``depth`` (a host int; the host mirrors stay exact)."""
+        return self.capped(torch.full_like(self.nodes, depth), depth, [depth] * self.nodes.shape[0])
+
     def capped(self, depth: torch.Tensor, depth_bound: int, host_depth: list[int] | None = None) -> DraftBudget:
         """This budget with its depth capped at ``depth [B]`` (host bound ``depth_bound``; ``host_depth``: ``depth``
         as a host list, which keeps the host mirrors exact)."""

@@ -100,8 +100,7 @@ class DynamicExitDrafter(EarlyExitDrafter):
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
         if self.draft_len == 0:
             return Draft.empty(state.batch_size, state.device)
-        cap = torch.full_like(budget.lengths, self.draft_len)
-        return super().propose(state, budget.capped(cap, self.draft_len))
+        return super().propose(state, budget.capped_at(self.draft_len))
 
     def observe(self, state: DecodeState, round: Round) -> None:
         """Score the probed layers' shadow tokens against the tokens this round committed; choose every ``every``

@@ -161,5 +161,4 @@ class FallbackDrafter:
         """``budget`` with its depth capped at ``fallback_len``."""
         if self.fallback_len is None:
             return budget
-        cap = self.fallback_len
-        return budget.capped(torch.full_like(budget.nodes, cap), cap, [cap] * budget.nodes.shape[0])
+        return budget.capped_at(self.fallback_len)

@@ -153,7 +153,7 @@ class MedusaDrafter:
     def _tree(self, scores: torch.Tensor, budget: DraftBudget) -> Draft:
         """The template fitted to ``budget`` (at most ``k`` deep) from the heads' ``scores [B, k, V_d]``."""
         batch, k = scores.shape[:2]
-        capped = budget.capped(torch.full_like(budget.lengths, k), k)
+        capped = budget.capped_at(k)
         fitted = fit_template(self._template, capped, scores.device)  # type: ignore[arg-type]
         n = fitted.tree.num_nodes
         if n == 0:
