@@ -138,9 +138,8 @@ class SuffixDrafter:
 
     # ------------------------------------------------------------------------------------------------ hooks
     def begin(self, state: DecodeState) -> None:
-        history = state.tokens[:, : max(state.host_lengths)].tolist()
-        prompts = state.prompt_lengths.tolist()
-        self._rows = [RowTrie(row[:n], p, self.trie_depth) for row, n, p in zip(history, state.host_lengths, prompts)]
+        read = torch.cat([state.prompt_lengths[:, None], state.tokens[:, : max(state.host_lengths)]], 1).tolist()
+        self._rows = [RowTrie(row[1 : n + 1], row[0], self.trie_depth) for row, n in zip(read, state.host_lengths)]
 
     def observe(self, state: DecodeState, round: Round) -> None:
         self._sync(state)

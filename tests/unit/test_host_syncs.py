@@ -132,9 +132,9 @@ def test_adaptive_policy_rounds_at_most_two(target, policy):
 def test_suffix_rounds_at_most_two(target, temperature):
     """A host-side drafter: it reads the accepted tokens for its tries (its budget comes from the host mirrors and
     it declares its draft's width); the loop adds its own read. Once a call, ``begin`` reads the prompts and their
-    lengths for the tries (2). Sampled, its chains: a sampled tree round adds the traversal verifier's own read."""
+    lengths for the tries (1). Sampled, its chains: a sampled tree round adds the traversal verifier's own read."""
     policy = FixedLength(4) if temperature == 0 else FixedLength(4, width=1)
-    per_round = syncs_per_round(target, SuffixDrafter(cache_tokens=0), policy, temperature, per_call=2)
+    per_round = syncs_per_round(target, SuffixDrafter(cache_tokens=0), policy, temperature, per_call=1)
     assert per_round <= 2
 
 
