@@ -154,17 +154,22 @@ class DraftBudget:
         """``[B]`` the longest chain row ``b`` may draft: ``min(nodes, depth)``."""
         return self.nodes if self.depth is None else torch.minimum(self.nodes, self.depth)
 
+    @property
+    def host_depth_or_nodes(self) -> tuple[int, ...] | None:
+        """:attr:`depth_or_nodes` as its host mirror (None without mirrors)."""
+        return self.host_nodes if self.host_depth is None else self.host_depth
+
     @cached_property
     def host_lengths(self) -> list[int] | None:
         """Each row's :attr:`lengths` as a host list when the host mirrors give them (no sync), else None."""
         if self.host_nodes is None:
             return None
-        return [min(n, d) for n, d in zip(self.host_nodes, self.host_depth or self.host_nodes)]
+        return [min(n, d) for n, d in zip(self.host_nodes, self.host_depth_or_nodes)]  # type: ignore[arg-type]
 
     def host_values(self) -> tuple[list[int], list[int]]:
         """``(nodes, depth)`` per row as host lists: the mirrors when given (no sync), else one host sync."""
         if self.host_nodes is not None:
-            return list(self.host_nodes), list(self.host_depth or self.host_nodes)
+            return list(self.host_nodes), list(self.host_depth_or_nodes)  # type: ignore[arg-type]
         nodes, depth = torch.stack([self.nodes, self.depth_or_nodes]).tolist()
         return nodes, depth
 
@@ -183,7 +188,7 @@ class DraftBudget:
         """Upper bound on ``max(depth)``: exact from the host mirrors, else ``depth_bound``, else the tensor's
         maximum (a host sync)."""
         if self.host_nodes is not None:
-            return max(self.host_depth or self.host_nodes, default=0)
+            return max(self.host_depth_or_nodes, default=0)  # type: ignore[arg-type]
         if self.depth_bound is not None:
             return self.depth_bound
         if self.depth is None:
@@ -216,6 +221,6 @@ class DraftBudget:
             bound = min(bound, self.node_bound)
         mirrors: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)
         if self.host_nodes is not None and host_depth is not None:
-            own = self.host_depth or self.host_nodes
-            mirrors = (self.host_nodes, tuple(max(min(a, b), 0) for a, b in zip(own, host_depth)))
+            own = self.host_depth_or_nodes
+            mirrors = (self.host_nodes, tuple(max(min(a, b), 0) for a, b in zip(own, host_depth)))  # type: ignore[arg-type]
         return DraftBudget(self.nodes, capped, self.width, self.stop, self.node_bound, max(bound, 0), *mirrors)

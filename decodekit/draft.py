@@ -199,10 +199,12 @@ class Draft:
     def used_width(self) -> int:
         """The node columns some row uses: one past the last column with a valid node (a host sync, unless the
         drafter that built this draft knew it and said so with :meth:`knowing_width`)."""
-        if self.num_nodes == 0:
-            return 0
-        used = self.valid.any(0)
-        return int(torch.where(used, torch.arange(1, self.num_nodes + 1, device=used.device), 0).max())
+        return int(self._valid_width()) if self.num_nodes else 0
+
+    def _valid_width(self) -> torch.Tensor:
+        """0-d: one past the last node column with a valid node in some row, as the valid nodes say (no sync)."""
+        columns = torch.arange(1, self.num_nodes + 1, device=self.valid.device)
+        return torch.where(self.valid.any(0), columns, 0).max()
 
     def knowing_width(self, width: int) -> Draft:
         """This draft, told on the host that its used width is ``width`` (a drafter that built it on the host, or
@@ -369,10 +371,8 @@ class Draft:
             checks.append((prefix, "Draft.chain needs valid to be a prefix mask in every row (valid nodes first)"))
         if "used_width" in self.__dict__:  # a declared width (knowing_width): the valid nodes must end there
             declared = self.__dict__["used_width"]
-            used = self.valid.any(0)
-            last = torch.where(used, ar + 1, 0).max()
-            checks.append((last == declared, f"the draft declared a used width of {declared} (knowing_width) "
-                                             "that its valid nodes do not have"))  # fmt: skip
+            claim = f"the draft declared a used width of {declared} (knowing_width) that its valid nodes do not have"
+            checks.append((self._valid_width() == declared, claim))
         results = torch.stack([ok for ok, _ in checks]).tolist()
         for ok, (_, message) in zip(results, checks):
             if not ok:
