@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from decodekit.cache import KVCache
 from decodekit.kernels.cpu import fused_linear
@@ -37,6 +36,9 @@ class LeanLayer:
     (layer 0)."""
 
     def __init__(self, decoder: Any) -> None:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # the covered layers' own
+
+        self.rotate = apply_rotary_pos_emb
         layer = decoder.layers[0]
         attn = layer.self_attn
         self.rotary, self.final_norm = decoder.rotary_emb, decoder.norm
@@ -55,7 +57,7 @@ class LeanLayer:
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = self.rotary(x, positions)
-        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # the covered layers' own
+        q, k = self.rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         keys, values = cache.update(k, v.transpose(1, 2), 0)
         if not (TORCH_HAS_GQA and x.device.type == "cpu"):  # GPUs: a masked enable_gqa call may take the math path
             group = q.shape[1] // keys.shape[1]

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 
 def attention_mass(
@@ -37,6 +36,8 @@ def attention_mass(
 def wrapped_sdpa(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
     """During the block, transformers' process-wide ``sdpa`` attention entry is ``wrap(the current entry)``
     (restored afterwards). Another thread's forward in the meantime runs the wrapper too."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     original = ALL_ATTENTION_FUNCTIONS["sdpa"]
     ALL_ATTENTION_FUNCTIONS["sdpa"] = wrap(original)
     try:

@@ -9,7 +9,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel
 
 from decodekit.cache import KVCache
 from decodekit.errors import ConfigError, UnsupportedModelError
@@ -37,6 +36,8 @@ def _as_tuple(ids: Any) -> tuple[int, ...]:
 
 def _decoder(model: torch.nn.Module) -> torch.nn.Module:
     """The decoder stack under the LM head (``get_decoder()``, else the usual attribute names)."""
+    from transformers import PreTrainedModel
+
     decoder = model.get_decoder()
     if decoder is model or not isinstance(decoder, PreTrainedModel):  # ModernBERT's "decoder" is its head
         names = ("model", "transformer", getattr(model, "base_model_prefix", ""))
