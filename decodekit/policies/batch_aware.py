@@ -132,8 +132,8 @@ class BatchAwareLength:
             priced = self.price.lap(plain=k == 0, probe=k > 0 and not merit)  # the last probe round's price
             if not merit:
                 self.wait = max(self.wait, priced)
-        lengths, bound = torch.full_like(state.lengths, k), k
-        return length_budget(lengths, bound, self.nodes_per_depth, self.width)
+        lengths = torch.full_like(state.lengths, k)
+        return length_budget(lengths, None, self.nodes_per_depth, self.width, host=(k,) * state.batch_size)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         drafted = round.draft.num_valid

@@ -169,15 +169,17 @@ class GoodputLength:
             if self.quiet_wait > self.probe_every:  # probes of this kind of call failed: the prior's draft waits too
                 k = merit
             k = self._probes(k, t, state.batch_size)
-        # one host read: the exact longest length, so a round where every row is at 0 skips the drafter entirely
-        longest, merit_longest = torch.stack([k.max(), merit.max()]).tolist()
+        # one host read: the lengths (the budget's mirrors; their maximum lets a round where every row is at 0 skip
+        # the drafter entirely) and the longest length on merit
+        *host, merit_longest = torch.cat([k, merit.max()[None]]).tolist()
+        longest = max(host, default=0)
         if self.probe_every:
             priced = self.price.lap(plain=longest == 0, probe=longest > 0 and merit_longest == 0)
             self.quiet_wait = max(self.quiet_wait, priced)  # the last probe's price
             self._count_quiet(longest, merit_longest)
         if self.timer is not None:
             self.timer.start(longest, state.batch_size)
-        return length_budget(k, longest, self.nodes_per_depth, self.width)
+        return length_budget(k, None, self.nodes_per_depth, self.width, host=host)
 
     def _probes(self, k: torch.Tensor, tracker: AcceptanceTracker, batch_size: int) -> torch.Tensor:
         """``k [B]`` with probes: a row held at 0 for its ``wait`` idle rounds drafts one token (doubling its wait),

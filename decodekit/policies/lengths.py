@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -28,6 +29,7 @@ def length_budget(
     nodes_per_depth: int = 1,
     width: int | None = None,
     stop: Callable[[DraftStep], torch.Tensor] | None = None,
+    host: Sequence[int] | None = None,
 ) -> DraftBudget:
     """The budget for per-row lengths ``lengths [B]`` (long, within ``[0, bound]``; 0 = do not draft).
 
@@ -40,10 +42,13 @@ def length_budget(
     loop synced at the end of the last round), so it costs a copy rather than a stall, and the budget carries them
     as its host mirrors (exact maxima; a chain drafted to it declares its width, which spares the loop's trimming
     read). A loose bound costs ``bound - max(lengths)`` wasted draft-model steps every round, far more on any device.
+    ``host``: the lengths as the policy already has them on the host (chosen there, or read together with something
+    else); they become the mirrors and the bound without a read.
     """
-    host: tuple[int, ...] | None = None
-    if bound is None:
-        host = tuple(lengths.tolist())
+    if host is None and bound is None:
+        host = lengths.tolist()
+    if host is not None:
+        host = tuple(host)
         bound = max(host, default=0)
     if nodes_per_depth == 1:
         return DraftBudget(lengths, width=width, stop=stop, node_bound=bound, host_nodes=host)
@@ -79,3 +84,17 @@ def batch_cap(lengths: torch.Tensor, how: str | float | None) -> torch.Tensor | 
     values = lengths.double()
     agg = values.mean() if how == "mean" else torch.quantile(values, float(how))
     return agg.ceil().long()
+
+
+def host_batch_cap(lengths: Sequence[int], how: str | float | None) -> int | None:
+    """:func:`batch_cap` of host-side lengths, computed on the host (no tensors): the mean, or the quantile with
+    torch's linear interpolation and its ``lerp`` rounding, so the two give the same cap."""
+    if how is None or how == "max" or len(lengths) <= 1:
+        return None
+    if how == "mean":
+        return math.ceil(sum(lengths) / len(lengths))
+    ordered = sorted(lengths)
+    pos = float(how) * (len(ordered) - 1)
+    low = math.floor(pos)
+    a, b, weight = ordered[low], ordered[min(low + 1, len(ordered) - 1)], pos - low
+    return math.ceil(a + weight * (b - a) if weight < 0.5 else b - (b - a) * (1 - weight))

@@ -10,7 +10,7 @@ import torch
 from decodekit.budget import DraftBudget, DraftStep
 from decodekit.errors import ConfigError
 from decodekit.interfaces import LengthPolicy
-from decodekit.policies.lengths import batch_cap, check_batch_cap
+from decodekit.policies.lengths import batch_cap, check_batch_cap, host_batch_cap
 from decodekit.registry import register
 from decodekit.round import check_needs
 from decodekit.state import DecodeState
@@ -70,16 +70,29 @@ class Stack:
         budgets = [p.plan(state) for p in self.policies]
         for p, b in zip(self.policies, budgets):
             b.check(state.batch_size, state.device, source=repr(p))
-        nodes = torch.stack([b.nodes for b in budgets]).amin(0)
         trees = any(b.depth is not None for b in budgets)
+        nodes = torch.stack([b.nodes for b in budgets]).amin(0)
         depth = torch.stack([b.depth_or_nodes for b in budgets]).amin(0) if trees else None
-        cap = batch_cap(nodes if depth is None else depth, self.batch_cap)
+        host_nodes = host_depth = None
+        if all(b.host_nodes is not None for b in budgets):  # every part mirrored: so is the stack, without a read
+            host_nodes = tuple(map(min, zip(*(b.host_nodes for b in budgets))))
+            host_depth = tuple(map(min, zip(*(b.host_depth_or_nodes for b in budgets)))) if trees else None
+            cap: torch.Tensor | int | None = host_batch_cap(
+                host_nodes if host_depth is None else host_depth, self.batch_cap
+            )
+        else:
+            cap = batch_cap(nodes if depth is None else depth, self.batch_cap)
         if cap is not None:
             if depth is None:
                 nodes = nodes.clamp(max=cap)
             else:
                 nodes = torch.where(depth > cap, nodes * cap // depth.clamp(min=1), nodes)
                 depth = depth.clamp(max=cap)
+            if host_depth is not None:
+                host_nodes = tuple(n * cap // max(d, 1) if d > cap else n for n, d in zip(host_nodes, host_depth))
+                host_depth = tuple(min(d, cap) for d in host_depth)
+            elif host_nodes is not None:
+                host_nodes = tuple(min(n, cap) for n in host_nodes)
         return DraftBudget(
             nodes,
             depth,
@@ -87,6 +100,8 @@ class Stack:
             _any_stop([b.stop for b in budgets if b.stop is not None]),
             _least(b.node_bound for b in budgets),
             _least(b.depth_bound for b in budgets) if trees else None,
+            host_nodes,
+            host_depth,
         )
 
 

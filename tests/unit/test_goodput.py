@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 
@@ -30,6 +31,7 @@ from decodekit.policies.analytic import (
     oracle_speedup,
 )
 from decodekit.policies.calibration import ProbePrice
+from decodekit.policies.lengths import batch_cap, host_batch_cap
 from decodekit.verifiers import GreedyVerifier
 from tests.conftest import perturbed
 from tests.unit.traces import chain_round, dummy_state
@@ -322,6 +324,51 @@ def test_batch_aware_stops_probing_where_drafting_cannot_pay():
     always.begin(dummy_state(8))  # the pooled tracker of this sampling setting, kept by the calls below
     always.tracker.upper = lambda z=2.0: torch.ones(1, dtype=torch.float64)  # type: ignore[method-assign]
     assert probes(always, calls=3) == [4, 13, 30, 23]  # idle 4, 8, 16, then 32 (9 + 23); 64 (16 + 40) not reached
+
+
+@pytest.mark.parametrize("batch_cap", [None, "mean", 0.0, 0.3, 0.5, 1.0])
+def test_stack_mirrors_its_mirrored_parts(batch_cap):
+    """A stack of parts with host mirrors has mirrors too, equal to its tensors (so the loop needs no read); a part
+    without mirrors leaves the stack without them, with the same budget."""
+    state = dummy_state(4)
+
+    def heuristic():
+        policy = HeuristicLength(initial=6, max_len=8)
+        policy.begin(state)
+        policy.lengths = torch.tensor([1, 2, 8, 5])
+        return policy
+
+    def goodput():
+        return GoodputLength(CostModel.relative(0.2, 8), nodes_per_depth=3)
+
+    fixed, tree = (lambda: FixedLength(6)), (lambda: FixedLength(12, depth=4))
+    for makers in [(fixed, heuristic), (tree, goodput), (heuristic, goodput)]:
+        budget = Stack(*(make() for make in makers), batch_cap=batch_cap).plan(state)
+        assert budget.host_nodes == tuple(budget.nodes.tolist())
+        assert budget.host_depth == (None if budget.depth is None else tuple(budget.depth.tolist()))
+        budget.check(4, state.device, source="stack", values=True)
+        parts = [make() for make in makers] + [_Unmirrored(FixedLength(8))]
+        unmirrored = Stack(*parts, batch_cap=batch_cap).plan(state)
+        assert unmirrored.host_nodes is None and unmirrored.nodes.tolist() == budget.nodes.tolist()
+        assert unmirrored.depth_or_nodes.tolist() == budget.depth_or_nodes.tolist()
+
+
+class _Unmirrored:
+    def __init__(self, policy):
+        self.policy = policy
+
+    def plan(self, state):
+        return dataclasses.replace(self.policy.plan(state), host_nodes=None, host_depth=None)
+
+
+def test_host_batch_cap_equals_batch_cap():
+    """The host copy of the straggler cap gives the tensor rule's cap, quantiles' rounding included."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        lengths = torch.randint(0, 13, (int(torch.randint(1, 10, (1,), generator=generator)),), generator=generator)
+        for how in (None, "max", "mean", 0.0, 0.1, 0.25, 0.3, 0.5, 0.7, 0.9, 1.0):
+            cap = batch_cap(lengths, how)
+            assert host_batch_cap(lengths.tolist(), how) == (None if cap is None else int(cap)), (lengths, how)
 
 
 def test_stack_takes_the_least_and_caps_the_batch():

@@ -21,7 +21,7 @@ import torch
 import decodekit as dk
 from decodekit.drafters import ModelDrafter, NGramDrafter, SuffixDrafter
 from decodekit.models.tiny import perturbed
-from decodekit.policies import ConfidenceStop, FixedLength
+from decodekit.policies import ConfidenceStop, FixedLength, HeuristicLength, Stack
 
 SYNC_METHODS = ("item", "tolist", "cpu", "__bool__", "__int__", "__index__", "__float__", "nonzero")
 PROMPTS = [[5, 6, 7, 7, 7, 5, 6, 7, 9], [1, 2], [3, 4, 3, 4, 3]]
@@ -120,12 +120,22 @@ def test_model_drafter_rounds_as_plain_decoding_on_a_fixed_length(target, temper
     assert 1.5 < syncs_per_round(target, drafter, Unmirrored(), temperature) <= 2
 
 
-@pytest.mark.parametrize("policy", ["heuristic", "gammatune", "kld_stability"])
+@pytest.mark.parametrize("policy", ["heuristic", "gammatune", "kld_stability", "goodput", "batch_aware"])
 def test_adaptive_policy_rounds_at_most_two(target, policy):
     """An adaptive length policy reads its per-row lengths once (``length_budget``); they serve as the budget's
     host mirrors, so the draft declares its width: that read and the loop's."""
     drafter = CountingModelDrafter(perturbed(target, 0.3, seed=1))
     assert syncs_per_round(target, drafter, dk.build("policy", policy)) <= 2
+
+
+def test_stacked_policies_keep_their_mirrors(target):
+    """A stack of mirrored policies is mirrored too (their minima and the batch cap taken on the host): a stack of
+    fixed lengths costs what a fixed length does, a stack with an adaptive part what that part does."""
+    drafter = CountingModelDrafter(perturbed(target, 0.3, seed=1))
+    assert syncs_per_round(target, drafter, Stack(FixedLength(3), FixedLength(5))) <= 1
+    adaptive = Stack(HeuristicLength(), FixedLength(4), batch_cap="mean")
+    assert syncs_per_round(target, drafter, adaptive) <= 2
+    assert 1.5 < syncs_per_round(target, drafter, Stack(FixedLength(3), Unmirrored())) <= 2
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
