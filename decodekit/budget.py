@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -165,6 +166,16 @@ class DraftBudget:
         if self.host_nodes is None:
             return None
         return [min(n, d) for n, d in zip(self.host_nodes, self.host_depth_or_nodes)]  # type: ignore[arg-type]
+
+    def host_tree_width(self, level_sizes: Sequence[int]) -> int | None:
+        """For a tree drafter whose shape offers ``level_sizes[d - 1]`` nodes at depth ``d``, listed level by level,
+        of which each row keeps at most its ``nodes`` within its ``depth``: the most node columns any row can use,
+        ``max_b min(nodes[b], nodes offered down to depth[b])``, from the host mirrors (None without them)."""
+        if self.host_nodes is None:
+            return None
+        offered = list(itertools.accumulate(level_sizes, initial=0))
+        depths = self.host_depth_or_nodes  # type: ignore[union-attr]
+        return max((min(n, offered[min(d, len(offered) - 1)]) for n, d in zip(self.host_nodes, depths)), default=0)
 
     def host_values(self) -> tuple[list[int], list[int]]:
         """``(nodes, depth)`` per row as host lists: the mirrors when given (no sync), else one host sync."""

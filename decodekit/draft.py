@@ -197,8 +197,8 @@ class Draft:
 
     @cached_property
     def used_width(self) -> int:
-        """The node columns some row uses: one past the last column with a valid node (a host sync, unless the
-        drafter that built this draft knew it and said so with :meth:`knowing_width`)."""
+        """The node columns some row uses: one past the last column with a valid node (a host sync), unless the
+        drafter that built this draft knew it, or a bound on it, and said so with :meth:`knowing_width`."""
         return int(self._valid_width()) if self.num_nodes else 0
 
     def _valid_width(self) -> torch.Tensor:
@@ -206,11 +206,18 @@ class Draft:
         columns = torch.arange(1, self.num_nodes + 1, device=self.valid.device)
         return torch.where(self.valid.any(0), columns, 0).max()
 
-    def knowing_width(self, width: int) -> Draft:
+    def knowing_width(self, width: int | None, exact: bool = True) -> Draft:
         """This draft, told on the host that its used width is ``width`` (a drafter that built it on the host, or
-        drafted every row to a budget whose lengths it knows): :meth:`trimmed` then costs no host sync. :meth:`check`
-        (every round with ``generate(..., debug=True)``) refuses a width the valid nodes do not have."""
+        drafted every row to a budget whose lengths it knows): :meth:`trimmed` then costs no host sync. With
+        ``exact=False``, ``width`` is only a bound (no valid node at or past it; a tree drafter knows how many nodes
+        its shape offers each row, not which of them a zero probability leaves out): trimming cuts there, and a
+        column no row uses may stay, costing a verified position. :meth:`check` (every round with
+        ``generate(..., debug=True)``) refuses a width the valid nodes do not have, or exceed. None: nothing known
+        (this draft as it is)."""
+        if width is None:
+            return self
         self.__dict__["used_width"] = int(width)
+        self.__dict__["_width_exact"] = exact
         return self
 
     def trimmed(self) -> Draft:
@@ -370,9 +377,15 @@ class Draft:
             prefix = (self.valid == (ar < self.num_valid[:, None])).all()
             checks.append((prefix, "Draft.chain needs valid to be a prefix mask in every row (valid nodes first)"))
         if "used_width" in self.__dict__:  # a declared width (knowing_width): the valid nodes must end there
-            declared = self.__dict__["used_width"]
-            claim = f"the draft declared a used width of {declared} (knowing_width) that its valid nodes do not have"
-            checks.append((self._valid_width() == declared, claim))
+            declared, exact = self.__dict__["used_width"], self.__dict__.get("_width_exact", True)
+            if exact:
+                claim = (
+                    f"the draft declared a used width of {declared} (knowing_width) that its valid nodes do not have"
+                )
+                checks.append((self._valid_width() == declared, claim))
+            else:
+                claim = f"the draft has valid nodes past the bound on its width it declared, {declared} (knowing_width)"
+                checks.append((self._valid_width() <= declared, claim))
         results = torch.stack([ok for ok, _ in checks]).tolist()
         for ok, (_, message) in zip(results, checks):
             if not ok:

@@ -192,6 +192,11 @@ class FittedTemplate:
     ranks: torch.Tensor
     depth: torch.Tensor
 
+    def host_width(self, budget: DraftBudget) -> int | None:
+        """The most node columns a row of ``budget`` can fill (:meth:`DraftBudget.host_tree_width`; None without
+        host mirrors): the bound a template drafter declares (``Draft.knowing_width(..., exact=False)``)."""
+        return budget.host_tree_width([end - start for start, end in self.levels])
+
     def fits(self, budget: DraftBudget) -> torch.Tensor:
         """``[B, N]`` bool: the nodes within each row's budget (the shallowest ``nodes[b]`` of depth at most
         ``depth[b]``; the template's order is parents first, so the kept set is ancestor-closed). No host sync."""

@@ -166,7 +166,8 @@ class MedusaDrafter:
         for start, end in fitted.levels[1:]:  # under a node that is not drafted, nothing is
             valid[:, start:end] &= valid.gather(1, fitted.parents[start:end].expand(batch, -1))
         tokens = self.heads.vocab[picked]  # type: ignore[union-attr]
-        return Draft.tree(tokens, fitted.parents.expand(batch, n), valid, kind=DraftKind.DETERMINISTIC)
+        draft = Draft.tree(tokens, fitted.parents.expand(batch, n), valid, kind=DraftKind.DETERMINISTIC)
+        return draft.knowing_width(fitted.host_width(capped), exact=False)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         """Keep the target's feature of each row's last committed token."""

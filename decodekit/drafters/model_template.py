@@ -74,6 +74,6 @@ def template_tree(
         torch.cat(valid, 1),
         kind=DraftKind.DETERMINISTIC,
         draft_probs=torch.cat(rows, 1) if report else None,
-    )
+    ).knowing_width(fitted.host_width(budget), exact=False)
     # nodes are staged in index order, one depth after another, all but the last depth: node i sits at slot i
     return draft, (torch.arange(n, device=device).expand(batch, n), len(fitted.levels) - 1)

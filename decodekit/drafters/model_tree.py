@@ -190,11 +190,14 @@ class ModelTreeDrafter(ModelDrafter):
         self._staged = (torch.arange(n, device=device).expand(batch, n), levels - 1)
         tokens_t, parents_t, valid_t = torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(valid, 1)
         index = torch.cat(q_index, 1)
+        width = budget.host_tree_width([t.shape[1] for t in tokens])  # a row's last node is within both bounds
         if greedy:
             probs = torch.cat(qs, 1).gather(1, index[..., None].expand(-1, -1, vocab)) if report else None
-            return Draft.tree(tokens_t, parents_t, valid_t, kind=DraftKind.DETERMINISTIC, draft_probs=probs)
-        kind = self.draft_kind(state.sampling)
-        return Draft.tree(tokens_t, parents_t, valid_t, kind=kind, q=torch.cat(qs, 1), q_index=index)
+            draft = Draft.tree(tokens_t, parents_t, valid_t, kind=DraftKind.DETERMINISTIC, draft_probs=probs)
+        else:
+            kind = self.draft_kind(state.sampling)
+            draft = Draft.tree(tokens_t, parents_t, valid_t, kind=kind, q=torch.cat(qs, 1), q_index=index)
+        return draft.knowing_width(width, exact=False)
 
     def _draw(
         self, logits: torch.Tensor, sampling: SamplingParams, fan: int, state: DecodeState, key: Hashable, report: bool

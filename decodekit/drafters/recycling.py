@@ -84,7 +84,8 @@ class RecyclingDrafter:
             found = self.matrix[above.clamp(min=0), ranks[start:end]]  # [B, width of this level]
             tokens[:, start:end] = found.clamp(min=0)
             valid[:, start:end] = above_valid & (found >= 0) & fits[:, start:end]
-        return Draft.tree(tokens, parents.expand(state.batch_size, n), valid)
+        draft = Draft.tree(tokens, parents.expand(state.batch_size, n), valid)
+        return draft.knowing_width(fitted.host_width(budget), exact=False)
 
     # ---------------------------------------------------------------------------------------------- update
     def observe(self, state: DecodeState, round: Round) -> None:

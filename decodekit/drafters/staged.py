@@ -108,7 +108,7 @@ def dynamic_tree(
     f_idx = torch.full((batch, 1), -1, dtype=torch.long, device=device)
     f_score, f_slot = torch.zeros(batch, 1, device=device), f_idx
     paths = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)
-    tokens, parents, scores, slots, prow, rows = [], [], [], [], [], []
+    tokens, parents, scores, slots, prow, rows, offered = [], [], [], [], [], [], []
     n = 0
     for d in range(1, levels + 1):
         logits = process_paths(state, logits, paths)
@@ -133,6 +133,7 @@ def dynamic_tree(
             paths = torch.cat([paths.gather(1, (sel // c)[..., None].expand(-1, -1, d - 1)), f_tok[..., None]], 2)
         slots.append(level_slots)
         n += f * c
+        offered.append(f * c)
     score, ar = torch.cat(scores, 1), torch.arange(n, device=device)
     order = torch.sort(score, dim=-1, descending=True, stable=True).indices  # ties: parents (lower index) first
     rank = torch.empty_like(order).scatter_(1, order, ar.expand(batch, n))
@@ -149,4 +150,5 @@ def dynamic_tree(
         probs = torch.cat(rows, 1).gather(1, index[..., None].expand(-1, -1, vocab))
     tokens_t = torch.cat(tokens, 1).gather(1, pick)
     draft = Draft.tree(tokens_t, parent, valid, kind=DraftKind.DETERMINISTIC, draft_probs=probs)
+    draft.knowing_width(budget.host_tree_width(offered), exact=False)  # the candidates, level by level
     return draft, torch.cat(slots, 1).gather(1, pick), levels

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.drafters import ModelDrafter
-from decodekit.models.tiny import tiny_llama
+from decodekit.drafters import ModelDrafter, ModelTreeDrafter, RecyclingDrafter
+from decodekit.models.tiny import perturbed, tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.verifiers import GreedyVerifier, RejectionVerifier
 
@@ -245,14 +245,66 @@ def test_a_declared_width_is_trusted_by_trimming_and_checked_by_debug():
         wrong.check(2, 128, dk.DraftBudget(torch.tensor([4, 4])))
 
 
-@pytest.mark.parametrize("drafter", ["model", "suffix"])
+def test_a_declared_bound_on_the_width_trims_there_and_is_checked_by_debug():
+    valid = torch.tensor([[True, True, False, False], [True, False, False, False]])
+    parents = torch.tensor([[-1, 0, 1, 2], [-1, 0, 1, 2]])
+
+    def tree():
+        return dk.Draft.tree(torch.ones(2, 4, dtype=torch.long), parents, valid)
+
+    bounded = tree().knowing_width(3, exact=False)
+    assert bounded.trimmed().num_nodes == 3  # a column no row uses may stay: a bound, not the width
+    bounded.check(2, 128, dk.DraftBudget(torch.tensor([4, 4])))
+    assert tree().knowing_width(None).trimmed().num_nodes == 2  # nothing known: read
+    with pytest.raises(dk.ConfigError, match="valid nodes past the bound on its width it declared, 1"):
+        tree().knowing_width(1, exact=False).check(2, 128, dk.DraftBudget(torch.tensor([4, 4])))
+
+
+def test_host_tree_width_is_the_most_columns_a_row_can_fill():
+    nodes, depth = torch.tensor([3, 7, 2]), torch.tensor([4, 1, 4])
+    budget = dk.DraftBudget(nodes, depth, host_nodes=(3, 7, 2), host_depth=(4, 1, 4))
+    assert budget.host_tree_width([2, 4, 4]) == 3  # rows: min(3, 10), min(7, 2), min(2, 10)
+    assert budget.host_tree_width([1]) == 1  # a one-level shape offers one column
+    assert dk.DraftBudget(nodes, depth).host_tree_width([2, 4]) is None  # no mirrors: unknown
+
+
+TREES = {
+    "dynamic": lambda target: ModelTreeDrafter(target, shape="dynamic", top_k=2),
+    "template": lambda target: ModelTreeDrafter(target, shape="template", template="smollm2_8"),
+    "iid": lambda target: ModelTreeDrafter(target, shape="iid", branches=2),
+    "recycling": lambda target: RecyclingDrafter(),
+}
+
+
+@pytest.mark.parametrize("drafter", ["model", "suffix", *TREES])
 def test_drafters_on_host_mirrored_budgets_are_greedy_decoding_to_the_last_token(target, ragged_prompts, drafter):
-    """Drafts that declare their width (chains to a mirrored budget, suffix lookup) near each row's end, where the
-    loop caps the depth per row: every declaration holds (``debug=True`` checks it) and the output is plain
-    decoding's."""
+    """Drafts that declare their width (chains to a mirrored budget, suffix lookup) or a bound on it (trees) near
+    each row's end, where the loop caps the depth per row: every declaration holds (``debug=True`` checks it) and
+    the output is plain decoding's."""
     from decodekit.drafters import SuffixDrafter
 
-    built = ModelDrafter(target) if drafter == "model" else SuffixDrafter(cache_tokens=0)
+    if drafter in TREES:
+        built, policy = TREES[drafter](target), FixedLength(6, depth=3)
+    else:
+        built = ModelDrafter(target) if drafter == "model" else SuffixDrafter(cache_tokens=0)
+        policy = FixedLength(4)
     plain = dk.generate(target, ragged_prompts, max_new_tokens=11)
-    out = dk.generate(target, ragged_prompts, drafter=built, policy=FixedLength(4), max_new_tokens=11, debug=True)
+    out = dk.generate(target, ragged_prompts, drafter=built, policy=policy, max_new_tokens=11, debug=True)
     assert out.sequences == plain.sequences and out.stats.rounds < sum(map(len, plain.sequences))
+
+
+@pytest.mark.parametrize("drafter", sorted(TREES))
+def test_sampled_trees_keep_their_width_bounds(target, ragged_prompts, drafter):
+    """Sampled (and with a zero-probability tail: top-k 3), every round's declared bound holds under ``debug``."""
+    built = TREES[drafter](perturbed(target, 0.3, seed=2) if drafter != "recycling" else target)
+    dk.generate(
+        target,
+        ragged_prompts,
+        drafter=built,
+        policy=FixedLength(6, depth=3),
+        max_new_tokens=11,
+        temperature=1.0,
+        top_k=3,
+        seed=0,
+        debug=True,
+    )

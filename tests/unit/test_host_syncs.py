@@ -1,12 +1,12 @@
 """Host syncs per round, counted by instrumenting the tensor methods that make the CPU wait for a GPU.
 
-On a GPU every ``.item() / .tolist() / .cpu() / bool(t) / int(t) / t.nonzero()`` of a device tensor stalls the
-host until the queued kernels finish. On the CPU they are cheap, but counting them here tells what a GPU user
-pays. Budgets (docs/concepts.md): plain decoding 1 per round, n-gram chain rounds 2, model-drafter rounds 1 on a
-fixed length (its draft declares its width), 2 on an adaptive length policy (its read of the lengths) or a policy
-without host mirrors, suffix lookup rounds 2, plus 1 per draft step when the policy has a stop rule (and, for a draft
-model, 1 each time rows leave the batch).
-The per-call syncs (prefill, first-round validation, stats, read-out: :data:`OVERHEAD`) are taken off.
+On a GPU every ``.item() / .tolist() / .cpu() / bool(t) / int(t) / t.nonzero()`` of a device tensor stalls the host
+until the queued kernels finish. On the CPU they are cheap, but counting them here tells what a GPU user pays.
+Budgets (docs/concepts.md): plain decoding 1 per round, n-gram chain rounds 2, model-drafter rounds 1 on a fixed
+length (its draft declares its width), tree drafters 1 on a fixed tree budget, 2 on an adaptive length policy (its
+read of the lengths) or a policy without host mirrors, suffix lookup rounds 2, plus 1 per draft step when the policy
+has a stop rule (and, for a draft model, 1 each time rows leave the batch). The per-call syncs (prefill, first-round
+validation, stats, read-out: :data:`OVERHEAD`) are taken off.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.drafters import ModelDrafter, NGramDrafter, SuffixDrafter
+from decodekit.drafters import ModelDrafter, ModelTreeDrafter, NGramDrafter, RecyclingDrafter, SuffixDrafter
 from decodekit.models.tiny import perturbed
 from decodekit.policies import ConfidenceStop, FixedLength, HeuristicLength, Stack
 
@@ -126,6 +126,28 @@ def test_adaptive_policy_rounds_at_most_two(target, policy):
     host mirrors, so the draft declares its width: that read and the loop's."""
     drafter = CountingModelDrafter(perturbed(target, 0.3, seed=1))
     assert syncs_per_round(target, drafter, dk.build("policy", policy)) <= 2
+
+
+class CountingTreeDrafter(ModelTreeDrafter):
+    leaves = 0
+
+    def select_rows(self, rows, host_rows=None):
+        self.leaves += 1
+        super().select_rows(rows, host_rows=host_rows)
+
+
+@pytest.mark.parametrize("shape", ["dynamic", "template", "iid", "recycling"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_tree_rounds_as_plain_decoding_on_a_fixed_budget(target, shape, temperature):
+    """A tree drafter knows from the budget's host mirrors how many node columns its shape can fill (a bound on
+    its width, ``knowing_width(..., exact=False)``), so the loop trims without a read: greedy, a tree round costs
+    what a plain step does; sampled, the traversal verifier adds its one read (its deepest node)."""
+    if shape == "recycling":
+        drafter = RecyclingDrafter()
+    else:
+        drafter = CountingTreeDrafter(perturbed(target, 0.3, seed=1), shape=shape, branches=2)
+    per_round = syncs_per_round(target, drafter, FixedLength(7, depth=4), temperature)
+    assert per_round <= (1 if temperature == 0 else 2)
 
 
 def test_stacked_policies_keep_their_mirrors(target):
