@@ -220,6 +220,20 @@ class Draft:
         self.__dict__["_width_exact"] = exact
         return self
 
+    def knowing_counts(self, counts: list[int]) -> Draft:
+        """This draft, told on the host how many valid nodes each row has (``counts [B]``, a drafter that built it
+        on the host): :attr:`host_counts`, which a drafter combining drafts reads instead of the device (the
+        fallback drafter skips its fallback when every row drafted). :meth:`check` refuses counts the valid nodes do
+        not have."""
+        self.__dict__["host_counts"] = tuple(int(c) for c in counts)
+        return self
+
+    @property
+    def host_counts(self) -> tuple[int, ...] | None:
+        """Each row's number of valid nodes as the drafter declared it on the host (:meth:`knowing_counts`), or
+        None (then only :attr:`num_valid`, on the device, says it)."""
+        return self.__dict__.get("host_counts")
+
     def trimmed(self) -> Draft:
         """This draft without the trailing node columns no row uses (each would cost a verified position).
 
@@ -273,6 +287,9 @@ class Draft:
         )
         chains = self.__dict__.get("is_chain") is True and other.__dict__.get("is_chain") is True
         out.__dict__["is_chain"] = chains  # both chains: a chain; else declared a tree (no sync to decide)
+        widths = [d.__dict__.get("used_width") for d in (self, other)]
+        if None not in widths:  # each row's valid nodes end within its draft's width: a bound, no sync
+            out.knowing_width(max(widths), exact=False)  # type: ignore[type-var]
         return out
 
     def _padded(self, n: int) -> Draft:
@@ -386,6 +403,10 @@ class Draft:
             else:
                 claim = f"the draft has valid nodes past the bound on its width it declared, {declared} (knowing_width)"
                 checks.append((self._valid_width() <= declared, claim))
+        if self.host_counts is not None:
+            counts = torch.tensor(self.host_counts, device=self.valid.device)
+            claim = f"the draft declared {list(self.host_counts)} valid nodes per row (knowing_counts), not what it has"
+            checks.append(((self.num_valid == counts).all(), claim))
         results = torch.stack([ok for ok, _ in checks]).tolist()
         for ok, (_, message) in zip(results, checks):
             if not ok:

@@ -50,9 +50,11 @@ class FallbackDrafter:
     Both drafters see every hook (``begin``, ``observe``, ``select_rows``, ``clear``), so each keeps its own state
     whichever drafted. ``needs`` and ``hidden_layers`` are the union of theirs. Each row's draft is one of the
     two drafters' drafts, within the budget, so every verifier that takes their kind keeps its guarantee
-    (lossless stays lossless). Cost: where the primary's draft lives on the CPU the fallback runs only when some
-    row got nothing (deciding costs no host sync); on an accelerator both run every round and rows are merged on
-    the device (:meth:`Draft.where`), since asking which rows are empty would cost a host sync.
+    (lossless stays lossless). Cost: the fallback runs only when some row got nothing, where that is known without
+    a device sync: the primary built its draft on the host and said how many nodes each row has
+    (``Draft.knowing_counts``: suffix lookup), or its draft lives on the CPU. Otherwise, on an accelerator, both
+    run every round. Rows are merged on the device (:meth:`Draft.where`), and when both drafts declared their
+    width the merged one declares the larger as a bound, so the loop trims it without a read.
 
     Args:
         primary: the drafter tried first; None = ``SuffixDrafter()``.
@@ -150,7 +152,11 @@ class FallbackDrafter:
         if first.num_nodes == 0:
             return self.fallback.propose(state, self._fallback_budget(budget))
         drafted = first.valid.any(-1)  # [B]
-        if drafted.device.type == "cpu" and bool(drafted.all()):  # known without a device sync
+        if first.host_counts is not None:  # a draft built on the host (suffix lookup) says which rows drafted
+            everyone = all(first.host_counts)
+        else:
+            everyone = drafted.device.type == "cpu" and bool(drafted.all())  # known without a device sync
+        if everyone:
             return first
         second = self.fallback.propose(state, self._fallback_budget(budget))
         if second.num_nodes == 0:

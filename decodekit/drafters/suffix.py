@@ -178,8 +178,10 @@ class SuffixDrafter:
         device = state.device
         tokens_t, valid_t = torch.tensor(tokens, device=device), torch.tensor(valid, device=device)
         if all(p == list(range(-1, len(p) - 1)) for _, p in drafts):
-            return Draft.chain(tokens_t, valid=valid_t).knowing_width(width)
-        return Draft.tree(tokens_t, torch.tensor(parents, device=device), valid_t).knowing_width(width)
+            draft = Draft.chain(tokens_t, valid=valid_t)
+        else:
+            draft = Draft.tree(tokens_t, torch.tensor(parents, device=device), valid_t)
+        return draft.knowing_width(width).knowing_counts([len(t) for t, _ in drafts])
 
     def _row_draft(self, row: RowTrie, nodes: int, depth: int, width: int | None) -> tuple[list[int], list[int]]:
         """``(tokens, parents)`` of one row's draft (empty lists: no draft): the best-scoring expansion over the

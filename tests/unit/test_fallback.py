@@ -95,6 +95,31 @@ def test_rows_without_a_primary_draft_get_the_fallbacks():
     assert nobody.propose(state_of([[1], [2]]), dk.DraftBudget(torch.tensor([4, 4]))).tokens.tolist() == [[9], [8]]
 
 
+def test_a_primary_that_knows_its_rows_on_the_host_decides_without_a_read():
+    """A primary draft that declares its per-row counts (suffix lookup builds its drafts on the host) tells the
+    fallback drafter which rows drafted without reading the device; the merged draft declares a bound on its width
+    when both parts declared theirs, so the loop trims it without a read either."""
+    from tests.unit.test_host_syncs import count_syncs
+
+    budget, state = dk.DraftBudget(torch.tensor([4, 4])), state_of([[1], [2]])
+    known = chain([[1], [2, 3]]).knowing_width(2).knowing_counts([1, 2])
+    everyone = FallbackDrafter(Fixed(known), fallback := Fixed(chain([[9], [9]])))
+    with count_syncs() as syncs:
+        assert everyone.propose(state, budget) is known
+    assert syncs[0] == 0 and fallback.calls == 0
+    with count_syncs() as syncs:  # the same draft undeclared: the fallback drafter asks the tensor (on a GPU, a sync)
+        FallbackDrafter(Fixed(chain([[1], [2, 3]])), Fixed(chain([[9], [9]]))).propose(state, budget)
+    assert syncs[0] == 1
+    partial = chain([[1, 2, 3], []]).knowing_width(3).knowing_counts([3, 0])
+    merged = FallbackDrafter(Fixed(partial), Fixed(chain([[9], [8, 7]]).knowing_width(2))).propose(state, budget)
+    assert merged.tokens[merged.valid].tolist() == [1, 2, 3, 8, 7] and merged.__dict__["used_width"] == 3
+    merged.check(2, 128, budget)
+    undeclared = FallbackDrafter(Fixed(partial), Fixed(chain([[9], [8, 7]]))).propose(state, budget)
+    assert "used_width" not in undeclared.__dict__  # a part that did not declare: the loop reads the width
+    with pytest.raises(dk.ConfigError, match=r"declared \[3, 1\] valid nodes per row"):
+        chain([[1, 2, 3], []]).knowing_counts([3, 1]).check(2, 128, budget)
+
+
 def count_drafted(drafter) -> list[int]:
     """Make ``drafter.propose`` record how many tokens each of its drafts holds; returns that (growing) list."""
     proposed, propose = [], drafter.propose

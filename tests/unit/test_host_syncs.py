@@ -19,7 +19,14 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.drafters import ModelDrafter, ModelTreeDrafter, NGramDrafter, RecyclingDrafter, SuffixDrafter
+from decodekit.drafters import (
+    FallbackDrafter,
+    ModelDrafter,
+    ModelTreeDrafter,
+    NGramDrafter,
+    RecyclingDrafter,
+    SuffixDrafter,
+)
 from decodekit.models.tiny import perturbed
 from decodekit.policies import ConfidenceStop, FixedLength, HeuristicLength, Stack
 
@@ -168,6 +175,15 @@ def test_suffix_rounds_at_most_two(target, temperature):
     policy = FixedLength(4) if temperature == 0 else FixedLength(4, width=1)
     per_round = syncs_per_round(target, SuffixDrafter(cache_tokens=0), policy, temperature, per_call=1)
     assert per_round <= 2
+
+
+@pytest.mark.parametrize("fallback", ["model", "recycling"])
+def test_suffix_with_a_fallback_rounds_at_most_two(target, fallback):
+    """Suffix lookup backed by a draft model or token recycling: suffix's draft says on the host which rows drafted
+    and both parts declare their widths, so choosing and merging rows reads nothing: suffix's read and the loop's."""
+    backup = CountingModelDrafter(perturbed(target, 0.3, seed=1)) if fallback == "model" else RecyclingDrafter()
+    drafter = FallbackDrafter(SuffixDrafter(cache_tokens=0), backup, fallback_len=3)
+    assert syncs_per_round(target, drafter, FixedLength(16, depth=16), per_call=1) <= 2
 
 
 class CountingStop(ConfidenceStop):
