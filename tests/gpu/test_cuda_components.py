@@ -11,7 +11,7 @@ from decodekit.drafters.eagle import EagleDrafter, EagleHead
 from decodekit.drafters.head_files import head_metadata
 from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
 from decodekit.models.tiny import perturbed, tiny_llama
-from decodekit.policies import FixedLength
+from decodekit.policies import FixedLength, HeuristicLength, Stack
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -46,7 +46,31 @@ def drafters(device: str, heads) -> dict[str, tuple]:
         "medusa": (MedusaDrafter(heads / "medusa.safetensors"), FixedLength(2)),
         "early_exit": (dk.drafters.EarlyExitDrafter(1), FixedLength(3)),
         "layer_skip": (dk.drafters.LayerSkipDrafter(), FixedLength(3)),
+        "model_template": (dk.build("drafter", "model_tree", draft, shape="template"), FixedLength(6, depth=3)),
+        "suffix_fallback": (
+            dk.drafters.FallbackDrafter(dk.drafters.SuffixDrafter(cache_tokens=0), dk.drafters.ModelDrafter(draft), 3),
+            FixedLength(8, depth=8),
+        ),
+        "model_chain_stack": (dk.drafters.ModelDrafter(draft), Stack(FixedLength(3), HeuristicLength())),
     }
+
+
+@pytest.mark.parametrize(
+    ("name", "bound"),
+    [("model_chain", 1), ("model_tree", 1), ("eagle_tree", 1), ("recycling", 1), ("suffix_fallback", 2)],
+)
+def test_host_syncs_a_round_on_cuda(heads, name, bound):
+    """What tests/unit/test_host_syncs.py counts on the CPU holds on a GPU, where every read stalls the host:
+    declared widths (chains), bounds on them (trees) and suffix's host-known rows spare the trimming read."""
+    from tests.unit.test_host_syncs import OVERHEAD, count_syncs
+
+    target = dk.load_model(tiny_llama(0), device="cuda")
+    drafter, policy = drafters("cuda", heads)[name]
+    dk.generate(target, PROMPTS, drafter, policy=policy, max_new_tokens=4)
+    with count_syncs() as counter:
+        out = dk.generate(target, PROMPTS, drafter, policy=policy, max_new_tokens=40, eos_token_id=())
+    per_call = OVERHEAD + (1 if "suffix" in name else 0) + 2  # suffix's begin; a draft model's reads after leaves
+    assert (counter[0] - per_call) / out.stats.rounds <= bound
 
 
 def test_every_drafter_greedy_on_cuda_equals_cpu(heads, ragged_prompts):
