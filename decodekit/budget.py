@@ -214,6 +214,13 @@ class DraftBudget:
             return max(self.host_lengths, default=0)
         return min(self.max_nodes, self.max_depth)
 
+    @property
+    def filled_width(self) -> int | None:
+        """The used width of a chain that drafts every row to its full length (``valid = mask()``): ``max_len``
+        when the host mirrors make it exact, else None (unknown without a read). ``draft.knowing_width(
+        budget.filled_width)`` then spares the loop's trimming read."""
+        return self.max_len if self.host_lengths is not None else None
+
     def mask(self, width: int | None = None) -> torch.Tensor:
         """``[B, width]`` bool, True where position j < lengths[b] (width defaults to ``max_len``)."""
         width = self.max_len if width is None else width

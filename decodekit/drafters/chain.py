@@ -78,9 +78,7 @@ def draft_chain(
         draft = Draft.chain(tokens_t, valid=valid_t, draft_probs=probs_t)
     else:
         draft = Draft.chain(tokens_t, valid=valid_t, q=probs_t)
-    if budget.stop is None and budget.host_lengths is not None:  # a row drafted all k = max(lengths) tokens
-        draft.knowing_width(len(tokens))
-    return draft
+    return draft if budget.stop is not None else draft.knowing_width(budget.filled_width)  # every row to its length
 
 
 class SamplesLikeTheTarget:

@@ -147,8 +147,8 @@ class MedusaDrafter:
             return self._tree(scores, budget)
         tokens = self.heads.vocab[scores.argmax(-1)]  # type: ignore[union-attr]
         valid = torch.arange(k, device=state.device)[None] < budget.lengths[:, None]
-        draft = Draft.chain(tokens, valid=valid)
-        return draft if budget.host_lengths is None else draft.knowing_width(k)  # a row's length is max_len >= k
+        filled = budget.filled_width  # a row's length is max_len >= k: the chain's width is k
+        return Draft.chain(tokens, valid=valid).knowing_width(None if filled is None else k)
 
     def _tree(self, scores: torch.Tensor, budget: DraftBudget) -> Draft:
         """The template fitted to ``budget`` (at most ``k`` deep) from the heads' ``scores [B, k, V_d]``."""

@@ -11,6 +11,7 @@ from decodekit.drafters import ModelDrafter, ModelTreeDrafter, RecyclingDrafter
 from decodekit.models.tiny import perturbed, tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.verifiers import GreedyVerifier, RejectionVerifier
+from tests.unit.traces import dummy_state
 
 
 class PointMassOnly(GreedyVerifier):
@@ -258,6 +259,13 @@ def test_a_declared_bound_on_the_width_trims_there_and_is_checked_by_debug():
     assert tree().knowing_width(None).trimmed().num_nodes == 2  # nothing known: read
     with pytest.raises(dk.ConfigError, match="valid nodes past the bound on its width it declared, 1"):
         tree().knowing_width(1, exact=False).check(2, 128, dk.DraftBudget(torch.tensor([4, 4])))
+
+
+def test_filled_width_is_known_only_from_host_mirrors():
+    assert FixedLength(3).plan(dummy_state(2)).filled_width == 3
+    capped = dk.DraftBudget(torch.tensor([4, 2]), node_bound=4, host_nodes=(4, 2)).capped_at(3)
+    assert capped.filled_width == 3 and capped.mask().tolist() == [[True] * 3, [True, True, False]]
+    assert dk.DraftBudget(torch.tensor([4, 2]), node_bound=4).filled_width is None  # the bound may be loose
 
 
 def test_host_tree_width_is_the_most_columns_a_row_can_fill():
