@@ -30,7 +30,9 @@ class Stack:
     every part; ``needs`` is their union.
 
     Budgets combine entry by entry: ``nodes`` and ``depth`` by minimum (a part without a depth limit counts as its
-    node budget), ``width`` by minimum, the host bounds by minimum.
+    node budget), ``width`` by minimum, the host bounds by minimum. When every part gives host mirrors the stack
+    does too, taking the minima and the batch cap on the host (:func:`~decodekit.policies.lengths.host_batch_cap`),
+    so it costs no read of its own.
 
     Args:
         *policies: the parts (at least one).
