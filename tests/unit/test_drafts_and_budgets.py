@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.drafters import ModelDrafter, ModelTreeDrafter, RecyclingDrafter
+from decodekit.drafters import DelayedTreeDrafter, ModelDrafter, ModelTreeDrafter, RecyclingDrafter
 from decodekit.models.tiny import perturbed, tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.verifiers import GreedyVerifier, RejectionVerifier
@@ -280,6 +280,8 @@ TREES = {
     "dynamic": lambda target: ModelTreeDrafter(target, shape="dynamic", top_k=2),
     "template": lambda target: ModelTreeDrafter(target, shape="template", template="smollm2_8"),
     "iid": lambda target: ModelTreeDrafter(target, shape="iid", branches=2),
+    "without_replacement": lambda target: ModelTreeDrafter(target, shape="without_replacement", branches=3),
+    "delayed": lambda target: DelayedTreeDrafter(target, branches=2, trunk=2, branch_length=1),
     "recycling": lambda target: RecyclingDrafter(),
 }
 
@@ -299,6 +301,20 @@ def test_drafters_on_host_mirrored_budgets_are_greedy_decoding_to_the_last_token
     plain = dk.generate(target, ragged_prompts, max_new_tokens=11)
     out = dk.generate(target, ragged_prompts, drafter=built, policy=policy, max_new_tokens=11, debug=True)
     assert out.sequences == plain.sequences and out.stats.rounds < sum(map(len, plain.sequences))
+
+
+@pytest.mark.parametrize("drafter", sorted(TREES))
+def test_trees_on_adaptive_per_row_budgets_keep_their_width_bounds(target, ragged_prompts, drafter):
+    """An adaptive tree budget (per-row depth and nodes, from the cost model) mirrored on the host: each row's
+    bound holds (``debug``) and the output is plain decoding's."""
+    from decodekit.policies import CostModel, GoodputLength
+
+    policy = GoodputLength(CostModel.relative(0.05, 6), nodes_per_depth=3, probe_every=0)
+    plain = dk.generate(target, ragged_prompts, max_new_tokens=16)
+    out = dk.generate(
+        target, ragged_prompts, drafter=TREES[drafter](target), policy=policy, max_new_tokens=16, debug=True
+    )
+    assert out.sequences == plain.sequences and out.stats.drafted > 0
 
 
 @pytest.mark.parametrize("drafter", sorted(TREES))
