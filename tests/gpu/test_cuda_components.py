@@ -55,22 +55,32 @@ def drafters(device: str, heads) -> dict[str, tuple]:
     }
 
 
-@pytest.mark.parametrize(
-    ("name", "bound"),
-    [("model_chain", 1), ("model_tree", 1), ("eagle_tree", 1), ("recycling", 1), ("suffix_fallback", 2)],
-)
-def test_host_syncs_a_round_on_cuda(heads, name, bound):
+def sync_cases(device: str, heads) -> dict[str, tuple]:
+    """name -> (drafter, policy, host syncs a round at most, per-call syncs of the drafter) on ``device``; draft
+    models count the rows leaving the batch, as in tests/unit/test_host_syncs.py."""
+    from tests.unit.test_host_syncs import CountingModelDrafter, CountingTreeDrafter
+
+    draft = dk.load_model(perturbed(tiny_llama(0), 0.3, seed=1), device=device)
+    built = drafters(device, heads)
+    lookup = dk.drafters.FallbackDrafter(dk.drafters.SuffixDrafter(cache_tokens=0), CountingModelDrafter(draft), 3)
+    return {
+        "model_chain": (CountingModelDrafter(draft), FixedLength(3), 1, 0),
+        "model_tree": (CountingTreeDrafter(draft), FixedLength(6, depth=3), 1, 0),
+        "eagle_tree": (*built["eagle_tree"], 1, 0),
+        "recycling": (*built["recycling"], 1, 0),
+        "suffix_fallback": (lookup, FixedLength(8, depth=8), 2, 1),  # suffix's read, and once a call its begin
+    }
+
+
+@pytest.mark.parametrize("name", ["model_chain", "model_tree", "eagle_tree", "recycling", "suffix_fallback"])
+def test_host_syncs_a_round_on_cuda(heads, name):
     """What tests/unit/test_host_syncs.py counts on the CPU holds on a GPU, where every read stalls the host:
     declared widths (chains), bounds on them (trees) and suffix's host-known rows spare the trimming read."""
-    from tests.unit.test_host_syncs import OVERHEAD, count_syncs
+    from tests.unit.test_host_syncs import syncs_per_round
 
     target = dk.load_model(tiny_llama(0), device="cuda")
-    drafter, policy = drafters("cuda", heads)[name]
-    dk.generate(target, PROMPTS, drafter, policy=policy, max_new_tokens=4)
-    with count_syncs() as counter:
-        out = dk.generate(target, PROMPTS, drafter, policy=policy, max_new_tokens=40, eos_token_id=())
-    per_call = OVERHEAD + (1 if "suffix" in name else 0) + 2  # suffix's begin; a draft model's reads after leaves
-    assert (counter[0] - per_call) / out.stats.rounds <= bound
+    drafter, policy, bound, per_call = sync_cases("cuda", heads)[name]
+    assert syncs_per_round(target, drafter, policy, per_call=per_call) <= bound
 
 
 def test_every_drafter_greedy_on_cuda_equals_cpu(heads, ragged_prompts):

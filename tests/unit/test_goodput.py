@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable
 
@@ -34,6 +33,7 @@ from decodekit.policies.calibration import ProbePrice
 from decodekit.policies.lengths import batch_cap, host_batch_cap
 from decodekit.verifiers import GreedyVerifier
 from tests.conftest import perturbed
+from tests.unit.test_host_syncs import Unmirrored
 from tests.unit.traces import chain_round, dummy_state
 
 
@@ -347,18 +347,10 @@ def test_stack_mirrors_its_mirrored_parts(batch_cap):
         assert budget.host_nodes == tuple(budget.nodes.tolist())
         assert budget.host_depth == (None if budget.depth is None else tuple(budget.depth.tolist()))
         budget.check(4, state.device, source="stack", values=True)
-        parts = [make() for make in makers] + [_Unmirrored(FixedLength(8))]
+        parts = [make() for make in makers] + [Unmirrored(FixedLength(8))]
         unmirrored = Stack(*parts, batch_cap=batch_cap).plan(state)
         assert unmirrored.host_nodes is None and unmirrored.nodes.tolist() == budget.nodes.tolist()
         assert unmirrored.depth_or_nodes.tolist() == budget.depth_or_nodes.tolist()
-
-
-class _Unmirrored:
-    def __init__(self, policy):
-        self.policy = policy
-
-    def plan(self, state):
-        return dataclasses.replace(self.policy.plan(state), host_nodes=None, host_depth=None)
 
 
 def test_host_batch_cap_equals_batch_cap():

@@ -59,15 +59,23 @@ def count_syncs() -> Iterator[list[int]]:
 OVERHEAD = 9  # per call: the read after prefill, round 1's budget and draft checks, 3 to flush stats, 3 to read out
 
 
-class CountingModelDrafter(ModelDrafter):
-    """Counts how often rows left the batch (without ``host_rows`` its cache would read its lengths once at the
-    next round; the loop hands them, so a leave costs no read)."""
+class CountsLeaves:
+    """Mixin for a draft-model drafter: counts how often rows left the batch (without ``host_rows`` its cache would
+    read its lengths once at the next round; the loop hands them, so a leave costs no read)."""
 
     leaves = 0
 
     def select_rows(self, rows, host_rows=None):
         self.leaves += 1
         super().select_rows(rows, host_rows=host_rows)
+
+
+class CountingModelDrafter(CountsLeaves, ModelDrafter):
+    pass
+
+
+class CountingTreeDrafter(CountsLeaves, ModelTreeDrafter):
+    pass
 
 
 def syncs_per_round(target, drafter, policy, temperature=0.0, max_new_tokens=40, per_call=0) -> float:
@@ -112,10 +120,14 @@ def test_ngram_rounds_at_most_two(target, temperature):
 
 
 class Unmirrored:
-    """``FixedLength(3)``'s budget without its host mirrors: what a policy that computes on the device gives."""
+    """``policy``'s budget (default ``FixedLength(3)``) without its host mirrors: what a policy that computes on the
+    device gives."""
+
+    def __init__(self, policy=None):
+        self.policy = FixedLength(3) if policy is None else policy
 
     def plan(self, state):
-        return dataclasses.replace(FixedLength(3).plan(state), host_nodes=None, host_depth=None)
+        return dataclasses.replace(self.policy.plan(state), host_nodes=None, host_depth=None)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -133,14 +145,6 @@ def test_adaptive_policy_rounds_at_most_two(target, policy):
     host mirrors, so the draft declares its width: that read and the loop's."""
     drafter = CountingModelDrafter(perturbed(target, 0.3, seed=1))
     assert syncs_per_round(target, drafter, dk.build("policy", policy)) <= 2
-
-
-class CountingTreeDrafter(ModelTreeDrafter):
-    leaves = 0
-
-    def select_rows(self, rows, host_rows=None):
-        self.leaves += 1
-        super().select_rows(rows, host_rows=host_rows)
 
 
 @pytest.mark.parametrize("shape", ["dynamic", "template", "iid", "recycling"])
