@@ -108,7 +108,9 @@ class UnmaskRule(Protocol):
 class DLMCache(Protocol):
     """How a diffusion sampler's step gets its logits: recompute, or reuse K/V kept from an earlier forward.
     Optional: ``begin(state)``, called when a :func:`decodekit.dlm.generate` call starts (drop an earlier call's
-    K/V)."""
+    K/V); ``logits_many(dlm, state, canvases)``, several canvases in one forward (what drafts need); ``lookahead =
+    True``, a promise that ``logits_many`` also computes the block ``state.lookahead`` names when it is set
+    (:mod:`decodekit.dlm.lookahead`)."""
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor | SlotLogits:
         """``[B, G, V]`` float32 logits of the generation region for this step (``state.step == 0``: a block's
@@ -122,19 +124,24 @@ class DLMCache(Protocol):
 class DLMDraft(Protocol):
     """Self-speculation for a diffusion sampler: guesses of the canvases the next steps will reach, which
     :func:`decodekit.dlm.generate` verifies in the next forward (the cache's ``logits_many``) so that one forward
-    takes several of the sampler's own steps; the output does not change."""
+    takes several of the sampler's own steps; the output does not change. Optional: ``finishes(left) -> bool``,
+    whether the drafts may finish the block of a row with ``left`` masked slots in it; when it says so for some
+    row, the loop looks ahead (``state.lookahead``, :mod:`decodekit.dlm.lookahead`)."""
 
     def variants(self, state: DLMState, proposal: Proposal, committed: torch.Tensor, left: int) -> torch.Tensor | None:
         """``[1 + D, B, T]``: ``state.canvas`` first, then the canvases drafted for the next ``D`` steps (each
         ``state.canvas`` with more slots of the current block committed); None = no drafts this time. ``proposal``
-        and ``committed [B, G]``: the step just taken; ``left``: the most masked slots a row has left in its block."""
+        and ``committed [B, G]``: the step just taken; ``left``: the most masked slots a row has left in its block.
+        A canvas that commits all of a row's is of use only while ``state.lookahead`` is set."""
         ...
 
 
 @runtime_checkable
 class RegionSchedule(Protocol):
     """Which slots of a diffusion LM's canvas a step may commit, and when a block ends (:func:`decodekit.dlm.generate`).
-    ``fixed_blocks``: whether every row is in the same block ``state.block`` (the K/V-keeping caches need it)."""
+    ``fixed_blocks``: whether every row is in the same block ``state.block`` (the K/V-keeping caches need it).
+    Optional: ``next_block(state) -> (start, end) | None``, the block after ``state.block`` (drafts may then look
+    ahead into it: :mod:`decodekit.dlm.lookahead`)."""
 
     def rounds(self, dlm: DLMModel, state: DLMState) -> Iterator[None]:
         """Prepare each block (``state.block`` or ``state.region``, ``block_steps``, ``step = 0``) and yield; the

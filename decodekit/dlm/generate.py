@@ -13,7 +13,9 @@ left to right, semi-autoregressive), repeats a step until the block has no maske
 
 With a draft strategy (:class:`~decodekit.interfaces.DLMDraft`, self-speculation) step 1 also runs drafted canvases
 of the next steps, and steps 2-3 repeat on each drafted canvas's output while the canvas the steps reached equals
-it: one forward, several steps, the same output.
+it: one forward, several steps, the same output. When the drafts may finish the block, the forward also computes
+the next block on each canvas, and a row that finished on a drafted canvas takes the next block's first step on its
+output (:mod:`decodekit.dlm.lookahead`).
 
 One host read per step (how many slots each row has left in its block, whether a row stalled), and one per drafted
 canvas checked. With ``rule=None`` the loop is LLaDA's reference sampler (:class:`~decodekit.dlm.rules.LLaDARule`).
@@ -30,9 +32,10 @@ from tqdm.auto import tqdm
 
 from decodekit.checks import check_float, check_int, check_seed
 from decodekit.dlm.caches import Recompute
+from decodekit.dlm.lookahead import NextBlock, lookahead_block, output_at
 from decodekit.dlm.model import DLMModel, load_model
 from decodekit.dlm.parts import Parts, resolve_parts
-from decodekit.dlm.state import DLMState, Proposal, SlotLogits, propose
+from decodekit.dlm.state import DLMState, Proposal, propose, restrict
 from decodekit.errors import ConfigError, ContextLengthError, NoProgressError
 from decodekit.metrics import DLMStats
 from decodekit.prompts import prompt_ids
@@ -125,8 +128,9 @@ def generate(
     stats = DLMStats(row_nfe=state.row_forwards, tokens=len(rows) * gen_length)
     if hasattr(cache, "begin"):  # optional hook: a new call (drop what an earlier call kept)
         cache.begin(state)
+    ahead = NextBlock()  # a block's first step, kept from the block before (drafts that look ahead)
     for _ in tqdm(schedule.rounds(dlm, state), desc="blocks", disable=not progress):
-        forwards = _decode_block(dlm, state, parts, temperature, cfg_scale)
+        forwards = _decode_block(dlm, state, parts, temperature, cfg_scale, ahead)
         stats.block_steps.append(int(state.block_step.max()))  # the row that took the most
         stats.nfe += forwards
     tokens = state.tokens.tolist()
@@ -135,61 +139,64 @@ def generate(
     return DLMOutput(tokens, stats)
 
 
-def _decode_block(dlm: DLMModel, state: DLMState, parts: Parts, temperature: float, cfg_scale: float) -> int:
+def _decode_block(
+    dlm: DLMModel, state: DLMState, parts: Parts, temperature: float, cfg_scale: float, ahead: NextBlock
+) -> int:
     """Forwards until the current block has no masked slot; returns how many were taken. A forward runs the canvas
     (and, with a draft strategy, the drafted canvases after it); steps follow on its outputs, the first on the
     canvas's, each next one on the output of the drafted canvas each row reached. Rows step together while every
-    row reached one; with a rule that declares ``per_row_steps``, each row goes on while it reaches one."""
+    row reached one; with a rule that declares ``per_row_steps``, each row goes on while it reaches one. The block's
+    first step runs on what ``ahead`` kept for a row that finished the last block on a drafted canvas
+    (:mod:`decodekit.dlm.lookahead`), without a forward; this block's keeps what the next block's first step needs."""
     left = (state.masked & state.in_block).sum(1).tolist()
     state.block_step = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
     own_steps = bool(getattr(parts.rule, "per_row_steps", False))
     forwards, variants = 0, None  # variants: [1 + N, B, T], the canvas and its drafts, for the next forward
+    taken = ahead.take(left, own_steps)
     while max(left):
-        if variants is None:
-            outputs = parts.cache.logits(dlm, state) if cfg_scale == 0 else _guided_logits(dlm, state, cfg_scale)
+        if taken is not None:  # the first step, on the last block's final forward
+            (logits, live), taken, outputs = taken, None, None
         else:
-            outputs = parts.cache.logits_many(dlm, state, variants)
-        forwards += 1
-        state.row_forwards[:] = [n + int(k > 0) for n, k in zip(state.row_forwards, left)]
-        node = torch.zeros_like(state.lengths)  # the canvas each row is on: 0, then the drafted one it reached
-        live = [k > 0 for k in left] if own_steps else [True] * len(left)  # the rows that step on this forward
+            if variants is None:
+                state.lookahead = None
+                outputs = parts.cache.logits(dlm, state) if cfg_scale == 0 else _guided_logits(dlm, state, cfg_scale)
+            else:
+                outputs = parts.cache.logits_many(dlm, state, variants)
+            forwards += 1
+            state.row_forwards[:] = [n + int(k > 0) for n, k in zip(state.row_forwards, left)]
+            logits = outputs if variants is None else output_at(outputs, torch.zeros_like(state.lengths))
+            live = [k > 0 for k in left] if own_steps else [True] * len(left)  # the rows that step on this forward
         last = None  # each row's last step
         while True:
-            logits = outputs if variants is None else _output_at(outputs, node)
             rows = None if all(live) else torch.tensor(live, device=state.device)  # [B] bool: some rows wait
+            before = left
+            if state.lookahead is not None:
+                logits = restrict(logits, *state.block)
             step = _step(state, parts, logits, temperature, left, live, rows)
             last, left = (step if last is None or rows is None else _keep(last, step, rows)), step.left
-            if variants is None or not max(left):
+            if outputs is None or variants is None or not (max(left) or state.lookahead):
                 break
-            node, live = _on_graph(state, variants, left, own_steps)
+            node, on = _on_graph(state, variants)
+            if state.lookahead is not None:  # rows that finished on a drafted canvas: keep its next block
+                ahead.keep(state, outputs, node, [o and b > 0 and k == 0 for o, b, k in zip(on, before, left)])
+            live = [o and k > 0 for o, k in zip(on, left)] if own_steps else [all(on) and max(left) > 0] * len(on)
             if not any(live):
                 break
+            logits = output_at(outputs, node)
+        variants = None
         if parts.draft is not None and max(left):
+            state.lookahead = lookahead_block(parts, state, left)
             variants = parts.draft.variants(state, last.proposal, last.commit, max(left))
+    state.lookahead = None
     return forwards
 
 
-def _on_graph(
-    state: DLMState, variants: torch.Tensor, left: list[int], own_steps: bool
-) -> tuple[torch.Tensor, list[bool]]:
-    """``[B]``: the canvas of ``variants [1 + N, B, T]`` each row's canvas now equals (0 where none), and which rows
-    take the next step on its output (one host read): every row if every row's canvas is one of them, else none;
-    with ``own_steps``, each row whose canvas is one of them and that has masked slots left. Only where no draft
-    was reached is a row's next step left to the next forward, computed from its own canvas as the undrafted
-    sampler computes it."""
+def _on_graph(state: DLMState, variants: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
+    """``[B]``: the canvas of ``variants [1 + N, B, T]`` each row's canvas now equals (0 where none), and whether it
+    equals one (host bools; one host read). Only where no draft was reached is a row's next step left to the next
+    forward, computed from its own canvas as the undrafted sampler computes it."""
     match = (variants == state.canvas).all(-1)  # [1 + N, B]
-    on = match.any(0).tolist()
-    live = [o and k > 0 for o, k in zip(on, left)] if own_steps else [all(on)] * len(on)
-    return match.int().argmax(0), live
-
-
-def _output_at(outputs: torch.Tensor | SlotLogits, node: torch.Tensor) -> torch.Tensor | SlotLogits:
-    """Row ``b``'s logits from the output of canvas ``node[b]`` (``outputs``: ``[1 + N, B, ...]`` stacked, or a
-    :class:`~decodekit.dlm.state.SlotLogits` window of them)."""
-    rows = torch.arange(len(node), device=node.device)
-    if isinstance(outputs, SlotLogits):
-        return SlotLogits(outputs.logits[node, rows], outputs.lo)
-    return outputs[node, rows]
+    return match.int().argmax(0), match.any(0).tolist()
 
 
 class _Step(NamedTuple):

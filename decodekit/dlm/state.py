@@ -49,6 +49,10 @@ class DLMState:
         planned: ``[B, G]`` bool, the slots the rule will commit at the next step, where it knows them in advance
             (:class:`~decodekit.dlm.rules.RandomOrderRule` sets it after each step; None otherwise). dKV-Cache-Greedy
             feeds these.
+        lookahead: ``(start, end)`` of the next block while the loop runs a forward whose drafted canvases may finish
+            the current block (a draft strategy's ``finishes``): the cache then also computes the next block on each
+            canvas, so a row that finishes its block on a drafted canvas takes the next block's first step on that
+            canvas's output, without a forward of its own; None otherwise (:mod:`decodekit.dlm.lookahead`).
     """
 
     canvas: torch.Tensor
@@ -70,6 +74,7 @@ class DLMState:
     host_starts: list[int] = field(default_factory=list)
     eos_token_ids: tuple[int, ...] = ()
     planned: torch.Tensor | None = None
+    lookahead: tuple[int, int] | None = None
 
     @classmethod
     def from_prompts(
@@ -166,6 +171,15 @@ def spread(window: torch.Tensor, lo: int, gen_length: int, fill: float | bool = 
     out = window.new_full((b, gen_length, *window.shape[2:]), fill)
     out[:, lo : lo + w] = window
     return out
+
+
+def restrict(logits: torch.Tensor | SlotLogits, lo: int, hi: int) -> torch.Tensor | SlotLogits:
+    """The logits of slots ``lo .. hi - 1`` only: a :class:`SlotLogits` window cut to them (a lookahead forward's
+    window spans the current block and the next); ``[B, G, V]`` logits as they are (a recompute predicts every slot,
+    with drafts or without)."""
+    if not isinstance(logits, SlotLogits):
+        return logits
+    return SlotLogits(logits.logits[:, lo - logits.lo : hi - logits.lo], lo)
 
 
 def dense_logits(logits: torch.Tensor | SlotLogits, gen_length: int) -> torch.Tensor:

@@ -120,6 +120,8 @@ class Recompute:
             diffusion models); the reference that :class:`~decodekit.dlm.caches.BlockCausalCache` equals exactly.
     """
 
+    lookahead = True  # logits_many predicts every slot, the next block's included
+
     def __init__(self, block_causal: bool = False) -> None:
         self.block_causal = bool(block_causal)
 

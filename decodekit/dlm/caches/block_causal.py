@@ -30,6 +30,7 @@ class BlockCausalCache:
 
     fixed_blocks = True  # reads state.block: every row in the same block
     block_causal = True  # attends block-causally (what a block-causally trained model needs)
+    lookahead = True  # logits_many runs the next block too when state.lookahead asks
 
     def __init__(self) -> None:
         self.cache: KVCache | None = None
@@ -50,9 +51,10 @@ class BlockCausalCache:
         """The current block's logits on each of ``canvases [N, B, T]`` (variants of ``state.canvas`` that differ
         from it only in the block: self-speculative drafts), ``[N, B, W, V]`` in one forward: the ``N`` copies of
         the block sit side by side in the sequence, at the same positions, each seeing the stored K/V and itself
-        only."""
+        only. With ``state.lookahead`` each copy also runs the next block (still masked) after its own, which attends
+        to it block-causally as it will once that block is stored: ``[N, B, W + W', V]`` from the block's start."""
         shift, n = int(dlm.shift_logits), len(canvases)
-        lo, hi = state.block
+        lo, hi = state.block[0], (state.lookahead or state.block)[1]
         if self.cache is None:
             self.cache = dlm.lm.new_cache(state.batch_size, state.canvas.shape[1])
             self.cache.set_host_lengths([0] * state.batch_size)

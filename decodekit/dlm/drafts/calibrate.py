@@ -55,19 +55,21 @@ class StepRecorder:
     def variants(self, state: DLMState, proposal: Proposal, committed: torch.Tensor, left: int) -> None:
         ranked, usable, tokens = candidates(state, proposal, self.width, self.alternatives)
         masked = state.masked & state.in_block
-        self.records.append((state.block[0], ranked.cpu(), usable.cpu(), tokens.cpu(), masked.cpu()))
+        self.records.append((state.block, ranked.cpu(), usable.cpu(), tokens.cpu(), masked.cpu()))
         return None
 
 
 Walk = tuple[Node, ...]  # the nodes a walk from one step went through
 
 
-def walks(records: list[Any], outputs: list[list[int]], depth: int) -> list[list[Walk]]:
-    """Per row and block, in step order, the walk from each step the row took that was not its last in the block:
-    the nodes its next steps went through. After ``k`` more steps, the node is the set of ``(rank, token)`` pairs
-    its commits since the step form, while each commit is a candidate with one of its recorded tokens (the output's
-    token; 0 = the proposed one), up to ``depth`` candidates and short of the step that finishes the block (taken
-    on the last node's output, it needs no node)."""
+def walks(records: list[Any], outputs: list[list[int]], depth: int, lookahead: bool = True) -> list[list[Walk]]:
+    """Per row and block (in order), the walk from each step the row took that was not its last in the block: the
+    nodes its next steps went through. After ``k`` more steps, the node is the set of ``(rank, token)`` pairs its
+    commits since the step form, while each commit is a candidate with one of its recorded tokens (the output's
+    token; 0 = the proposed one), up to ``depth`` candidates. The finished block is the walk's last node when
+    ``lookahead`` and the row's next block was recorded too (the drafts look ahead: :mod:`decodekit.dlm.lookahead`);
+    otherwise a walk stops short of the step that finishes the block (taken on the last node's output, it needs no
+    node)."""
     out: dict[tuple[int, int], list[Walk]] = {}
     for t, (block, ranked, usable, tokens, masked) in enumerate(records):
         for b in range(ranked.shape[0]):
@@ -79,28 +81,39 @@ def walks(records: list[Any], outputs: list[list[int]], depth: int) -> list[list
                 if ok and outputs[b][s] in toks
             }
             chain: list[Node] = []
-            for later in records[t + 1 :]:
-                if later[0] != block or not bool(later[4][b].any()):
+            for later in [*records[t + 1 :], None]:
+                if later is None or later[0] != block or not bool(later[4][b].any()):  # the block's last step
+                    slots = masked[b].nonzero()[:, 0].tolist()  # the finished block: one more node to look ahead
+                    if lookahead and _recorded(records, b, block[1]) and len(slots) <= depth:
+                        chain += [tuple(sorted(rank[s] for s in slots))] if all(s in rank for s in slots) else []
                     break
                 slots = (masked[b] & ~later[4][b]).nonzero()[:, 0].tolist()  # committed since the step
                 if len(slots) > depth or any(s not in rank for s in slots):
                     break
                 chain.append(tuple(sorted(rank[s] for s in slots)))
-            out.setdefault((b, block), []).append(tuple(chain))
-    return list(out.values())
+            out.setdefault((b, block[0]), []).append(tuple(chain))
+    return [out[key] for key in sorted(out)]
+
+
+def _recorded(records: list[Any], row: int, start: int) -> bool:
+    """Whether a step of ``row`` in the block that starts at slot ``start`` was recorded (it took more than one)."""
+    return any(r[0][0] == start and bool(r[4][row].any()) for r in records)
 
 
 def forwards(steps: list[list[Walk]], graph: set[Node]) -> int:
     """The forwards the drafted loop takes over the recorded steps with ``graph``: per row and block, the first
     forward takes the block's first step; each next one takes a step and then one more for each node of the walk
-    from there that the graph holds."""
-    total = 0
+    from there that the graph holds. A walk that reaches its finished block (a node past the block's last step:
+    :func:`walks` with ``lookahead``) takes the next block's first step too, so that block's first forward is saved
+    (``steps`` lists each row's blocks in order)."""
+    total, ahead = 0, False
     for block in steps:
-        s, total = 0, total + 1
+        s, total, ahead = 0, total + (not ahead), False
         while s < len(block):
             k = 0
             while k < len(block[s]) and block[s][k] in graph:
                 k += 1
+            ahead = s + 1 + k > len(block)  # past the block's last step: the next block's first
             s, total = s + 1 + k, total + 1
     return total
 
@@ -132,6 +145,7 @@ def calibrate_graph(
     width: int = 8,
     depth: int = 4,
     alternatives: int = 0,
+    lookahead: bool = True,
     progress: bool = True,
     **generate_kwargs: Any,
 ) -> Calibration:
@@ -154,6 +168,8 @@ def calibrate_graph(
         alternatives: other tokens considered per candidate (its most likely after the proposed one): a node may
             then draft a candidate with one of them (``[r, j]``), where the next steps commit it with another token
             than the one proposed now.
+        lookahead: replay drafts that look ahead into the next block (``SpiffyDrafts(lookahead=...)``, its
+            default): a node that finishes a block then saves the next block's first forward.
         generate_kwargs: the sampler to calibrate for (``gen_length``, ``block_length``, ``steps``, ``rule``,
             ``cache``, ``temperature``, ``seed``, ...), as it will run with drafts.
 
@@ -167,7 +183,7 @@ def calibrate_graph(
     depth = check_int("depth", depth, low=1, high=width, hint=" (at most width)")
     recorder = StepRecorder(width, check_int("alternatives", alternatives, low=0))
     out = generate(dlm, prompts, draft=recorder, progress=progress, **generate_kwargs)
-    found = greedy_graph(walks(recorder.records, out.sequences, depth), budget)
+    found = greedy_graph(walks(recorder.records, out.sequences, depth, lookahead), budget)
     found.graph = [tuple(r if j == 0 else (r, j) for r, j in node) for node in found.graph]  # r: its proposed token
     return found
 

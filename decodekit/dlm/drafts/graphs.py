@@ -19,8 +19,8 @@ class DraftGraph:
 
     Attributes:
         ranks, picks: ``[N, D]`` each element's candidate rank and token choice (padding repeats the first element).
-        valid: ``[N, D]`` bool, the real elements; ``sizes [N]`` their count.
-        counts: ``[D + 1]`` how many nodes have at most ``d`` elements (on the CPU: read without a device sync).
+        valid: ``[N, D]`` bool, the real elements; ``sizes [N]`` their count (the nodes a step can use:
+            :meth:`fitting`).
         levels: per size, ``slice`` of the nodes of that size.
         children: per size, ``[n, C]`` the indices of each node's children (its set plus one element), padded with
             ``N`` (a sentinel column of scores ``-1`` is appended where read).
@@ -33,7 +33,8 @@ class DraftGraph:
         self.picks = torch.tensor([[j for _, j in row] for row in padded], device=device)
         self.valid = torch.tensor([[i < len(node) for i in range(d)] for node in nodes], device=device)
         self.sizes = self.valid.sum(1)
-        self.counts = torch.tensor([sum(len(node) <= k for node in nodes) for k in range(d + 1)])
+        self._shape = [(len(node), max(r for r, _ in node)) for node in nodes]  # host: each node's size, top rank
+        self._fitting: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.levels: list[slice] = []
         self.children: list[torch.Tensor] = []
         for size in range(1, d + 1):
@@ -44,6 +45,18 @@ class DraftGraph:
             kids = [[j for j, o in enumerate(nodes) if len(o) == size + 1 and set(nodes[i]) < set(o)] for i in members]
             width = max(1, *map(len, kids))
             self.children.append(torch.tensor([k + [n] * (width - len(k)) for k in kids], device=device))
+
+    def fitting(self, depth: int, left: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The nodes a step can use when rows have at most ``left`` masked slots in the block and a canvas may
+        commit ``depth`` of them: ``[N']`` their indices and ``[N]`` bool, those with at most ``depth`` elements
+        whose ranks are all below ``left`` (any other names a candidate no row has, so drafts what a smaller set
+        does). Built on the host once per ``(depth, left)``: no device read."""
+        key = (depth, left)
+        if key not in self._fitting:
+            fits = [size <= depth and top < left for size, top in self._shape]
+            mask = torch.tensor(fits, device=self.ranks.device)
+            self._fitting[key] = (torch.tensor([i for i, f in enumerate(fits) if f], device=mask.device), mask)
+        return self._fitting[key]
 
     def canvases(
         self, state: DLMState, ranked: torch.Tensor, usable: torch.Tensor, tokens: torch.Tensor, chosen: torch.Tensor

@@ -74,6 +74,11 @@ class SpiffyDrafts:
             tokens never do).
         score: how ``keep`` ranks nodes: ``"geometric"`` (the paper's geometric means, default) or ``"product"``
             (the product of the drafted tokens' probabilities); :meth:`scores`.
+        lookahead: when a row's last masked slots fit in a node, also draft the canvases that finish its block and
+            have the forward compute the next block on them, so a row that finishes on one takes the next block's
+            first step without a forward (:mod:`decodekit.dlm.lookahead`; a schedule with ``next_block`` and a
+            cache with ``lookahead``); default True. Such a forward runs twice the width per canvas with the
+            block-causal cache.
     """
 
     fixed_blocks = True  # drafts within state.block: every row in the same block
@@ -87,7 +92,9 @@ class SpiffyDrafts:
         alternatives: int | None = None,
         keep: int | None = None,
         score: str = "geometric",
+        lookahead: bool = True,
     ) -> None:
+        self.lookahead = bool(lookahead)
         self.keep = check_int("keep", keep, low=1, optional=True, hint=" (drafted canvases a forward after pruning)")
         self.score = check_choice("score", score, SCORES)
         if self.keep is None and score != SCORES[0]:
@@ -121,22 +128,29 @@ class SpiffyDrafts:
 
     def variants(self, state: DLMState, proposal: Proposal, committed: torch.Tensor, left: int) -> torch.Tensor | None:
         """``[1 + N, B, T]``: ``state.canvas``, then the ``N`` drafted canvases (None when no draft can help: a
-        row's last step needs none). ``proposal`` and ``committed [B, G]``: the step just taken (unused: any rule's
-        step count works); ``left``: the most masked slots a row has left in its block (a host int). With ``keep``,
-        ``N = keep`` and each row drafts its own best-scored nodes (:meth:`scores`)."""
-        depth = min(self.depth, left - 1)
+        row's last step needs none, unless the loop looks ahead). ``proposal`` and ``committed [B, G]``: the step
+        just taken (unused: any rule's step count works); ``left``: the most masked slots a row has left in its block
+        (a host int). With ``keep``, ``N = keep`` and each row drafts its own best-scored nodes (:meth:`scores`)."""
+        depth = min(self.depth, left if state.lookahead else left - 1)  # a finished block: only to look ahead
         if depth < 1:
             return None
         # a row with fewer candidates keeps its unusable ones masked, so repeats a smaller set: harmless
         ranked, usable, tokens = candidates(state, proposal, self.width, self.alternatives)
         graph = self._graph(state.device)
-        room = int(graph.counts[depth])  # the nodes this block still has room for: the first `room` (sorted by size)
+        room, fits = graph.fitting(depth, left)  # the nodes the rows can still use (sizes, candidates)
+        if not len(room):
+            return None
         if self.keep is None:  # every node that fits, the same for each row
-            chosen = torch.arange(room, device=state.device).expand(state.batch_size, -1)  # [B, N']
+            chosen = room.expand(state.batch_size, -1)  # [B, N']
         else:
-            score = self.scores(proposal, ranked, usable, tokens, graph, graph.sizes <= depth)
-            chosen = score.topk(min(self.keep, room), dim=1).indices  # [B, K]
+            score = self.scores(proposal, ranked, usable, tokens, graph, fits)
+            chosen = score.topk(min(self.keep, len(room)), dim=1).indices  # [B, K]
         return torch.cat([state.canvas[None], graph.canvases(state, ranked, usable, tokens, chosen)])
+
+    def finishes(self, left: int) -> bool:
+        """Whether the drafts may finish the block of a row with ``left`` masked slots in it (every set of them fits
+        in a node), so that the loop looks ahead into the next block (:mod:`decodekit.dlm.lookahead`)."""
+        return self.lookahead and left <= self.depth
 
     def scores(
         self,

@@ -27,3 +27,9 @@ class FixedBlocks:
 
     def region(self, state: DLMState, proposal: Proposal) -> torch.Tensor:
         return state.in_block
+
+    def next_block(self, state: DLMState) -> tuple[int, int] | None:
+        """``(start, end)`` of the block after ``state.block`` (None after the last): where a drafted forward may look
+        ahead (:mod:`decodekit.dlm.lookahead`)."""
+        end = state.block[1]
+        return (end, end + state.block_length) if end < state.gen_length else None
