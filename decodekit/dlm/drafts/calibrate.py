@@ -71,6 +71,8 @@ def walks(records: list[Any], outputs: list[list[int]], depth: int, lookahead: b
     otherwise a walk stops short of the step that finishes the block (taken on the last node's output, it needs no
     node)."""
     out: dict[tuple[int, int], list[Walk]] = {}
+    # (row, block start) of every block in which a row took more than one step (a recorded step)
+    recorded = {(b, r[0][0]) for r in records for b in r[4].any(1).nonzero()[:, 0].tolist()}
     for t, (block, ranked, usable, tokens, masked) in enumerate(records):
         for b in range(ranked.shape[0]):
             if not bool(masked[b].any()):  # the row's block is done: no step follows
@@ -84,7 +86,7 @@ def walks(records: list[Any], outputs: list[list[int]], depth: int, lookahead: b
             for later in [*records[t + 1 :], None]:
                 if later is None or later[0] != block or not bool(later[4][b].any()):  # the block's last step
                     slots = masked[b].nonzero()[:, 0].tolist()  # the finished block: one more node to look ahead
-                    if lookahead and _recorded(records, b, block[1]) and len(slots) <= depth:
+                    if lookahead and (b, block[1]) in recorded and len(slots) <= depth:
                         chain += [tuple(sorted(rank[s] for s in slots))] if all(s in rank for s in slots) else []
                     break
                 slots = (masked[b] & ~later[4][b]).nonzero()[:, 0].tolist()  # committed since the step
@@ -93,11 +95,6 @@ def walks(records: list[Any], outputs: list[list[int]], depth: int, lookahead: b
                 chain.append(tuple(sorted(rank[s] for s in slots)))
             out.setdefault((b, block[0]), []).append(tuple(chain))
     return [out[key] for key in sorted(out)]
-
-
-def _recorded(records: list[Any], row: int, start: int) -> bool:
-    """Whether a step of ``row`` in the block that starts at slot ``start`` was recorded (it took more than one)."""
-    return any(r[0][0] == start and bool(r[4][row].any()) for r in records)
 
 
 def forwards(steps: list[list[Walk]], graph: set[Node]) -> int:
@@ -194,8 +191,9 @@ def canvas_cost(
     """The time one drafted canvas adds to a forward, as a fraction of an undrafted forward, on the device ``dlm`` is
     on (what :meth:`Calibration.best_budget` takes): the sampler's time per forward with ``SpiffyDrafts(graph=graph,
     budget=budget)`` over its time per forward without drafts, less 1, per drafted canvas; each the fastest of
-    ``repeats`` calls after a warm-up call. An estimate: a forward at a block's last step runs no drafts, so the cost
-    is a little low; a CPU gives about 0.5, a dispatch-bound GPU a few hundredths (docs/benchmarks.md).
+    ``repeats`` calls after a warm-up call. An estimate: near a block's end a forward runs fewer canvases (fewer
+    nodes fit) and, looking ahead, twice the width each, so the per-canvas price is an average over a call; a CPU
+    gives about 0.5, a dispatch-bound GPU a few hundredths (docs/benchmarks.md).
 
     Args:
         prompts: a few prompts, as :func:`decodekit.dlm.generate` takes them (a batch costs what it will cost).
