@@ -51,8 +51,9 @@ class BlockCausalCache:
         """The current block's logits on each of ``canvases [N, B, T]`` (variants of ``state.canvas`` that differ
         from it only in the block: self-speculative drafts), ``[N, B, W, V]`` in one forward: the ``N`` copies of
         the block sit side by side in the sequence, at the same positions, each seeing the stored K/V and itself
-        only. With ``state.lookahead`` each copy also runs the next block (still masked) after its own, which attends
-        to it block-causally as it will once that block is stored: ``[N, B, W + W', V]`` from the block's start."""
+        only. With ``state.lookahead`` each copy is followed by the next block (still masked), which sees the stored
+        K/V and that copy's block, as it will once the block is stored: ``[N, B, W + W', V]`` from the block's
+        start."""
         shift, n = int(dlm.shift_logits), len(canvases)
         lo, hi = state.block[0], (state.lookahead or state.block)[1]
         if self.cache is None:
@@ -69,7 +70,7 @@ class BlockCausalCache:
         positions = (self.cache.lengths[:, None] + j).repeat(1, n)
         keys = attend_layout(self.cache.lengths, n * width, kv_len - n * width, positions=positions)
         mask, positions = block_causal_mask(keys, state.block_length, origin=state.starts)
-        if n > 1:  # a copy sees the stored keys and its own block, not the other copies
+        if n > 1:  # a copy sees the stored keys and itself, not the other copies
             copy = torch.arange(n, device=state.device).repeat_interleave(width)
             key_copy = torch.cat([copy.new_full((kv_len - n * width,), -1), copy])
             mask = mask & ((key_copy[None, :] < 0) | (key_copy[None, :] == copy[:, None]))
