@@ -32,10 +32,10 @@ from tqdm.auto import tqdm
 
 from decodekit.checks import check_float, check_int, check_seed
 from decodekit.dlm.caches import Recompute
-from decodekit.dlm.lookahead import NextBlock, lookahead_block, output_at
+from decodekit.dlm.lookahead import NextBlock, lookahead_block
 from decodekit.dlm.model import DLMModel, load_model
 from decodekit.dlm.parts import Parts, resolve_parts
-from decodekit.dlm.state import DLMState, Proposal, propose, restrict
+from decodekit.dlm.state import DLMState, Proposal, output_at, propose, restrict
 from decodekit.errors import ConfigError, ContextLengthError, NoProgressError
 from decodekit.metrics import DLMStats
 from decodekit.prompts import prompt_ids

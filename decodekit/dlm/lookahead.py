@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from decodekit.dlm.state import DLMState, SlotLogits, restrict
+from decodekit.dlm.state import DLMState, SlotLogits, output_at, restrict
 
 
 def lookahead_block(parts: Any, state: DLMState, left: list[int]) -> tuple[int, int] | None:
@@ -30,15 +30,6 @@ def lookahead_block(parts: Any, state: DLMState, left: list[int]) -> tuple[int, 
     if next_block is None or finishes is None or not getattr(parts.cache, "lookahead", False):
         return None
     return next_block(state) if finishes(min(k for k in left if k > 0)) else None
-
-
-def output_at(outputs: torch.Tensor | SlotLogits, node: torch.Tensor) -> torch.Tensor | SlotLogits:
-    """Row ``b``'s logits from the output of canvas ``node[b]`` (``outputs``: ``[1 + N, B, ...]`` stacked, or a
-    :class:`~decodekit.dlm.state.SlotLogits` window of them)."""
-    rows = torch.arange(len(node), device=node.device)
-    if isinstance(outputs, SlotLogits):
-        return SlotLogits(outputs.logits[node, rows], outputs.lo)
-    return outputs[node, rows]
 
 
 class NextBlock:

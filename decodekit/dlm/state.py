@@ -182,6 +182,15 @@ def restrict(logits: torch.Tensor | SlotLogits, lo: int, hi: int) -> torch.Tenso
     return SlotLogits(logits.logits[:, lo - logits.lo : hi - logits.lo], lo)
 
 
+def output_at(outputs: torch.Tensor | SlotLogits, node: torch.Tensor) -> torch.Tensor | SlotLogits:
+    """Row ``b``'s logits from the output of canvas ``node[b]`` (``outputs``: ``[1 + N, B, ...]``, several canvases'
+    logits stacked, or a :class:`SlotLogits` window of them)."""
+    rows = torch.arange(len(node), device=node.device)
+    if isinstance(outputs, SlotLogits):
+        return SlotLogits(outputs.logits[node, rows], outputs.lo)
+    return outputs[node, rows]
+
+
 def dense_logits(logits: torch.Tensor | SlotLogits, gen_length: int) -> torch.Tensor:
     """``[B, G, V]`` from either form a cache returns."""
     return logits.dense(gen_length) if isinstance(logits, SlotLogits) else logits

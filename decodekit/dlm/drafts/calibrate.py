@@ -84,15 +84,16 @@ def walks(records: list[Any], outputs: list[list[int]], depth: int, lookahead: b
             }
             chain: list[Node] = []
             for later in [*records[t + 1 :], None]:
-                if later is None or later[0] != block or not bool(later[4][b].any()):  # the block's last step
-                    slots = masked[b].nonzero()[:, 0].tolist()  # the finished block: one more node to look ahead
-                    if lookahead and (b, block[1]) in recorded and len(slots) <= depth:
-                        chain += [tuple(sorted(rank[s] for s in slots))] if all(s in rank for s in slots) else []
+                finished = later is None or later[0] != block or not bool(later[4][b].any())  # the block's end
+                if finished and not (lookahead and (b, block[1]) in recorded):
                     break
-                slots = (masked[b] & ~later[4][b]).nonzero()[:, 0].tolist()  # committed since the step
+                # committed since the step (the finished block: every slot masked then, one more node to look ahead)
+                slots = (masked[b] if finished else masked[b] & ~later[4][b]).nonzero()[:, 0].tolist()
                 if len(slots) > depth or any(s not in rank for s in slots):
                     break
                 chain.append(tuple(sorted(rank[s] for s in slots)))
+                if finished:
+                    break
             out.setdefault((b, block[0]), []).append(tuple(chain))
     return [out[key] for key in sorted(out)]
 

@@ -19,8 +19,8 @@ class DraftGraph:
 
     Attributes:
         ranks, picks: ``[N, D]`` each element's candidate rank and token choice (padding repeats the first element).
-        valid: ``[N, D]`` bool, the real elements; ``sizes [N]`` their count (the nodes a step can use:
-            :meth:`fitting`).
+        valid: ``[N, D]`` bool, the real elements; ``sizes [N]`` their count.
+        The nodes a step can use (by size and candidate ranks) come from :meth:`fitting`.
         levels: per size, ``slice`` of the nodes of that size.
         children: per size, ``[n, C]`` the indices of each node's children (its set plus one element), padded with
             ``N`` (a sentinel column of scores ``-1`` is appended where read).
