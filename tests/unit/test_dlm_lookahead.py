@@ -145,3 +145,15 @@ def test_a_step_drafts_only_the_nodes_its_rows_can_use():
     assert names(2, 2) == [((0, 0),), ((1, 0),), ((0, 0), (1, 0))]
     assert names(3, 5) == drafts.nodes and names(2, 5) == drafts.nodes[:6]
     assert graph.fitting(2, 2)[1].tolist() == [True, True, False, True, False, False, False]
+
+
+def test_lookahead_must_be_a_bool(hf):
+    """A string such as "false" would read as True: ``lookahead`` is refused unless it is True or False, before
+    anything runs."""
+    from decodekit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="lookahead must be True or False"):
+        dk.dlm.SpiffyDrafts(lookahead="false")
+    model = dk.dlm.load_model(hf, mask_token_id=MASK)
+    with pytest.raises(ConfigError, match="lookahead must be True or False"):
+        dk.dlm.calibrate_graph(model, PROMPTS, lookahead=1, progress=False, gen_length=12, block_length=6, steps=12)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_float, check_int
+from decodekit.checks import check_bool, check_float, check_int
 from decodekit.dlm.drafts.graphs import Node
 from decodekit.dlm.drafts.spiffy import SpiffyDrafts, candidates
 from decodekit.dlm.state import DLMState, Proposal
@@ -179,6 +179,7 @@ def calibrate_graph(
     budget = check_int("budget", budget, low=1)
     width = check_int("width", width, low=1)
     depth = check_int("depth", depth, low=1, high=width, hint=" (at most width)")
+    lookahead = check_bool("lookahead", lookahead)
     recorder = StepRecorder(width, check_int("alternatives", alternatives, low=0))
     out = generate(dlm, prompts, draft=recorder, progress=progress, **generate_kwargs)
     found = greedy_graph(walks(recorder.records, out.sequences, depth, lookahead), budget)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_choice, check_int
+from decodekit.checks import check_bool, check_choice, check_int
 from decodekit.dlm.drafts.graphs import DraftGraph, Node, check_graph
 from decodekit.dlm.state import DLMState, Proposal
 from decodekit.errors import ConfigError
@@ -94,7 +94,7 @@ class SpiffyDrafts:
         score: str = "geometric",
         lookahead: bool = True,
     ) -> None:
-        self.lookahead = bool(lookahead)
+        self.lookahead = check_bool("lookahead", lookahead)
         self.keep = check_int("keep", keep, low=1, optional=True, hint=" (drafted canvases a forward after pruning)")
         self.score = check_choice("score", score, SCORES)
         if self.keep is None and score != SCORES[0]:
