@@ -154,6 +154,7 @@ class DLMStats:
         row_nfe: per row, the forwards in which it still had masked slots in its block.
         tokens: generated tokens (rows times ``gen_length``).
         block_steps: per block, the steps it took (its slowest row's; more than its forwards with a draft strategy).
+        row_block_steps: per block, each row's steps in it (0 for a block an end-of-text rule filled before it began).
         cache_forwards: forwards a cache strategy ran besides the steps' own (the block-causal cache stores each
             finished block once; not in ``nfe``).
         wall_time_s: wall time of the call.
@@ -164,6 +165,7 @@ class DLMStats:
     row_nfe: list[int] = field(default_factory=list)
     tokens: int = 0
     block_steps: list[int] = field(default_factory=list)
+    row_block_steps: list[list[int]] = field(default_factory=list)
     wall_time_s: float = 0.0
 
     @property

@@ -131,7 +131,8 @@ def generate(
     ahead = NextBlock()  # a block's first step, kept from the block before (drafts that look ahead)
     for _ in tqdm(schedule.rounds(dlm, state), desc="blocks", disable=not progress):
         forwards = _decode_block(dlm, state, parts, temperature, cfg_scale, ahead)
-        stats.block_steps.append(int(state.block_step.max()))  # the row that took the most
+        stats.row_block_steps.append(state.block_step.tolist())
+        stats.block_steps.append(max(stats.row_block_steps[-1]))  # the row that took the most
         stats.nfe += forwards
     tokens = state.tokens.tolist()
     stats.cache_forwards = getattr(cache, "forwards", 0)

@@ -157,3 +157,38 @@ def test_lookahead_must_be_a_bool(hf):
     model = dk.dlm.load_model(hf, mask_token_id=MASK)
     with pytest.raises(ConfigError, match="lookahead must be True or False"):
         dk.dlm.calibrate_graph(model, PROMPTS, lookahead=1, progress=False, gen_length=12, block_length=6, steps=12)
+
+
+class WholeBlock:
+    """LLaDA's rule, except that it commits every eligible slot of the block starting at ``start`` in one step."""
+
+    per_row_steps = True
+
+    def __init__(self, start: int) -> None:
+        self.rule, self.start = dk.build("dlm_rule", "llada"), start
+
+    def begin_block(self, state):
+        self.rule.begin_block(state)
+
+    def select(self, state, proposal, eligible):
+        return eligible.clone() if state.block[0] == self.start else self.rule.select(state, proposal, eligible)
+
+
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_the_replay_counts_a_block_finished_in_one_step(hf, lookahead):
+    """A block a row finishes in one step records nothing (no draft follows a block's last step); the replay still
+    counts its forward (``DLMStats.row_block_steps``), or none where the walk before it looked ahead, so calibration
+    predicts the loop's forwards exactly, drafted or not."""
+    model = dk.dlm.load_model(hf, mask_token_id=MASK)
+    settings = dict(gen_length=18, block_length=6, steps=18, cache=dk.dlm.BlockCausalCache())
+    plain = dk.dlm.generate(model, PROMPTS, rule=WholeBlock(6), **settings)
+    assert [steps[1] for steps in zip(*plain.stats.row_block_steps)] == [1, 1, 1]  # the middle block: one step
+    assert plain.stats.block_steps == [max(s) for s in plain.stats.row_block_steps]
+    found = dk.dlm.calibrate_graph(
+        model, PROMPTS, budget=7, width=4, depth=3, lookahead=lookahead, progress=False, rule=WholeBlock(6), **settings
+    )
+    assert found.forwards[0] == sum(plain.stats.row_nfe) == found.steps  # one forward a step, the middle block's too
+    draft = dk.dlm.SpiffyDrafts(graph=found.graph, lookahead=lookahead)
+    drafted = dk.dlm.generate(model, PROMPTS, rule=WholeBlock(6), draft=draft, **settings)
+    assert drafted.sequences == plain.sequences
+    assert sum(drafted.stats.row_nfe) == found.forwards[-1] < found.forwards[0]

@@ -62,17 +62,30 @@ class StepRecorder:
 Walk = tuple[Node, ...]  # the nodes a walk from one step went through
 
 
-def walks(records: list[Any], outputs: list[list[int]], depth: int, lookahead: bool = True) -> list[list[Walk]]:
+def walks(
+    records: list[Any],
+    outputs: list[list[int]],
+    depth: int,
+    lookahead: bool = True,
+    block_steps: list[list[int]] | None = None,
+) -> list[list[Walk]]:
     """Per row and block (in order), the walk from each step the row took that was not its last in the block: the
     nodes its next steps went through. After ``k`` more steps, the node is the set of ``(rank, token)`` pairs its
     commits since the step form, while each commit is a candidate with one of its recorded tokens (the output's
     token; 0 = the proposed one), up to ``depth`` candidates. The finished block is the walk's last node when
-    ``lookahead`` and the row's next block was recorded too (the drafts look ahead: :mod:`decodekit.dlm.lookahead`);
+    ``lookahead`` and the row steps in its next block too (the drafts look ahead: :mod:`decodekit.dlm.lookahead`);
     otherwise a walk stops short of the step that finishes the block (taken on the last node's output, it needs no
-    node)."""
+    node).
+
+    ``block_steps``: per block, each row's steps in it (the recorded call's ``DLMStats.row_block_steps``). A block
+    a row finished in one step records nothing (no draft follows a block's last step); with ``block_steps`` it is
+    listed with no walk, so :func:`forwards` counts its forward. None = only the blocks with a recorded step."""
     out: dict[tuple[int, int], list[Walk]] = {}
-    # (row, block start) of every block in which a row took more than one step (a recorded step)
-    recorded = {(b, r[0][0]) for r in records for b in r[4].any(1).nonzero()[:, 0].tolist()}
+    if block_steps is not None:
+        size = len(outputs[0]) // len(block_steps) if outputs else 0
+        out = {(b, i * size): [] for i, rows in enumerate(block_steps) for b, n in enumerate(rows) if n > 0}
+    for block, *_, masked in records:  # (row, block start) of every recorded step's block
+        out.update({(b, block[0]): [] for b in masked.any(1).nonzero()[:, 0].tolist() if (b, block[0]) not in out})
     for t, (block, ranked, usable, tokens, masked) in enumerate(records):
         for b in range(ranked.shape[0]):
             if not bool(masked[b].any()):  # the row's block is done: no step follows
@@ -85,7 +98,7 @@ def walks(records: list[Any], outputs: list[list[int]], depth: int, lookahead: b
             chain: list[Node] = []
             for later in [*records[t + 1 :], None]:
                 finished = later is None or later[0] != block or not bool(later[4][b].any())  # the block's end
-                if finished and not (lookahead and (b, block[1]) in recorded):
+                if finished and not (lookahead and (b, block[1]) in out):
                     break
                 # committed since the step (the finished block: every slot masked then, one more node to look ahead)
                 slots = (masked[b] if finished else masked[b] & ~later[4][b]).nonzero()[:, 0].tolist()
@@ -94,7 +107,7 @@ def walks(records: list[Any], outputs: list[list[int]], depth: int, lookahead: b
                 chain.append(tuple(sorted(rank[s] for s in slots)))
                 if finished:
                     break
-            out.setdefault((b, block[0]), []).append(tuple(chain))
+            out[b, block[0]].append(tuple(chain))
     return [out[key] for key in sorted(out)]
 
 
@@ -182,7 +195,8 @@ def calibrate_graph(
     lookahead = check_bool("lookahead", lookahead)
     recorder = StepRecorder(width, check_int("alternatives", alternatives, low=0))
     out = generate(dlm, prompts, draft=recorder, progress=progress, **generate_kwargs)
-    found = greedy_graph(walks(recorder.records, out.sequences, depth, lookahead), budget)
+    steps = walks(recorder.records, out.sequences, depth, lookahead, out.stats.row_block_steps)
+    found = greedy_graph(steps, budget)
     found.graph = [tuple(r if j == 0 else (r, j) for r, j in node) for node in found.graph]  # r: its proposed token
     return found
 
