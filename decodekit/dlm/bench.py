@@ -71,6 +71,7 @@ def run(
     synthetic_style: str = "lines",
     progress: bool = True,
     device: str | None = None,
+    kernels: str | None = None,
 ) -> str:
     """Run the benchmark; write ``results.json`` and ``results.md`` to ``out_dir``; return the markdown.
 
@@ -93,13 +94,18 @@ def run(
             (one block). synthetic_style: their prompts, ``"lines"`` (few-shot Python lines) or ``"chat"`` (few-shot
             chat turns through the model's chat template: for a DLM trained on chat responses).
         device: where the diffusion LM and the scorer run (``"cuda"``; None = the CPU).
+        kernels: CPU linear kernels for both models (``"onednn"``, the recipe's default: prepacked linears,
+            :mod:`decodekit.kernels.cpu`, faster forwards with the same tokens in docs/benchmarks.md's runs);
+            None = stock. Not used when ``device`` is a GPU.
     """
     import decodekit as dk
     from decodekit.bench.tasks import load_task
     from decodekit.dlm.parts import refusal
+    from decodekit.kernels.cpu import check_kernels
 
     check_int("num_prompts", num_prompts, low=1)
     check_choice("synthetic_style", synthetic_style, STYLES)
+    kernels = check_kernels(kernels)
     base = {"rule": None, "cache": None} if base is None else dict(base)
     if base.get("rule") is not None or int(base.get("tokens_per_step") or 1) != 1 or base.get("uncached"):
         raise ConfigError(
@@ -118,8 +124,10 @@ def run(
                 f"methods.{name}.uncached names {spec['uncached']!r}, which is not an enabled method: enable it, or "
                 f"drop the reference (methods.{name}.uncached=null)"
             )
-    dlm = dk.dlm.load_model(model, device=device)
-    ar = dk.load_model(scorer, device=device)
+    if device is not None and torch.device(device).type != "cpu":
+        kernels = None  # CPU kernels: a GPU run keeps its own
+    dlm = dk.dlm.load_model(model, device=device, kernels=kernels)
+    ar = dk.load_model(scorer, device=device, kernels=kernels)
     rows = load_task(task, dlm.tokenizer, num_prompts=num_prompts, max_prompt_tokens=max_prompt_tokens, seed=seed)
     prompts, texts = [list(r["input_ids"]) for r in rows], [r["prompt"] for r in rows]
     code = [r.get("category") == "code" for r in rows]

@@ -515,6 +515,28 @@ def test_dlm_bench_refuses_an_unknown_synthetic_style_before_loading(tmp_path):
         run(tmp_path, model="no-such-model", synthetic_style="prose")
 
 
+def test_dlm_bench_refuses_unknown_kernels_before_loading(tmp_path):
+    from decodekit.dlm.bench import run
+
+    with pytest.raises(ConfigError, match="unknown kernels"):
+        run(tmp_path, model="no-such-model", kernels="mkl")
+
+
+def test_onednn_kernels_give_the_sampler_its_tokens():
+    """A diffusion LM on prepacked oneDNN linears (what dlm-bench runs on a CPU) samples the tokens of the stock
+    model: blocks, caches and drafts go through the same linears."""
+    hf = peaked_llama()
+    stock = dk.dlm.load_model(hf, mask_token_id=MASK)
+    packed = dk.dlm.load_model(hf, mask_token_id=MASK, kernels="onednn")
+    assert packed.lm.hf is not stock.lm.hf  # a converted copy: the caller's model keeps its linears
+    settings = dict(gen_length=12, block_length=6, steps=12, seed=[4, 5])
+    for cache, draft in [(None, None), (dk.dlm.BlockCausalCache(), dk.dlm.SpiffyDrafts())]:
+        runs = [
+            dk.dlm.generate(m, [[5, 9, 14, 2], [33, 7]], cache=cache, draft=draft, **settings) for m in (stock, packed)
+        ]
+        assert runs[0].sequences == runs[1].sequences and runs[0].stats.nfe == runs[1].stats.nfe
+
+
 def test_dlm_bench_refuses_an_uncached_reference_to_a_disabled_method(tmp_path):
     """Found before any model loads or any call runs (a disabled reference once failed a 24-minute run at the end)."""
     from decodekit.dlm.bench import run
