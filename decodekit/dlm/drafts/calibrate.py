@@ -84,8 +84,9 @@ def walks(
     if block_steps is not None:
         size = len(outputs[0]) // len(block_steps) if outputs else 0
         out = {(b, i * size): [] for i, rows in enumerate(block_steps) for b, n in enumerate(rows) if n > 0}
-    for block, *_, masked in records:  # (row, block start) of every recorded step's block
-        out.update({(b, block[0]): [] for b in masked.any(1).nonzero()[:, 0].tolist() if (b, block[0]) not in out})
+    for block, *_, masked in records:  # and every block with a recorded step
+        for b in masked.any(1).nonzero()[:, 0].tolist():
+            out.setdefault((b, block[0]), [])
     for t, (block, ranked, usable, tokens, masked) in enumerate(records):
         for b in range(ranked.shape[0]):
             if not bool(masked[b].any()):  # the row's block is done: no step follows
