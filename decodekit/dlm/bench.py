@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from decodekit.checks import check_choice, check_int
+from decodekit.checks import check_choice, check_int, parse_device
 from decodekit.dlm.synthetic import STYLES
 from decodekit.errors import ConfigError
 
@@ -105,6 +105,8 @@ def run(
 
     check_int("num_prompts", num_prompts, low=1)
     check_choice("synthetic_style", synthetic_style, STYLES)
+    if device is not None and parse_device("device", device).type != "cpu":
+        kernels = None  # CPU kernels: a GPU run keeps its own
     kernels = check_kernels(kernels)
     base = {"rule": None, "cache": None} if base is None else dict(base)
     if base.get("rule") is not None or int(base.get("tokens_per_step") or 1) != 1 or base.get("uncached"):
@@ -124,8 +126,6 @@ def run(
                 f"methods.{name}.uncached names {spec['uncached']!r}, which is not an enabled method: enable it, or "
                 f"drop the reference (methods.{name}.uncached=null)"
             )
-    if device is not None and torch.device(device).type != "cpu":
-        kernels = None  # CPU kernels: a GPU run keeps its own
     dlm = dk.dlm.load_model(model, device=device, kernels=kernels)
     ar = dk.load_model(scorer, device=device, kernels=kernels)
     rows = load_task(task, dlm.tokenizer, num_prompts=num_prompts, max_prompt_tokens=max_prompt_tokens, seed=seed)

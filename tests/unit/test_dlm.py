@@ -520,6 +520,8 @@ def test_dlm_bench_refuses_unknown_kernels_before_loading(tmp_path):
 
     with pytest.raises(ConfigError, match="unknown kernels"):
         run(tmp_path, model="no-such-model", kernels="mkl")
+    with pytest.raises(ConfigError, match="device must be a device"):  # read to choose the kernels: checked first
+        run(tmp_path, model="no-such-model", device="gpu", kernels="onednn")
 
 
 def test_onednn_kernels_give_the_sampler_its_tokens():
