@@ -155,8 +155,9 @@ class DLMStats:
         tokens: generated tokens (rows times ``gen_length``).
         block_steps: per block, the steps it took (its slowest row's; more than its forwards with a draft strategy).
         row_block_steps: per block, each row's steps in it (0 for a block an end-of-text rule filled before it began).
-        cache_forwards: forwards a cache strategy ran besides the steps' own (the block-causal cache stores each
-            finished block once; not in ``nfe``).
+        cache_forwards: forwards a cache strategy ran besides the steps' own (its optional ``forwards`` count; not in
+            ``nfe``; none of the built-in strategies runs any: the block-causal cache stores a finished block in the
+            next step's forward).
         wall_time_s: wall time of the call.
     """
 

@@ -24,6 +24,23 @@ def fed_positions(model: Any, state: Any) -> Iterator[dict[int, list[list[int]]]
         model.lm.forward = forward
 
 
+@contextlib.contextmanager
+def forward_widths(model: Any) -> Iterator[list[int]]:
+    """Record the width (tokens a row) of every forward the model runs."""
+    widths: list[int] = []
+    forward = model.lm.forward
+
+    def spy(tokens, *args, **kwargs):
+        widths.append(tokens.shape[1])
+        return forward(tokens, *args, **kwargs)
+
+    model.lm.forward = spy
+    try:
+        yield widths
+    finally:
+        model.lm.forward = forward
+
+
 class Wrapped:
     """A component around ``inner``: every attribute it does not define is ``inner``'s (its hooks included), so a
     test overrides only what it changes (``propose``, ``draft_kind``, ...)."""

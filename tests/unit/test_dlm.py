@@ -12,7 +12,7 @@ from decodekit.dlm.rules.common import transfer_counts
 from decodekit.errors import ConfigError, ContextLengthError, NoProgressError
 from decodekit.models.tiny import tiny_llama
 from tests.unit.dlm_common import MASK, dense, peaked_llama
-from tests.unit.spies import fed_positions
+from tests.unit.spies import fed_positions, forward_widths
 from tests.unit.stats import chi_square_pvalue, total_variation, tv_noise
 
 
@@ -309,14 +309,35 @@ def test_cached_sampling_fills_the_canvas_and_refreshes_per_block(dlm, name):
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_block_causal_cache_equals_block_causal_recompute(hf, shift, temperature):
     """Block-causal decoding: the cached run (prompt and finished blocks stored once, the block run against them)
-    gives exactly the uncached block-causal run's tokens, on ragged rows, one store forward per block."""
+    gives exactly the uncached block-causal run's tokens, on ragged rows, in one forward a step: each finished block
+    is stored by the next step's forward, not by one of its own."""
     model = dk.dlm.load_model(hf, mask_token_id=MASK, shift_logits=shift)
     kwargs = dict(gen_length=12, block_length=4, steps=6, temperature=temperature, seed=[4, 5, 6])
-    cached = dk.dlm.generate(model, PROMPTS, cache=dk.dlm.BlockCausalCache(), **kwargs)
+    with forward_widths(model) as widths:
+        cached = dk.dlm.generate(model, PROMPTS, cache=dk.dlm.BlockCausalCache(), **kwargs)
     full = dk.dlm.generate(model, PROMPTS, cache=dk.dlm.Recompute(block_causal=True), **kwargs)
-    assert cached.sequences == full.sequences and cached.stats.cache_forwards == 3 and cached.stats.nfe == 6
+    assert cached.sequences == full.sequences
+    assert len(widths) == cached.stats.nfe == 6 and cached.stats.cache_forwards == 0
+    longest = max(map(len, PROMPTS))
+    assert widths == [longest + 4, 4, 4 + 4, 4, 4 + 4, 4]  # the prompt, then each finished block, rides along
     bidirectional = dk.dlm.generate(model, PROMPTS, **kwargs).sequences
     assert bidirectional != full.sequences  # the mask matters: the test would notice a cache that ignored it
+
+
+def test_a_cache_strategys_own_forwards_are_reported_apart(dlm):
+    """A strategy's optional ``forwards`` count (forwards besides the steps') reaches ``stats.cache_forwards``, read
+    after the call, and stays out of ``nfe``."""
+
+    class Extra(dk.dlm.Recompute):
+        forwards = 0
+
+        def logits(self, dlm, state):
+            if state.step == 0:  # a block's first step: pretend to run a forward of its own
+                self.forwards += 1
+            return super().logits(dlm, state)
+
+    out = dk.dlm.generate(dlm, PROMPTS, gen_length=8, block_length=4, steps=4, cache=Extra())
+    assert out.stats.cache_forwards == 2 and out.stats.nfe == 4
 
 
 @pytest.mark.parametrize("shift", [False, True])

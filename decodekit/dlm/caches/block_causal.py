@@ -7,25 +7,28 @@ import torch
 from decodekit.cache import KVCache
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState, SlotLogits
-from decodekit.masks import attend_layout, block_causal_mask, staged_layout
+from decodekit.masks import KeyLayout, block_causal_mask
 from decodekit.registry import register
 
 
 @register("dlm_cache", "block_causal")
 class BlockCausalCache:
     """Attention bidirectional within a block and causal across blocks; the prompt and every finished block are
-    stored once and never recomputed. A step runs only the current block against the cache without storing it;
-    when a block starts, the blocks finished since the last store are run once more with storing (SDAR's
-    ``store_kv`` forward; counted in ``DLMStats.cache_forwards``, not in ``nfe``).
+    stored once and never recomputed. A step runs the current block against the cache without keeping it. The
+    first forward after a block ends also stores what finished since the last store (the prompt, at the first
+    forward): those tokens run in the same forward, ahead of the block, and are kept; so the sampler runs one
+    forward a step and nothing else (``nfe`` counts every forward).
 
     **Exact**: under a block-causal mask nothing before a block depends on it or on anything after it, so the cached
     K/V are what a full recompute would give: the logits equal ``Recompute(block_causal=True)``'s
     (``tests/unit/test_dlm.py``). Made for models trained block-causally; a bidirectional model run this way sees
     less context than it was trained with. With ``shift_logits`` the block's first slot takes the output at the
-    previous block's last position, kept from that block's store forward (as Fast-dLLM v2 does).
+    previous block's last position, computed when that block is stored (as Fast-dLLM v2 does).
 
     Faithfulness: SDAR's ``block_diffusion_generate`` caching (prompt and finished blocks stored, the block run
-    ephemerally), with blocks counted from each row's generation start rather than on an absolute grid.
+    ephemerally), with blocks counted from each row's generation start rather than on an absolute grid; SDAR runs a
+    separate ``store_kv`` forward per finished block, which here shares the next step's forward (as BD3-LM's
+    sampler does).
     """
 
     fixed_blocks = True  # reads state.block: every row in the same block
@@ -36,11 +39,9 @@ class BlockCausalCache:
         self.cache: KVCache | None = None
         self.stored: list[int] = []  # host: each row's cached length
         self.last: torch.Tensor | None = None  # [B, V] the output at each row's last stored position
-        self.forwards = 0
 
     def begin(self, state: DLMState) -> None:
         self.cache = None
-        self.forwards = 0
 
     def logits(self, dlm: DLMModel, state: DLMState) -> SlotLogits:
         """The current block's logits only (:class:`~decodekit.dlm.state.SlotLogits`)."""
@@ -53,49 +54,66 @@ class BlockCausalCache:
         the block sit side by side in the sequence, at the same positions, each seeing the stored K/V and itself
         only. With ``state.lookahead`` each copy is followed by the next block (still masked), which sees the stored
         K/V and that copy's block, as it will once the block is stored: ``[N, B, W + W', V]`` from the block's
-        start."""
+        start.
+
+        The forward's tokens, per row: the ``P`` positions finished and not yet stored (padded to the widest row;
+        none on most steps), then the ``N`` copies of the ``W`` slots; all are written to the cache's buffers (the
+        copies past the stored length: a wide draft graph grows the buffers once, by ``N * W`` slots a row) and the
+        row's finished ones are kept."""
         shift, n = int(dlm.shift_logits), len(canvases)
         lo, hi = state.block[0], (state.lookahead or state.block)[1]
         if self.cache is None:
             self.cache = dlm.lm.new_cache(state.batch_size, state.canvas.shape[1])
             self.cache.set_host_lengths([0] * state.batch_size)
             self.stored = [0] * state.batch_size
-        target = [s + lo for s in state.host_starts]
-        if target != self.stored:
-            self._store(dlm, state, target)
-        width = hi - lo
+        counts = [s + lo - t for s, t in zip(state.host_starts, self.stored)]  # host: finished, not stored yet
+        pending, width = max(counts), hi - lo
+        stored = self.cache.lengths  # [B] == self.stored
         j = torch.arange(width, device=state.device)
-        tokens = torch.cat([c.gather(1, state.starts[:, None] + lo + j) for c in canvases], 1)  # [B, N * W]
-        kv_len = self.cache.attend(n * width)
-        positions = (self.cache.lengths[:, None] + j).repeat(1, n)
-        keys = attend_layout(self.cache.lengths, n * width, kv_len - n * width, positions=positions)
+        new = torch.arange(pending, device=state.device)
+        tokens = torch.cat(
+            [state.canvas.gather(1, (stored[:, None] + new).clamp(max=state.canvas.shape[1] - 1))]
+            + [c.gather(1, state.starts[:, None] + lo + j) for c in canvases],
+            1,
+        )  # [B, P + N * W]
+        count = torch.tensor(counts, device=state.device)
+        keys, copy = _layout(stored, count, pending, n, width, self.cache.stage(pending + n * width))
         mask, positions = block_causal_mask(keys, state.block_length, origin=state.starts)
-        if n > 1:  # a copy sees the stored keys and itself, not the other copies
-            copy = torch.arange(n, device=state.device).repeat_interleave(width)
-            key_copy = torch.cat([copy.new_full((kv_len - n * width,), -1), copy])
-            mask = mask & ((key_copy[None, :] < 0) | (key_copy[None, :] == copy[:, None]))
-        at = (torch.arange(n, device=state.device)[:, None] * width + j[: width - shift]).flatten()
-        out = dlm.lm.forward(tokens, positions, mask, self.cache, logits_at=at.expand(state.batch_size, -1))
-        fresh = out.logits.float().unflatten(1, (n, width - shift)).transpose(0, 1)  # [N, B, W - shift, V]
-        if shift:  # the block's first slot: the previous block's last output, from the store forward
+        if n > 1:  # a copy sees the cached and pending keys and itself, not the other copies
+            query = copy.gather(1, keys.own)  # [B, P + N * W]: each query's copy, -1 for the pending positions
+            mask = mask & ((copy[:, None, :] < 0) | (copy[:, None, :] == query[:, :, None]))[:, None]
+        at = pending + (torch.arange(n, device=state.device)[:, None] * width + j[: width - shift]).flatten()
+        at = at.expand(state.batch_size, -1)
+        last = shift and pending
+        if last:  # the output at each row's last newly stored position predicts the block's first slot
+            at = torch.cat([(count - 1).clamp(min=0)[:, None], at], 1)
+        out = dlm.lm.forward(tokens, positions, mask, self.cache, logits_at=at).logits.float()
+        if last:
+            self.last, out = out[:, 0], out[:, 1:]
+        if pending:
+            self.cache.keep(count, host_counts=counts)
+            self.stored = [s + lo for s in state.host_starts]
+        fresh = out.unflatten(1, (n, width - shift)).transpose(0, 1)  # [N, B, W - shift, V]
+        if shift:  # the block's first slot: the previous block's last output
             fresh = torch.cat([self.last[None, :, None].expand(n, -1, -1, -1), fresh], 2)
         return SlotLogits(fresh, lo)
 
-    def _store(self, dlm: DLMModel, state: DLMState, target: list[int]) -> None:
-        """Run canvas positions ``stored[b] .. target[b] - 1`` of each row (whole blocks: the prompt, then each
-        finished block) with storing; keep the output at each row's last one (it predicts the next slot)."""
-        assert self.cache is not None
-        counts = [t - s for t, s in zip(target, self.stored)]
-        width = max(counts)
-        start = torch.tensor(self.stored, device=state.device)
-        index = (start[:, None] + torch.arange(width, device=state.device)).clamp(max=state.canvas.shape[1] - 1)
-        tokens = state.canvas.gather(1, index)
-        count = torch.tensor(counts, device=state.device)
-        kv_len = self.cache.stage(width)
-        keys = staged_layout(self.cache.lengths, width, kv_len, counts=count)
-        mask, positions = block_causal_mask(keys, state.block_length, origin=state.starts)
-        last = (count - 1).clamp(min=0)[:, None]
-        self.last = dlm.lm.forward(tokens, positions, mask, self.cache, logits_at=last).logits[:, 0].float()
-        self.cache.keep(count, host_counts=counts)
-        self.stored = target
-        self.forwards += 1
+
+def _layout(
+    stored: torch.Tensor, count: torch.Tensor, pending: int, n: int, width: int, kv_len: int
+) -> tuple[KeyLayout, torch.Tensor]:
+    """Keys after ``cache.stage(P + N * W)``: row ``b``'s cached slots ``< stored[b]``, then its ``P`` pending
+    positions at their own slots (the first ``count[b]`` real), then ``N`` copies of the ``W`` slots from position
+    ``stored[b] + count[b]``. Returns the layout and ``[B, S]`` each key's copy (``-1``: cached or pending)."""
+    device = stored.device
+    slot = torch.arange(kv_len, device=device)[None, :]
+    rel = slot - stored[:, None]  # [B, S]: index into the forward's tokens
+    copy_rel = rel - pending
+    in_copy = (copy_rel >= 0) & (copy_rel < n * width)
+    block_start = (stored + count)[:, None]
+    key_positions = torch.where(in_copy, block_start + copy_rel.remainder(width), slot)
+    usable = (rel < 0) | ((rel >= 0) & (rel < count[:, None])) | in_copy
+    copy = torch.where(in_copy, torch.div(copy_rel, width, rounding_mode="floor"), -1)
+    i = torch.arange(pending + n * width, device=device)[None, :]
+    positions = torch.where(i < pending, stored[:, None] + i, block_start + (i - pending).remainder(width))
+    return KeyLayout(key_positions, usable, positions, stored[:, None] + i), copy
