@@ -112,7 +112,7 @@ def _layout(
     in_copy = (copy_rel >= 0) & (copy_rel < n * width)
     block_start = (stored + count)[:, None]
     key_positions = torch.where(in_copy, block_start + copy_rel.remainder(width), slot)
-    usable = (rel < 0) | ((rel >= 0) & (rel < count[:, None])) | in_copy
+    usable = (rel < count[:, None]) | in_copy  # cached (rel < 0), a real pending position, or a copy
     copy = torch.where(in_copy, torch.div(copy_rel, width, rounding_mode="floor"), -1)
     i = torch.arange(pending + n * width, device=device)[None, :]
     positions = torch.where(i < pending, stored[:, None] + i, block_start + (i - pending).remainder(width))
