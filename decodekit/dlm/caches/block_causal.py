@@ -37,7 +37,6 @@ class BlockCausalCache:
 
     def __init__(self) -> None:
         self.cache: KVCache | None = None
-        self.stored: list[int] = []  # host: each row's cached length
         self.last: torch.Tensor | None = None  # [B, V] the output at each row's last stored position
 
     def begin(self, state: DLMState) -> None:
@@ -65,10 +64,10 @@ class BlockCausalCache:
         if self.cache is None:
             self.cache = dlm.lm.new_cache(state.batch_size, state.canvas.shape[1])
             self.cache.set_host_lengths([0] * state.batch_size)
-            self.stored = [0] * state.batch_size
-        counts = [s + lo - t for s, t in zip(state.host_starts, self.stored)]  # host: finished, not stored yet
+        stored_host = self.cache.host_lengths()  # the cache's host mirror: no sync
+        counts = [s + lo - t for s, t in zip(state.host_starts, stored_host)]  # host: finished, not stored yet
         pending, width = max(counts), hi - lo
-        stored = self.cache.lengths  # [B] == self.stored
+        stored = self.cache.lengths  # [B], the same on the device
         j = torch.arange(width, device=state.device)
         new = torch.arange(pending, device=state.device)
         tokens = torch.cat(
@@ -92,7 +91,6 @@ class BlockCausalCache:
             self.last, out = out[:, 0], out[:, 1:]
         if pending:
             self.cache.keep(count, host_counts=counts)
-            self.stored = [s + lo for s in state.host_starts]
         fresh = out.unflatten(1, (n, width - shift)).transpose(0, 1)  # [N, B, W - shift, V]
         if shift:  # the block's first slot: the previous block's last output
             fresh = torch.cat([self.last[None, :, None].expand(n, -1, -1, -1), fresh], 2)
