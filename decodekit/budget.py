@@ -145,6 +145,13 @@ class DraftBudget:
             if not ok:
                 raise ComponentOutputError(f"{what}: {message}")
 
+    def stops(self, step: DraftStep) -> torch.Tensor:
+        """``[B]`` bool: the rows :attr:`stop` stops after ``step`` (all False without a rule); what a step-wise
+        drafter calls after each token (:func:`call_stop`: the rule's output checked, no host sync)."""
+        if self.stop is None:
+            return torch.zeros_like(step.tokens, dtype=torch.bool)
+        return call_stop(self.stop, step)
+
     @property
     def depth_or_nodes(self) -> torch.Tensor:
         """``[B]`` the depth budget (the node budget when no depth was given)."""
@@ -242,3 +249,37 @@ class DraftBudget:
             own = self.host_depth_or_nodes
             mirrors = (self.host_nodes, tuple(max(min(a, b), 0) for a, b in zip(own, host_depth)))  # type: ignore[arg-type]
         return DraftBudget(self.nodes, capped, self.width, self.stop, self.node_bound, max(bound, 0), *mirrors)
+
+
+def call_stop(rule: Callable[[DraftStep], torch.Tensor], step: DraftStep) -> torch.Tensor:
+    """``rule(step)``, refused unless it is a bool tensor ``[B]`` on the step's device (host metadata, no sync): a
+    stop rule that returns None, a float or a batch of another size would otherwise fail deep inside the drafter,
+    or stop the wrong rows.
+
+    Raises:
+        ComponentOutputError: naming the rule, what it returned and what a stop rule must return.
+    """
+    fired = rule(step)
+    tokens = step.tokens
+    if (
+        not isinstance(fired, torch.Tensor)
+        or fired.dtype != torch.bool
+        or fired.shape != tokens.shape
+        or fired.device != tokens.device
+    ):
+        on = "" if not isinstance(fired, torch.Tensor) else f" on {fired.device}"
+        fix = "; use .bool()" if isinstance(fired, torch.Tensor) and fired.shape == tokens.shape else ""
+        raise ComponentOutputError(
+            f"the stop rule {_rule_name(rule)} (DraftBudget.stop) returned {describe(fired)}{on}; a stop rule must "
+            f"return a bool tensor [B] = {tuple(tokens.shape)} on {tokens.device}, True for the rows that stop "
+            f"drafting{fix}"
+        )
+    return fired
+
+
+def _rule_name(rule: Any) -> str:
+    """A stop rule for a message: ``Class.method`` for a bound method, a function's name, else its class."""
+    owner = getattr(rule, "__self__", None)
+    if owner is not None and hasattr(rule, "__name__"):
+        return f"{type(owner).__name__}.{rule.__name__}"
+    return getattr(rule, "__qualname__", None) or type(rule).__qualname__

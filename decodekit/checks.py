@@ -10,6 +10,7 @@ in the decoding loop.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import os
@@ -31,6 +32,7 @@ __all__ = [
     "check_instance",
     "check_int",
     "check_model_spec",
+    "check_signature",
     "check_seed",
     "describe",
     "eos_ids",
@@ -42,6 +44,9 @@ __all__ = [
 
 SEED_RANGE = (-(2**63), 2**64)
 """Seeds ``torch.Generator.manual_seed`` takes: ``[-2**63, 2**64)``."""
+
+INT64_RANGE = (-(2**63), 2**63 - 1)
+"""What :func:`check_int` accepts at most, both ends included: a 64-bit integer, what a torch.long tensor holds."""
 
 
 # ------------------------------------------------------------------------------------------------- values
@@ -107,11 +112,12 @@ def check_int(
     optional: bool = False,
     hint: str = "",
 ) -> int | None:
-    """``value`` as an ``int``, refusing anything but an integer in ``[low, high]`` (None too when ``optional``).
+    """``value`` as an ``int``, refusing anything but an integer in ``[low, high]`` (None too when ``optional``) that
+    fits in 64 bits (:data:`INT64_RANGE`: every int argument may end up in a ``torch.long`` tensor).
 
     Raises:
         ConfigTypeError: not an integer (a float, a bool, a string, ...).
-        ConfigError: out of range.
+        ConfigError: out of range, or beyond 64 bits.
     """
     if value is None and optional:
         return None
@@ -120,6 +126,8 @@ def check_int(
         raise ConfigTypeError(f"{name} must be {expected}{hint}, got {describe(value)}")
     if (low is not None and value < low) or (high is not None and value > high):
         raise ConfigError(f"{name} must be {expected}{hint}, got {value!r}")
+    if not INT64_RANGE[0] <= value <= INT64_RANGE[1]:  # would overflow a torch.long tensor deep in the loop
+        raise ConfigError(f"{name} must be {expected}{hint} that fits in 64 bits, in [-2**63, 2**63), got {value!r}")
     return int(value)
 
 
@@ -179,6 +187,28 @@ def check_callable(name: str, value: Any, *, optional: bool = True, expected: st
         raise ConfigTypeError(f"{name} must be {none}{expected}, got {describe(value)}")
 
 
+def check_signature(name: str, value: Any, positional: int, expected: str) -> None:
+    """Refuse a callable ``value`` that cannot be called with ``positional`` positional arguments, as ``expected``
+    (e.g. ``"streamer(row, tokens)"``) says decodekit will call it. A callable whose signature Python cannot tell
+    (some builtins) is accepted.
+
+    Raises:
+        ConfigTypeError: the signature does not take that call (too many required arguments, or too few).
+    """
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*range(positional))
+    except TypeError as error:
+        label = getattr(value, "__qualname__", None) or type(value).__qualname__
+        raise ConfigTypeError(
+            f"{name} must be callable as {expected} ({positional} positional argument{'s' * (positional != 1)}), but "
+            f"{label}{signature} cannot be called that way ({error})"
+        ) from None
+
+
 def check_instance(name: str, value: Any, protocol: type, *, what: str = "", optional: bool = True) -> None:
     """Refuse a ``value`` that does not implement ``protocol``, and a class passed where an instance is expected.
 
@@ -236,10 +266,19 @@ def parse_device(name: str, device: Any) -> torch.device:
 # ------------------------------------------------------------------------------------------------- models
 def check_model_spec(name: str, spec: Any) -> None:
     """Refuse a model argument that :func:`~decodekit.load_model` cannot take: anything but a decodekit
-    ``LanguageModel``, a ``torch.nn.Module`` instance (a transformers causal LM), a zoo name or a local path."""
+    ``LanguageModel``, a transformers causal LM instance (an ``nn.Module`` with ``get_decoder()`` and
+    ``get_output_embeddings()``; a plain ``nn.Module`` is refused), a zoo name or a local path."""
     from decodekit.models.base import LanguageModel
 
-    if isinstance(spec, (LanguageModel, torch.nn.Module, str, os.PathLike)):
+    if isinstance(spec, torch.nn.Module) and not isinstance(spec, LanguageModel):
+        if not all(callable(getattr(spec, m, None)) for m in ("get_decoder", "get_output_embeddings")):
+            raise ConfigTypeError(
+                f"{name} must be a transformers causal LM (a PreTrainedModel with get_decoder() and an output head, "
+                f"e.g. LlamaForCausalLM), a decodekit LanguageModel, a zoo name or a local path; got "
+                f"{describe(spec)}, a torch.nn.Module that is not a causal LM"
+            )
+        return
+    if isinstance(spec, (LanguageModel, str, os.PathLike)):
         return
     if isinstance(spec, type):
         raise ConfigTypeError(

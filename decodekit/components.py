@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import torch
 
 from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
-from decodekit.checks import check_instance, describe
+from decodekit.checks import check_instance, describe, is_int
 from decodekit.draft import Draft, DraftKind
 from decodekit.errors import (
     ComponentOutputError,
+    ConfigTypeError,
     ContextLengthError,
     IncompatibleDraftError,
     NoProgressError,
@@ -78,31 +80,40 @@ class Components:
         for role, component in roles.items():
             if component is not None:
                 warn_near_hooks(component, HOOKS[role])
+        for v in (verifier, tree_verifier):
+            if v is not None:
+                check_accepts(v)
         if isinstance(verifier, ChecksSampling):
             verifier.check(sampling)
         self.declared_kind = self._check_drafter(model, sampling)
         self.needs = frozenset().union(*(check_needs(c.needs, c) for c in self.all if isinstance(c, Needs)))
-        layers = {int(i) for c in self.all for i in getattr(c, "hidden_layers", ())}
-        self.hidden_layers = tuple(sorted(layers))
+        self.hidden_layers = tuple(sorted({i for c in self.all for i in check_hidden_layers(c, model)}))
         self.observers = [c for c in self.all if isinstance(c, Observes)]
         self.row_selectors = [c for c in self.all if isinstance(c, SelectsRows)]
         self.host_row_selectors = {id(c) for c in self.row_selectors if takes_keyword(c.select_rows, "host_rows")}
         self.vocab_size = model.vocab_size
         self.unchecked = drafter is not None  # until the first non-empty draft has been validated
         self.budget_unchecked = drafter is not None  # until the first budget's values have been validated
+        self.verdict_unchecked = True  # until a verdict for a non-empty draft (plain decoding: any) was validated
         self.tree_verifier = tree_verifier  # generate()'s default for tree drafts at temperature > 0
+        self.current_verifier: Verifier = verifier  # the last round's (its next_token is the pending token)
 
     def verifier_for(self, draft: Draft) -> Verifier:
         """The verifier of this round's draft: ``tree_verifier`` for a tree when the call chose its verifier by
         default (rejection sampling verifies chains only), else the call's verifier."""
-        if self.tree_verifier is not None and draft.num_nodes and not draft.is_chain:
-            return self.tree_verifier
-        return self.verifier
+        tree = self.tree_verifier is not None and draft.num_nodes and not draft.is_chain
+        self.current_verifier = self.tree_verifier if tree else self.verifier  # type: ignore[assignment]
+        return self.current_verifier
 
     def _check_drafter(self, model: LanguageModel, sampling: SamplingParams) -> DraftKind | None:
         drafter = self.drafter
         if drafter is None:
             return None
+        if isinstance(drafter, HasVocab) and not is_int(drafter.vocab_size):
+            raise ConfigTypeError(
+                f"{type(drafter).__name__}.vocab_size must be an int (the drafter's vocabulary size, checked against "
+                f"the target's), got {describe(drafter.vocab_size)}"
+            )
         if isinstance(drafter, HasVocab) and drafter.vocab_size != model.vocab_size:
             raise VocabMismatchError(
                 f"the drafter's vocabulary has {drafter.vocab_size} tokens but the target's has {model.vocab_size}; "
@@ -111,6 +122,14 @@ class Components:
         if not isinstance(drafter, DeclaresKind):
             return None
         kind = drafter.draft_kind(sampling)
+        if not isinstance(kind, DraftKind):
+            try:
+                kind = DraftKind(kind)
+            except ValueError:
+                kinds = ", ".join(k.value for k in DraftKind)
+                raise ComponentOutputError(
+                    f"{type(drafter).__name__}.draft_kind must return a DraftKind ({kinds}), got {describe(kind)}"
+                ) from None
         check_kind(self.verifier, kind, drafter)
         return kind
 
@@ -190,6 +209,14 @@ class Components:
                 f"{source} returned a draft of {draft.batch_size} rows on {draft.tokens.device}; the batch has "
                 f"{state.batch_size} rows on {state.device}"
             )
+        for name in ("q", "draft_probs"):  # a distribution over another vocabulary: a shape, no sync
+            value = getattr(draft, name)
+            if value is not None and value.shape[-1] != self.vocab_size:
+                raise ComponentOutputError(
+                    f"{source} returned a draft whose {name} covers {value.shape[-1]} tokens, but the target's "
+                    f"vocabulary has {self.vocab_size}: Draft.{name} must be [B, N, V] over the target's vocabulary "
+                    f"(V = {self.vocab_size})"
+                )
         if not values:
             return
         if self.declared_kind is None and draft.num_nodes:
@@ -204,8 +231,10 @@ class Components:
 
     def check_verdict(self, verdict: Verdict, draft: Draft, values: bool = False) -> None:
         """Check a verdict: its type and batch size always (host metadata; dtypes and shapes are checked when it
-        is built); its values with ``values`` (a host sync, every round in debug mode)."""
-        source = f"{type(self.verifier).__name__}.verify"
+        is built); its values (``num_accepted`` within the draft, ``next_token`` in the vocabulary, the accepted
+        path valid: one host sync) on the call's first round with a non-empty draft (plain decoding: its first round),
+        and every round with ``values`` (debug mode)."""
+        source = f"{type(self.current_verifier).__name__}.verify"
         if not isinstance(verdict, Verdict):
             raise ComponentOutputError(f"{source} must return a Verdict, got {describe(verdict)}")
         if verdict.num_accepted.shape[0] != draft.batch_size or verdict.next_token.device != draft.tokens.device:
@@ -213,8 +242,72 @@ class Components:
                 f"{source} returned a verdict of {verdict.num_accepted.shape[0]} rows on {verdict.next_token.device} "
                 f"for a draft of {draft.batch_size} rows on {draft.tokens.device}"
             )
-        if values:
+        if values or (self.verdict_unchecked and (draft.num_nodes or self.drafter is None)):
             verdict.check(draft, self.vocab_size, source)
+            self.verdict_unchecked = False
+
+    def check_output(self, sequences: list[list[int]]) -> None:
+        """Refuse an output holding a token outside the vocabulary (host ints, read out anyway: no sync). Every other
+        round's tokens went through a forward, which fails on them (:meth:`explain_failure`); the last round's
+        ``next_token`` is the one no forward reads."""
+        low = min((min(row) for row in sequences if row), default=0)
+        high = max((max(row) for row in sequences if row), default=0)
+        if low < 0 or high >= self.vocab_size:
+            raise ComponentOutputError(
+                f"{type(self.current_verifier).__name__}.verify returned a next_token outside the vocabulary "
+                f"[0, {self.vocab_size}) on the last round (the output holds {low if low < 0 else high}); run with "
+                "debug=True to check every round's verdict where it is made"
+            )
+
+    def explain_failure(
+        self,
+        error: BaseException,
+        state: DecodeState,
+        draft: Draft | None = None,
+        verdict: Verdict | None = None,
+        round_index: int | None = None,
+    ) -> None:
+        """After ``error`` surfaced deep inside torch (the target's forward, a draft model's, the cache's
+        bookkeeping), raise a :class:`ComponentOutputError` naming the component whose output explains it: a pending
+        token outside the vocabulary (the last verifier's ``next_token``), a draft token outside it or a malformed
+        draft (the drafter), a malformed verdict (the verifier). Their values are checked on the first rounds only,
+        so a later round's are found here, on the error path (host syncs). Returns when none explains it (the
+        caller re-raises ``error``), or when the device cannot be read any more (a CUDA assert)."""
+        where = "" if round_index is None else f" on round {round_index}"
+        failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        debug = (
+            "outputs' values are checked on the first rounds only; run with debug=True to check every round's "
+            "budget, draft and verdict where it is made"
+        )
+        vocab = self.vocab_size
+        try:
+            checks = [((state.pending < 0) | (state.pending >= vocab)).any()]
+            if draft is not None and draft.num_nodes:
+                checks.append((draft.valid & ((draft.tokens < 0) | (draft.tokens >= vocab))).any())
+            bad = torch.stack(checks).tolist()
+        except Exception:  # the device is unusable: nothing more to learn from it
+            return
+        if bad[0]:
+            raise ComponentOutputError(
+                f"{type(self.current_verifier).__name__}.verify returned a next_token outside the vocabulary "
+                f"[0, {vocab}){where}; it became the pending token the model failed on ({failed}). {debug}"
+            ) from error
+        drafter = type(self.drafter).__name__
+        if len(bad) > 1 and bad[1]:
+            raise ComponentOutputError(
+                f"{drafter}.propose returned draft token ids outside the target's vocabulary [0, {vocab}){where}; the "
+                f"target's forward failed on them ({failed}). {debug}"
+            ) from error
+        try:
+            if draft is not None and draft.num_nodes:
+                anything = DraftBudget.uniform(state.lengths, draft.num_nodes)  # the structure only, not the budget
+                draft.check(state.batch_size, vocab, anything, f"{drafter}.propose")
+            if verdict is not None and draft is not None:
+                verdict.check(draft, vocab, f"{type(self.current_verifier).__name__}.verify")
+        except ComponentOutputError as found:
+            raise ComponentOutputError(f"{found}{where} ({failed}). {debug}") from error
+        except Exception:
+            return
 
     def check_progress(self, before: list[int], after: list[int], verdict: Verdict) -> None:
         """Refuse a round that committed nothing to a live row (host lengths only: no sync); the loop would never
@@ -227,6 +320,40 @@ class Components:
                 f"num_accepted={[num[b] for b in stuck[:8]]} (each row must get num_accepted + 1 >= 1 tokens); "
                 "run with debug=True to validate every verdict"
             )
+
+
+def check_accepts(verifier: Any) -> None:
+    """Refuse a verifier whose ``accepts`` is not a collection of :class:`DraftKind` (a string would be searched
+    for substrings: ``"sampled"`` in ``"sampled_without_replacement"``)."""
+    accepts = verifier.accepts
+    if (
+        isinstance(accepts, (str, bytes))
+        or not isinstance(accepts, Collection)
+        or not all(isinstance(k, DraftKind) for k in accepts)
+    ):
+        raise ConfigTypeError(
+            f"{type(verifier).__name__}.accepts must be a set of DraftKind (e.g. frozenset({{DraftKind.DETERMINISTIC}})"
+            f" or frozenset(DraftKind)), got {describe(accepts)}"
+        )
+
+
+def check_hidden_layers(component: Any, model: LanguageModel) -> tuple[int, ...]:
+    """``component.hidden_layers`` (the target layers whose hidden states it asks for; none without it), refused
+    unless it is a collection of layer indices within the target's layers (0 = embeddings, ``L`` = the last)."""
+    layers = getattr(component, "hidden_layers", ())
+    try:
+        count = model.num_layers
+    except Exception:  # a model without a layer list: only the types are checked
+        count = None
+    bad = isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable)
+    bad = bad or not all(is_int(i) and (count is None or 0 <= i <= count) for i in layers)
+    if bad:
+        within = "" if count is None else f" in [0, {count}]"
+        raise ConfigTypeError(
+            f"{type(component).__name__}.hidden_layers must be a collection of layer indices{within} (0 = the "
+            f"embeddings), got {describe(layers)}"
+        )
+    return tuple(int(i) for i in layers)
 
 
 def check_kind(verifier: Verifier, kind: DraftKind, drafter: Any) -> None:

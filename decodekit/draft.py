@@ -135,7 +135,12 @@ class Draft:
         """A chain draft: ``tokens [B, N]``; ``valid [B, N]`` must be a prefix mask per row (default: all valid).
 
         ``kind`` defaults to ``SAMPLED`` when ``q`` is given, else ``DETERMINISTIC``.
+
+        Raises:
+            ComponentOutputError: ``tokens`` is not a 2-D tensor, or ``valid`` not a tensor (shapes, dtypes and
+                devices are checked as for every draft; host metadata, no sync).
         """
+        _check_rows("Draft.chain", tokens=tokens, valid=valid)
         batch, n = tokens.shape
         parents = (torch.arange(n, device=tokens.device) - 1).expand(batch, n)
         if valid is None:
@@ -149,7 +154,13 @@ class Draft:
     @classmethod
     def tree(cls, tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, **fields: object) -> Draft:
         """A tree draft (``fields``: ``kind``, ``q``, ``q_index``, ``draft_probs``). Declaring it a tree spares
-        the host sync that deciding whether it happens to be a chain would cost."""
+        the host sync that deciding whether it happens to be a chain would cost.
+
+        Raises:
+            ComponentOutputError: ``tokens``, ``parents`` or ``valid`` is not a 2-D tensor ``[B, N]`` (shapes,
+                dtypes and devices are checked as for every draft; host metadata, no sync).
+        """
+        _check_rows("Draft.tree", tokens=tokens, parents=parents, valid=valid)
         draft = cls(tokens=tokens, parents=parents, valid=valid.bool(), **fields)  # type: ignore[arg-type]
         draft.__dict__["is_chain"] = False
         return draft
@@ -322,7 +333,8 @@ class Draft:
         """``[B, N, V]`` the distribution each node was drawn from (``q`` expanded through ``q_index``)."""
         if self.q is None or self.q_index is None:
             return self.q
-        return self.q.gather(1, self.q_index.clamp(min=0)[..., None].expand(-1, -1, self.q.shape[-1]))
+        index = self.q_index.clamp(0, self.q.shape[1] - 1)  # invalid nodes' entries may be anything
+        return self.q.gather(1, index[..., None].expand(-1, -1, self.q.shape[-1]))
 
     def q_of_tokens(self) -> torch.Tensor:
         """``[B, N]`` float32 probability each node's token had under the distribution it was drawn from
@@ -365,7 +377,7 @@ class Draft:
         if self.num_nodes == 0:
             return
         ar = torch.arange(self.num_nodes, device=self.tokens.device)
-        parent_valid = self.valid.gather(1, self.parents.clamp(min=0)) | (self.parents < 0)
+        parent_valid = self.valid.gather(1, self.parents.clamp(0, self.num_nodes - 1)) | (self.parents < 0)
         safe = tree_ancestors(self.parents.clamp(-1, self.num_nodes - 1), self.valid)  # even for malformed parents
         depth = safe.sum(-1) * self.valid
         ok_tree = (~self.valid | ((self.parents < ar) & (self.parents >= -1) & parent_valid)).all()
@@ -386,10 +398,18 @@ class Draft:
         ]
         if budget.width is not None:
             has_parent = (self.valid & (self.parents >= 0)).long()
-            children = torch.zeros_like(self.tokens).scatter_add_(1, self.parents.clamp(min=0), has_parent)
+            children = torch.zeros_like(self.tokens).scatter_add_(
+                1, self.parents.clamp(0, self.num_nodes - 1), has_parent
+            )
             roots = (self.valid & (self.parents < 0)).sum(-1)
             too_wide = (children.max(-1).values > budget.width) | (roots > budget.width)
             checks.append((~too_wide.any(), f"a node has more than budget.width={budget.width} children"))
+        if self.q_index is not None and self.q is not None:
+            rows = self.q.shape[1]
+            inside = (self.q_index >= 0) & (self.q_index < rows)
+            checks.append(
+                ((inside | ~self.valid).all(), f"q_index must point at rows of q, in [0, {rows}), at valid nodes")
+            )
         if self.__dict__.get("is_chain"):
             prefix = (self.valid == (ar < self.num_valid[:, None])).all()
             checks.append((prefix, "Draft.chain needs valid to be a prefix mask in every row (valid nodes first)"))
@@ -411,3 +431,18 @@ class Draft:
         for ok, (_, message) in zip(results, checks):
             if not ok:
                 raise ComponentOutputError(f"{source} returned a malformed Draft: {message}")
+
+
+def _check_rows(builder: str, **tensors: torch.Tensor | None) -> None:
+    """Refuse a builder argument that is not a 2-D tensor ``[B, N]`` (None is skipped: a default), with the fix for
+    a single row given as 1-D (host metadata, no sync)."""
+    for name, value in tensors.items():
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise ComponentOutputError(f"{builder}: {name} must be a tensor [B, N], got {describe(value)}")
+        if value.ndim != 2:
+            fix = f"; for one row use {name}[None]" if value.ndim == 1 else ""
+            raise ComponentOutputError(
+                f"{builder}: {name} must be [B, N] (a row of nodes per sequence), got {describe(value)}{fix}"
+            )

@@ -100,10 +100,13 @@ def generate(
         streamer: called as ``streamer(row, tokens)`` with each row's newly committed tokens (and ``end()``, if it
             has one, when the call ends); or a transformers streamer (``TextStreamer``, any ``BaseStreamer``) for
             one prompt, fed as ``model.generate`` feeds it: the prompt, then each round's tokens, then ``end()``.
-        debug: validate every budget's, draft's and verdict's values and the cache's bookkeeping each round (host
-            syncs); without it the first non-empty draft is validated and later outputs only by type, shape, dtype
-            and device. A round that commits nothing to a live row raises :class:`~decodekit.errors.NoProgressError`
-            either way.
+        debug: validate every budget's, draft's and verdict's values, every processed distribution (no NaN, some
+            token allowed) and the cache's bookkeeping each round (host syncs); without it the first budget, the first
+            non-empty draft and its verdict (plain decoding: the first round's verdict), and the first processed
+            distribution are validated, and later outputs only by type, shape, dtype and device (a later bad token
+            that fails deep in a forward is reported as the :class:`~decodekit.errors.ComponentOutputError` of the
+            component that made it). A round that commits nothing to a live row raises
+            :class:`~decodekit.errors.NoProgressError` either way.
 
     transformers' conventions (:mod:`decodekit.conventions`): ``generation_config`` (a ``GenerationConfig``: its
     set fields are defaults the keywords override), ``do_sample`` (False = greedy whatever the temperature; True
@@ -165,9 +168,9 @@ def generate(
     parts.check_context(max(max_lengths))
     generator = make_generator(seed, model.device)  # a list of ints: one keyed generator per row
     state = DecodeState.from_prompts(rows, max_lengths, sampling, generator, model.device)
-    state.needs = parts.needs
+    state.needs, state.vocab_size = parts.needs, model.vocab_size
     if processors or options.min_new_tokens:
-        state.processing = LogitsProcessing(processors, options.min_new_tokens, eos, model.vocab_size)
+        state.processing = LogitsProcessing(processors, options.min_new_tokens, eos, model.vocab_size, debug=debug)
     out = Outputs(state, eos, as_streamer(streamer, rows), stop, pad_id(options, model, eos_list), rows)
     try:
         return _loop(model, state, parts, out, debug, start)
@@ -203,17 +206,25 @@ def _loop(
     while out.drop_finished(state, cache, parts):  # state.select_rows keeps per-row generators in step
         begin_round(generator, state.host_lengths)
         timer.start()
-        draft = _propose(parts, state, debug)
+        draft = _propose(parts, state, debug, index)
         timer.mark("draft")
-        scored = model.score(
-            cache, state.pending, draft, hidden_layers=parts.hidden_layers, return_hidden="hidden" in parts.needs
-        )
+        try:
+            scored = model.score(
+                cache, state.pending, draft, hidden_layers=parts.hidden_layers, return_hidden="hidden" in parts.needs
+            )
+        except (IndexError, RuntimeError) as error:  # a later round's bad token or tree: name who made it
+            parts.explain_failure(error, state, draft, round_index=index)
+            raise
         logits = process_scored(state, scored.logits, draft)
         verdict = parts.verifier_for(draft).verify(draft, logits, sampling, generator)
         parts.check_verdict(verdict, draft, values=debug)
-        cache.keep(verdict.num_accepted + 1, _kept_slots(draft, verdict))
-        timer.mark("verify")
-        tokens, counts = _round_tokens(draft, verdict)
+        try:
+            cache.keep(verdict.num_accepted + 1, _kept_slots(draft, verdict))
+            timer.mark("verify")
+            tokens, counts = _round_tokens(draft, verdict)
+        except (IndexError, RuntimeError) as error:  # a later round's malformed verdict
+            parts.explain_failure(error, state, draft, verdict, round_index=index)
+            raise
         counts = out.commit(state, tokens, counts)
         counters.add_round(draft.num_valid, verdict.num_accepted, draft.num_nodes)
         times = timer.end_round()
@@ -227,7 +238,9 @@ def _loop(
                 extras.update(draft_time_s=times["draft"], verify_time_s=times["verify"])
             parts.observe(state, Round(index, draft, verdict, tokens, counts, **extras))  # type: ignore[arg-type]
         index += 1
-    return out.result(lambda generated: _stats(counters, timer, start, generated))
+    result = out.result(lambda generated: _stats(counters, timer, start, generated))
+    parts.check_output(result.sequences)  # the last round's next_token, which no forward read (host ints: no sync)
+    return result
 
 
 def _stats(counters: RoundCounters, timer: PhaseTimer, start: float, generated: int) -> SpecStats:
@@ -240,10 +253,10 @@ def _stats(counters: RoundCounters, timer: PhaseTimer, start: float, generated: 
     return stats
 
 
-def _propose(parts: Components, state: DecodeState, debug: bool) -> Draft:
-    """This round's draft: the policy's budget, its depth capped so no round passes a row's limit, spent by the
-    drafter; its values validated every round with ``debug`` (else the budget's on the first round, the draft's
-    until the first non-empty one); unused columns trimmed."""
+def _propose(parts: Components, state: DecodeState, debug: bool, index: int | None = None) -> Draft:
+    """This round's draft (round ``index``): the policy's budget, its depth capped so no round passes a row's limit,
+    spent by the drafter; its values validated every round with ``debug`` (else the budget's on the first round, the
+    draft's until the first non-empty one); unused columns trimmed."""
     if parts.drafter is None:
         return _empty_draft(state.batch_size, state.device)
     validate = debug or parts.unchecked
@@ -252,7 +265,11 @@ def _propose(parts: Components, state: DecodeState, debug: bool) -> Draft:
     parts.check_budget_size(budget)
     if budget.max_depth == 0 or budget.max_len == 0:
         return _empty_draft(state.batch_size, state.device)
-    draft = parts.drafter.propose(state, budget)
+    try:
+        draft = parts.drafter.propose(state, budget)
+    except (IndexError, RuntimeError) as error:  # a draft model fed a pending token outside its vocabulary
+        parts.explain_failure(error, state, round_index=index)
+        raise
     parts.check_draft(draft, state, budget, values=validate)
     return draft.trimmed() if draft.num_nodes else draft
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from decodekit.checks import check_bool, check_callable, check_float, check_int, describe, is_int
+from decodekit.checks import check_bool, check_callable, check_float, check_int, check_signature, describe, is_int
 from decodekit.conventions import REFUSED_PROCESSORS, config_fields, refuse_extra
 from decodekit.errors import ConfigError, ConfigTypeError
 from decodekit.models import LanguageModel
@@ -197,6 +197,7 @@ def _processors(value: Any) -> list[Any]:
         )
     for i, item in enumerate(items):
         check_callable(f"logits_processor[{i}]", item, optional=False, expected="a processor f(input_ids, scores)")
+        check_signature(f"logits_processor[{i}]", item, 2, "f(input_ids, scores)")
         reason = REFUSED_PROCESSORS.get(type(item).__name__)
         if reason:
             raise ConfigError(f"logits_processor[{i}] is a {type(item).__name__}, which {reason}")

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.checks import describe
+from decodekit.checks import check_signature, describe
 from decodekit.components import Components
 from decodekit.errors import ConfigError, ConfigTypeError
 from decodekit.metrics import SpecStats
@@ -44,7 +44,9 @@ def is_transformers_streamer(streamer: Any) -> bool:
 
 
 def check_streamer(streamer: Any) -> None:
-    """Refuse a streamer that is neither a callable ``streamer(row, tokens)`` nor a transformers streamer."""
+    """Refuse a streamer that is neither a callable ``streamer(row, tokens)`` nor a transformers streamer, or whose
+    signature does not take the calls it will get (``streamer(row, tokens)`` and ``end()``; ``put(tokens)`` and
+    ``end()``), before any model work: a mismatch would otherwise raise from inside the loop."""
     if isinstance(streamer, type):
         raise ConfigTypeError(f"streamer must be an instance, got the class {streamer.__name__}; pass an instance")
     if streamer is not None and not callable(streamer) and not is_transformers_streamer(streamer):
@@ -52,6 +54,15 @@ def check_streamer(streamer: Any) -> None:
             "streamer must be a callable streamer(row, tokens) or a transformers streamer (put(tokens) and end(), "
             f"e.g. TextStreamer(tokenizer)), got {describe(streamer)}"
         )
+    if streamer is None:
+        return
+    if is_transformers_streamer(streamer):
+        check_signature("streamer.put", streamer.put, 1, "put(tokens)")
+    else:
+        check_signature("streamer", streamer, 2, "streamer(row, tokens)")
+    end = getattr(streamer, "end", None)
+    if callable(end):
+        check_signature("streamer.end", end, 0, "end()")
 
 
 def as_streamer(streamer: Any, prompts: list[list[int]]) -> Streamer | None:

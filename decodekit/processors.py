@@ -16,6 +16,13 @@ node's own context, and a drafter's ``q`` is whatever it sampled from (processin
 ``tests/unit/test_processors.py`` shows it with the exact-enumeration distribution test and greedy equality with
 transformers' ``generate``.
 
+Checks: each processor's output is checked on every call to be a floating-point tensor of the shape and device it
+was given (host metadata, no sync). Its values (no NaN or ``+inf``, some token left finite in every row: a row of
+``-inf`` everywhere would sample token 0) cost a host sync, so they are checked on the call's first processed
+distribution (the first generated token's) and, with ``generate(..., debug=True)``, on every one; each failure is a
+:class:`~decodekit.errors.ComponentOutputError` naming the processor (or the model, when its logits were bad before
+any processor ran).
+
 Cost: contexts are exact, never padded (padding would change what a repetition penalty or an n-gram ban sees), so
 a chain round makes one processor call per (distinct row length, slot), each on all rows of that length; a tree
 round one per (row, node), plus one host sync (its parent pointers). A call without processors takes none of this.
@@ -28,7 +35,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from decodekit.checks import describe
 from decodekit.draft import Draft
+from decodekit.errors import ComponentOutputError
 
 if TYPE_CHECKING:
     from decodekit.state import DecodeState
@@ -48,12 +57,20 @@ class LogitsProcessing:
             row from its own prompt length, drafted tokens included).
         eos: the call's EOS ids (``[E]`` long), masked for ``min_new_tokens``.
         vocab_size: ``V``.
+        debug: check every processed distribution's values (a host sync each); else only the first one's.
     """
 
     def __init__(
-        self, processors: Sequence[Processor], min_new_tokens: int, eos: torch.Tensor, vocab_size: int
+        self,
+        processors: Sequence[Processor],
+        min_new_tokens: int,
+        eos: torch.Tensor,
+        vocab_size: int,
+        debug: bool = False,
     ) -> None:
         self.processors = list(processors)
+        self.debug = debug
+        self.unchecked = bool(self.processors)  # the first processed distribution's values are checked
         self.min_new_tokens = min_new_tokens
         self.eos_mask = torch.zeros(vocab_size, dtype=torch.bool, device=eos.device)
         self.eos_mask[eos] = True
@@ -70,9 +87,62 @@ class LogitsProcessing:
         if self.min_new_tokens:
             early = ((input_ids.shape[1] - prompt_lengths) < self.min_new_tokens)[:, None]
             scores = scores.masked_fill(early & self.eos_mask, float("-inf"))
+        values = self.processors and (self.unchecked or self.debug)
+        flags = [_bad_values(scores)] if values else []
         for processor in self.processors:
-            scores = processor(input_ids, scores)
+            out = processor(input_ids, scores)
+            if (
+                not isinstance(out, torch.Tensor)
+                or out.shape != scores.shape
+                or not out.dtype.is_floating_point
+                or out.device != scores.device
+            ):
+                on = f" on {out.device}" if isinstance(out, torch.Tensor) else ""
+                raise ComponentOutputError(
+                    f"the logits processor {_name(processor)} returned {describe(out)}{on}; a processor "
+                    "f(input_ids [n, T], scores [n, V]) must return the scores it was given, processed: a float "
+                    f"tensor of shape {tuple(scores.shape)} on {scores.device}"
+                )
+            scores = out
+            if values:
+                flags.append(_bad_values(scores))
+        if values:
+            self.unchecked = False
+            self._check_values(flags)
         return scores
+
+    def _check_values(self, flags: list[torch.Tensor]) -> None:
+        """Raise for the first of the model's logits (``flags[0]``) and each processor's output (``flags[i + 1]``)
+        that holds NaN / +inf or leaves a row no finite score (one host sync for all of them)."""
+        read = torch.stack(flags).tolist()
+        for i, (nan, banned) in enumerate(read):
+            if not (nan or banned):
+                continue
+            who = (
+                "the model's logits (before any processor)"
+                if i == 0
+                else f"the logits processor {_name(self.processors[i - 1])}"
+            )
+            what = (
+                "NaN or +inf scores"
+                if nan
+                else "a row where every token is -inf (every token banned: sampling would return token 0)"
+            )
+            raise ComponentOutputError(
+                f"{what} from {who}; a processor must leave finite scores and at least one allowed token per row. "
+                "Processed values are checked on the call's first distribution only: run with debug=True to check "
+                "every one"
+            )
+
+
+def _bad_values(scores: torch.Tensor) -> torch.Tensor:
+    """``[2]`` bool on the device: whether ``scores [n, V]`` hold NaN or +inf, and whether a row has no finite score."""
+    return torch.stack([(scores.isnan() | scores.isposinf()).any(), (scores == float("-inf")).all(-1).any()])
+
+
+def _name(processor: Processor) -> str:
+    """A processor for a message: its function name, else its class."""
+    return getattr(processor, "__qualname__", None) or type(processor).__name__
 
 
 def process_next(state: DecodeState, logits: torch.Tensor, drafted: torch.Tensor | None = None) -> torch.Tensor:

@@ -42,6 +42,8 @@ class DecodeState:
         processing: the call's logits processors (``repetition_penalty``, ``logits_processor=...``), or None. A
             drafter that samples from a model's distribution passes its logits through
             :func:`decodekit.processors.process_next` so that it drafts from what the target will verify against.
+        vocab_size: the target's vocabulary size (token ids in ``[0, vocab_size)``), or None when unknown; a drafter
+            with tables over token ids (suffix tries, Token Recycling's successors) resets them when it changes.
     """
 
     tokens: torch.Tensor
@@ -56,6 +58,7 @@ class DecodeState:
     host_max_lengths: list[int] = field(default_factory=list)
     needs: frozenset[str] = frozenset()
     processing: LogitsProcessing | None = None
+    vocab_size: int | None = None
 
     @classmethod
     def from_prompts(

@@ -67,7 +67,7 @@ def draft_chain(
         if budget.stop is not None:
             conf = probs if probs is not None else logits.float().softmax(-1)
             step = DraftStep(j, x, conf.gather(1, x[:, None])[:, 0], conf, hidden)
-            alive = alive & ~budget.stop(step)
+            alive = alive & ~budget.stops(step)  # checked: a bool [B]
             if not bool(alive.any()):
                 break
         if j + 1 < k:

@@ -25,7 +25,8 @@ class RecyclingDrafter:
     draft order wins. To draft, the template node ``(r1, ..., rd)`` gets ``M[token of its parent, rd]``, the root's
     parent being the pending token: one gather per depth, on the model's device. Nodes under a token the target
     never scored are not drafted (at the very start of the first call nothing is). The matrix persists across
-    calls (the paper's hot start); ``clear()`` resets it. Drafts are deterministic (given the matrix).
+    calls (the paper's hot start); ``clear()`` resets it, and so does a call on a target with another vocabulary
+    size. Drafts are deterministic (given the matrix).
 
     Faithfulness: the matrix, its replace-not-merge update from every scored position, the hot start and the BFS
     over a static template follow the paper; the templates are ours (``decodekit.trees.TEMPLATES``), chosen the
@@ -62,6 +63,13 @@ class RecyclingDrafter:
     def clear(self) -> None:
         """Forget every recorded successor."""
         self.matrix = None
+
+    def begin(self, state: DecodeState) -> None:
+        """A call on a target with another vocabulary than the matrix was built for starts fresh (:meth:`clear`):
+        the recorded successors are another tokenizer's ids, and the matrix has a row per token of the old one."""
+        vocab = state.vocab_size
+        if self.matrix is not None and vocab is not None and self.matrix.shape[0] != vocab + 1:
+            self.clear()
 
     # ---------------------------------------------------------------------------------------------- drafting
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:

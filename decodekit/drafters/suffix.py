@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decodekit.checks import check_float, check_int
+from decodekit.checks import check_float, check_int, describe
 from decodekit.drafters.suffix_trie import GlobalCache, RowTrie, TrieNode, distinct_matches
 from decodekit.errors import ConfigError
 from decodekit.policies.fixed import FixedLength
@@ -91,6 +91,8 @@ class SuffixDrafter:
         self.cache_tokens = check_int("cache_tokens", cache_tokens, low=0, hint=" (0 = no global cache)")
         self._cache = GlobalCache(self.cache_tokens, self.trie_depth)
         self._rows: list[RowTrie] = []
+        self._vocab: int | None = None  # the vocabulary size of the target of the last call
+        self._largest = -1  # the largest token id given by preload or remember() since the last clear()
         self._preload = [] if preload is None else load_outputs(preload)
         size = sum(len(tokens) for tokens in self._preload)
         if size > self.cache_tokens:
@@ -110,6 +112,7 @@ class SuffixDrafter:
     def clear(self) -> None:
         """Empty the global cache of earlier outputs, back to the ``preload`` outputs if any."""
         self._cache.clear()
+        self._largest = -1
         self.remember(self._preload)
 
     def remember(self, outputs: list[list[int]]) -> None:
@@ -129,6 +132,7 @@ class SuffixDrafter:
         for tokens in outputs:
             if not all(isinstance(t, int) and t >= 0 for t in tokens):
                 raise ConfigError("remember() takes lists of non-negative int token ids (no tensors, no strings)")
+            self._largest = max(self._largest, max(tokens, default=-1))
             self._cache.add(list(tokens))
 
     @property
@@ -138,6 +142,23 @@ class SuffixDrafter:
 
     # ------------------------------------------------------------------------------------------------ hooks
     def begin(self, state: DecodeState) -> None:
+        """Build each row's trie from its prompt. A call on a target with another vocabulary size than the last
+        call's starts from a fresh global cache (:meth:`clear`: the outputs it holds are another tokenizer's ids);
+        outputs given by ``preload`` or :meth:`remember` with ids outside the target's vocabulary are refused.
+
+        Raises:
+            ConfigError: the global cache holds a token id outside the target's vocabulary.
+        """
+        vocab = state.vocab_size
+        if vocab is not None:
+            if self._vocab is not None and vocab != self._vocab:
+                self.clear()
+            self._vocab = vocab
+            if self._largest >= vocab:
+                raise ConfigError(
+                    f"SuffixDrafter's global cache holds token id {self._largest} (from preload or remember()), "
+                    f"outside the target's vocabulary [0, {vocab}); give it outputs in this target's tokenizer"
+                )
         read = torch.cat([state.prompt_lengths[:, None], state.tokens[:, : max(state.host_lengths)]], 1).tolist()
         self._rows = [RowTrie(row[1 : n + 1], row[0], self.trie_depth) for row, n in zip(read, state.host_lengths)]
 
@@ -262,10 +283,26 @@ def load_outputs(source: str | Path | Sequence[Sequence[int]]) -> list[list[int]
         path = shipped
     from safetensors.torch import load_file
 
-    data = load_file(str(path))
+    layout = (
+        "a safetensors file with 'tokens' [T] (integer ids) and 'offsets' [N + 1] (0, ..., T), as save_outputs writes"
+    )
+    try:
+        data = load_file(str(path))
+    except Exception as error:  # not a safetensors file, truncated, unreadable
+        raise ConfigError(f"preload file {path} could not be read ({error}); it must be {layout}") from None
     if set(data) != {"tokens", "offsets"}:
         raise ConfigError(f"{path} must hold exactly 'tokens' and 'offsets' tensors, found {sorted(data)}")
-    tokens, offsets = data["tokens"].tolist(), data["offsets"].tolist()
+    tokens_t, offsets_t = data["tokens"], data["offsets"]
+    if not all(t.ndim == 1 and not (t.dtype.is_floating_point or t.dtype == torch.bool) for t in (tokens_t, offsets_t)):
+        got = f"tokens {describe(tokens_t)}, offsets {describe(offsets_t)}"
+        raise ConfigError(f"preload file {path} is malformed ({got}); it must be {layout}")
+    tokens, offsets = tokens_t.tolist(), offsets_t.tolist()
+    ordered = bool(offsets) and offsets[0] == 0 and offsets[-1] == len(tokens)
+    if not ordered or any(a > b for a, b in zip(offsets, offsets[1:])) or any(t < 0 for t in tokens):
+        raise ConfigError(
+            f"preload file {path} is malformed (offsets must rise from 0 to {len(tokens)}, the number of tokens, and "
+            f"token ids be >= 0); it must be {layout}"
+        )
     return [tokens[a:b] for a, b in zip(offsets, offsets[1:])]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import transformers
 from transformers.generation.utils import GenerationMixin
 
-from decodekit.checks import describe
+from decodekit.checks import check_signature, describe
 from decodekit.errors import ConfigError, ConfigTypeError
 from decodekit.outputs import StreamerAdapter
 
@@ -34,7 +34,8 @@ VERIFIED_TRANSFORMERS = ((5, 20), (6, 0))
 
 
 def check_streamer(streamer: Any) -> None:
-    """Refuse a streamer that is not a transformers streamer instance (``put(tokens)`` and ``end()`` methods)."""
+    """Refuse a streamer that is not a transformers streamer instance (``put(tokens)`` and ``end()`` methods whose
+    signatures take those calls)."""
     if streamer is None:
         return
     if isinstance(streamer, type):
@@ -47,6 +48,8 @@ def check_streamer(streamer: Any) -> None:
             "streamer must be a transformers streamer (put(tokens) and end() methods, e.g. TextStreamer), got "
             f"{describe(streamer)}"
         )
+    check_signature("streamer.put", streamer.put, 1, "put(tokens)")
+    check_signature("streamer.end", streamer.end, 0, "end()")
 
 
 # ------------------------------------------------------------------------ arguments transformers drops

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from decodekit.checks import check_float, check_int
-from decodekit.errors import ConfigError
+from decodekit.checks import check_float, check_int, describe
+from decodekit.errors import ConfigError, ConfigTypeError
 from decodekit.policies.acceptance import AcceptanceTracker
 
 
@@ -144,6 +144,14 @@ def set_costs(
     policy.verify_step = check_float("verify_step", verify_step, low=0.0)  # type: ignore[attr-defined]
     if isinstance(costs, str) and costs != MEASURED:
         raise ConfigError(f"costs must be a CostModel, {{batch size: CostModel}}, None or {MEASURED!r}, got {costs!r}")
+    given = [] if costs is None or isinstance(costs, str) else [costs]
+    models = list(costs.values()) if isinstance(costs, Mapping) else given
+    bad = next((c for c in models if not isinstance(c, CostModel)), None)
+    if bad is not None:  # a class (CostModel itself) or another object would fail deep in plan()
+        fix = "; pass an instance, e.g. CostModel.relative(...) or profile_costs(...)" if isinstance(bad, type) else ""
+        raise ConfigTypeError(
+            f"costs must be a CostModel, {{batch size: CostModel}}, None or {MEASURED!r}, got {describe(bad)}{fix}"
+        )
     policy.costs = costs  # type: ignore[attr-defined]
     model = costs if costs is not None else CostModel.relative(draft_step, max_len, verify_step, verify_fixed)
     policy._costs = None if costs == MEASURED else model  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decodekit.checks import check_float, check_int
+from decodekit.checks import check_bool, check_float, check_int
 from decodekit.policies.acceptance import AcceptanceTracker
 from decodekit.policies.analytic import CostModel, best_length, cost_at, could_pay, expected_tokens, set_costs
 from decodekit.policies.calibration import ProbePrice, RoundClock
@@ -86,7 +86,7 @@ class BatchAwareLength:
         self.price = ProbePrice(probe_share, clock, cap=64 * self.probe_every)
         self.schedules: dict[tuple[int, SamplingParams], tuple[int, int]] = {}  # (idle, wait) per call kind
         self.call: tuple[int, SamplingParams] | None = None  # this call's kind: (first batch size, sampling)
-        self.calibrate = bool(calibrate)
+        self.calibrate = check_bool("calibrate", calibrate)
         self.timer = RoundClock() if self.calibrate else None
 
     def table(self, alpha: float, batch_sizes: list[int]) -> dict[int, int]:

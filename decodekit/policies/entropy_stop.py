@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decodekit.checks import check_float, check_int
+from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.registry import register
 from decodekit.state import DecodeState
@@ -84,7 +84,7 @@ class EntropyStop:
     ) -> None:
         self.scale = check_float("scale", scale, low=0.0, low_open=True, hint=" (gamma_e in 1 - sqrt(gamma_e H))")
         self.threshold = check_float("threshold", threshold, low=0.0, high=1.0, hint=" (lambda, a probability)")
-        self.adaptive = bool(adaptive)
+        self.adaptive = check_bool("adaptive", adaptive)
         self.target = check_float("target", target, low=0.0, high=1.0, hint=" (an acceptance rate)")
         self.step = check_float("step", step, low=0.0, high=1.0)
         self.min_len = check_int("min_len", min_len, low=1)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decodekit.checks import check_int
+from decodekit.checks import check_bool, check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.acceptance import AcceptanceTracker
 from decodekit.policies.analytic import CostModel, cost_at, expected_tokens, set_costs, speedups
@@ -110,7 +110,7 @@ class GoodputLength:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.max_len = check_int("max_len", max_len, low=1, hint=" (the longest draft)")
-        self.positional = bool(positional)
+        self.positional = check_bool("positional", positional)
         if batch not in ("slowest", "sum"):
             raise ConfigError(f"batch must be 'slowest' or 'sum', got {batch!r}")
         self.batch = batch
@@ -125,7 +125,7 @@ class GoodputLength:
         self.quiet, self.quiet_wait = 0, self.probe_every  # the batch's rounds without a draft, and its probe wait
         self.clocks: dict[tuple[int, SamplingParams], tuple[int, int]] = {}  # (quiet, quiet_wait) per call kind
         self.call: tuple[int, SamplingParams] | None = None  # this call's kind: (first batch size, sampling)
-        self.calibrate = bool(calibrate)
+        self.calibrate = check_bool("calibrate", calibrate)
         self.timer = RoundClock() if self.calibrate else None
 
     def begin(self, state: DecodeState) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from decodekit.checks import check_int
+from decodekit.checks import check_bool, check_int
 from decodekit.draft import Draft
 from decodekit.errors import ConfigError
 from decodekit.policies.analytic import CostModel
@@ -66,6 +66,7 @@ def profile_costs(
     entry 0, half the calls), for bounds that take drafting as free.
     """
     max_len = check_int("max_len", max_len, low=0)
+    progress = check_bool("progress", progress)
     new_tokens = max(4 * max_len, 8) if new_tokens is None else new_tokens
     new_tokens = check_int("new_tokens", new_tokens, low=2 * max_len + 2, hint=" (at least 2 * max_len + 2)")
     if not prompts:

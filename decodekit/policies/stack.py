@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from decodekit.budget import DraftBudget, DraftStep
+from decodekit.budget import DraftBudget, DraftStep, call_stop
+from decodekit.checks import check_instance
 from decodekit.errors import ConfigError
 from decodekit.interfaces import LengthPolicy
 from decodekit.policies.lengths import batch_cap, check_batch_cap, host_batch_cap
@@ -43,9 +44,8 @@ class Stack:
     def __init__(self, *policies: Any, batch_cap: str | float | None = None) -> None:
         if not policies:
             raise ConfigError("Stack needs at least one policy, e.g. Stack(GoodputLength(), EntropyStop())")
-        for p in policies:
-            if not isinstance(p, LengthPolicy):
-                raise ConfigError(f"Stack parts must be length policies (with a plan(state) method), got {p!r}")
+        for i, p in enumerate(policies):  # an instance each (a class has a plan attribute too)
+            check_instance(f"Stack's part {i}", p, LengthPolicy, what="a plan(state) method", optional=False)
         self.policies, self.batch_cap = tuple(policies), check_batch_cap(batch_cap)
         self.needs = frozenset().union(*(check_needs(getattr(p, "needs", ()), p) for p in policies))
         self.hidden_layers = tuple(sorted({i for p in policies for i in getattr(p, "hidden_layers", ())}))
@@ -122,7 +122,7 @@ def _any_stop(
         return rules[0] if rules else None
 
     def stop(step: DraftStep) -> torch.Tensor:
-        fired = [rule(step) for rule in rules]
+        fired = [call_stop(rule, step) for rule in rules]  # each checked: a bool [B]
         return torch.stack(fired).any(0)
 
     stop.needs_hidden = any(getattr(r, "needs_hidden", False) for r in rules)  # type: ignore[attr-defined]

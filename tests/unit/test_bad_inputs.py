@@ -551,8 +551,14 @@ def test_debug_mode_passes_the_stock_components(target, ragged_prompts):
 @pytest.mark.parametrize("drafter", [None, NGramDrafter(max_ngram=2)])
 def test_a_round_without_progress_raises(target, drafter):
     """A verifier that rejects past the pending token (num_accepted = -1) commits nothing: the loop used to spin
-    forever; the host lengths it reads anyway show it, without a sync."""
-    broken = VerifierReturns(lambda d, v: _verdict(v, num_accepted=torch.where(d.num_valid > 0, 0, -1)))
+    forever; the host lengths it reads anyway show it, without a sync. (From its second round on: the first round's
+    verdict values are checked, which refuses -1 as a ComponentOutputError.)"""
+    calls = iter(range(10**6))
+
+    def stuck(d, v):  # num_accepted = -1 for rows without a draft, from the second call on
+        return v if next(calls) == 0 else _verdict(v, num_accepted=torch.where(d.num_valid > 0, 0, -1))
+
+    broken = VerifierReturns(stuck)
     with deadline(30), pytest.raises(NoProgressError, match=r"VerifierReturns.verify returned num_accepted=\[-1\]"):
         dk.generate(target, PROMPT, drafter, broken, max_new_tokens=8)
 

@@ -386,7 +386,7 @@ def test_stack_takes_the_least_and_caps_the_batch():
         Stack()
     with pytest.raises(ConfigError, match="batch_cap"):
         Stack(FixedLength(2), batch_cap="median")
-    with pytest.raises(ConfigError, match="length policies"):
+    with pytest.raises(ConfigError, match="Stack's part 1 must implement the LengthPolicy protocol"):
         Stack(FixedLength(2), "fixed")
 
 

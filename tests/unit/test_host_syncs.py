@@ -6,7 +6,7 @@ Budgets (docs/concepts.md): plain decoding 1 per round, n-gram chain rounds 2, m
 length (its draft declares its width), tree drafters 1 on a fixed tree budget, 2 on an adaptive length policy (its
 read of the lengths) or a policy without host mirrors, suffix lookup rounds 2, plus 1 per draft step when the policy
 has a stop rule (and, for a draft model, 1 each time rows leave the batch). The per-call syncs (prefill, first-round
-validation, stats, read-out: :data:`OVERHEAD`) are taken off.
+validation of the budget, draft and verdict, stats, read-out: :data:`OVERHEAD`) are taken off.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def count_syncs() -> Iterator[list[int]]:
             setattr(torch.Tensor, name, method)
 
 
-OVERHEAD = 9  # per call: the read after prefill, round 1's budget and draft checks, 3 to flush stats, 3 to read out
+OVERHEAD = 10  # per call: the read after prefill, the first budget, non-empty draft and its verdict checked, 3 to
+# flush stats, 3 to read out
 
 
 class CountsLeaves:
