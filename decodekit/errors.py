@@ -26,8 +26,9 @@ class ModelNotFoundError(ConfigError, FileNotFoundError):
 
 
 class ComponentOutputError(ConfigError):
-    """A drafter, verifier or length policy returned a value of the wrong type, shape, dtype or range (a bug in
-    that component); the message names the component and the field."""
+    """A drafter, verifier or length policy (or a diffusion sampler's rule, cache, schedule or draft strategy) returned
+    a value of the wrong type, shape, dtype or range (a bug in that component); the message names the component and
+    the field."""
 
 
 class NoProgressError(DecodeKitError, RuntimeError):

@@ -94,7 +94,9 @@ class UnmaskRule(Protocol):
     Optional: ``begin_block(state)``, called when a block starts (schedules); ``per_row_steps = True``, a promise that
     a row's commits depend only on that row (its step in the block read from ``state.steps_in_block()``, never
     ``state.step`` or ``state.progress``) and that a row with no eligible slot gets none, so that with drafts each row
-    may take its own number of steps a forward."""
+    may take its own number of steps a forward. Any diffusion part may define ``check_model(dlm)``, called when a call
+    starts, before any forward: raise a :class:`~decodekit.errors.ConfigError` for a setting the model cannot take
+    (token ids outside its vocabulary). What the parts return is checked (:mod:`decodekit.dlm.components`)."""
 
     def select(self, state: DLMState, proposal: Proposal, eligible: torch.Tensor) -> torch.Tensor:
         """``[B, G]`` bool: the slots to commit with ``proposal.tokens``. ``eligible [B, G]``: the masked slots of

@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from decodekit.checks import check_choice, check_int, parse_device
+from decodekit.checks import check_bool, check_choice, check_instance, check_int, describe, is_int, parse_device
 from decodekit.dlm.synthetic import STYLES
-from decodekit.errors import ConfigError
+from decodekit.errors import ConfigError, ConfigTypeError
 
 COLUMNS = (
     "method",
@@ -99,16 +100,34 @@ def run(
             None = stock. Not used when ``device`` is a GPU.
     """
     import decodekit as dk
-    from decodekit.bench.tasks import load_task
+    from decodekit.bench.tasks import TASKS, load_task
     from decodekit.dlm.parts import refusal
     from decodekit.kernels.cpu import check_kernels
 
     check_int("num_prompts", num_prompts, low=1)
+    check_int("max_prompt_tokens", max_prompt_tokens, low=1)
+    check_int("seed", seed)
+    check_int("synthetic", synthetic, low=0, hint=" (items per synthetic task; 0 = skip them)")
+    check_int("synthetic_length", synthetic_length, low=1)
     check_choice("synthetic_style", synthetic_style, STYLES)
+    progress = check_bool("progress", progress)
+    block_length = check_int("block_length", block_length, low=1)
+    gen_lengths = _gen_lengths(gen_lengths, block_length)
     if device is not None and parse_device("device", device).type != "cpu":
         kernels = None  # CPU kernels: a GPU run keeps its own
     kernels = check_kernels(kernels)
-    base = {"rule": None, "cache": None} if base is None else dict(base)
+    base = {"rule": None, "cache": None} if base is None else dict(_spec("base", base))
+    if only is not None and (isinstance(only, str) or not isinstance(only, Sequence)):
+        raise ConfigTypeError(f"only must be None or a list of method names, got {describe(only)}")
+    if methods is not None and not isinstance(methods, Mapping):
+        raise ConfigTypeError(f"methods must be a mapping of method names to specs, got {describe(methods)}")
+    # the synthetic tasks are one block (on a block-causal model its own blocks: checked once it loaded)
+    lengths = [("gen_lengths", g, min(block_length, g)) for g in gen_lengths]
+    lengths += [("synthetic_length", synthetic_length, synthetic_length)] if synthetic else []
+    for name, spec in {"base": base, **{f"methods.{k}": v for k, v in (methods or {}).items()}}.items():
+        if spec is not None:
+            _check_steps(name, _spec(name, spec), lengths)
+    check_choice("task", task, TASKS)
     if base.get("rule") is not None or int(base.get("tokens_per_step") or 1) != 1 or base.get("uncached"):
         raise ConfigError(
             "base must be LLaDA's rule at one token per step (rule: null, no tokens_per_step or uncached); set only "
@@ -127,6 +146,15 @@ def run(
                 f"drop the reference (methods.{name}.uncached=null)"
             )
     dlm = dk.dlm.load_model(model, device=device, kernels=kernels)
+    if synthetic and dlm.block_length:  # the synthetic tasks run on the model's own blocks: known once it loaded
+        block = min(synthetic_length, dlm.block_length)
+        if synthetic_length % block:
+            raise ConfigError(
+                f"synthetic_length={synthetic_length} is not a whole number of this model's blocks of {block} (it was "
+                "trained block-causally): use a multiple of it"
+            )
+        for name, spec in [("base", base), *((f"methods.{k}", v) for k, v in enabled.items())]:
+            _check_steps(name, spec, [("synthetic_length", synthetic_length, block)])
     ar = dk.load_model(scorer, device=device, kernels=kernels)
     rows = load_task(task, dlm.tokenizer, num_prompts=num_prompts, max_prompt_tokens=max_prompt_tokens, seed=seed)
     prompts, texts = [list(r["input_ids"]) for r in rows], [r["prompt"] for r in rows]
@@ -171,6 +199,66 @@ def run(
     if synthetic:
         synth = run_synthetic(dlm, ar, plan, synthetic, synthetic_length, seed, progress, synthetic_style)
     return save()
+
+
+METHOD_KEYS = ("rule", "cache", "schedule", "draft", "tokens_per_step", "uncached")
+"""What a method's spec may hold (:func:`run`'s ``methods``)."""
+
+
+def _gen_lengths(gen_lengths: Any, block_length: int) -> list[int]:
+    """``gen_lengths`` (an integer or a list of them, each >= 1) as a list; each must hold whole blocks."""
+    values = [gen_lengths] if is_int(gen_lengths) else gen_lengths
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
+        raise ConfigTypeError(f"gen_lengths must be a list of integers >= 1 (e.g. [128, 256]), got {describe(values)}")
+    lengths = [check_int("gen_lengths", g, low=1, hint=" (each entry)") for g in values]
+    for g in lengths:
+        if g % min(block_length, g):
+            raise ConfigError(
+                f"gen_lengths holds {g}, which is not a whole number of blocks of block_length={block_length}; use "
+                "multiples of block_length"
+            )
+    return lengths  # type: ignore[return-value]
+
+
+def _spec(name: str, spec: Any) -> dict[str, Any]:
+    """A method's spec, checked: a mapping of :data:`METHOD_KEYS`, each part an instance of its protocol (None = the
+    default), ``tokens_per_step`` an integer >= 1, ``uncached`` a method's name."""
+    from decodekit.interfaces import DLMCache, DLMDraft, RegionSchedule, UnmaskRule
+
+    if not isinstance(spec, Mapping):
+        raise ConfigTypeError(
+            f"{name} must be a mapping with keys among {', '.join(METHOD_KEYS)} (or null: off), got {describe(spec)}"
+        )
+    if unknown := sorted(str(k) for k in spec if k not in METHOD_KEYS):
+        raise ConfigError(f"{name} has unknown key(s) {unknown}; a method's keys: {', '.join(METHOD_KEYS)}")
+    parts = {
+        "rule": (UnmaskRule, "select(state, proposal, eligible)"),
+        "cache": (DLMCache, "logits(dlm, state)"),
+        "schedule": (RegionSchedule, "rounds() and region()"),
+        "draft": (DLMDraft, "variants(state, proposal, committed, left)"),
+    }
+    for key, (protocol, what) in parts.items():
+        check_instance(f"{name}.{key}", spec.get(key), protocol, what=what)
+    check_int(f"{name}.tokens_per_step", spec.get("tokens_per_step"), low=1, optional=True)
+    uncached = spec.get("uncached")
+    if uncached is not None and not isinstance(uncached, str):
+        raise ConfigTypeError(f"{name}.uncached must be None or a method's name, got {describe(uncached)}")
+    return dict(spec)
+
+
+def _check_steps(name: str, spec: dict[str, Any], lengths: list[tuple[str, int, int]]) -> None:
+    """Refuse a ``tokens_per_step`` that gives a generation length a step budget :func:`decodekit.dlm.generate`
+    refuses (fewer steps than blocks, or not a multiple of them), before any model loads. ``lengths``: ``(key,
+    generation length, block length)`` of each run."""
+    tokens = int(spec.get("tokens_per_step") or 1)
+    for key, gen, block in lengths:
+        blocks, steps = gen // block, gen // tokens
+        if steps < blocks or steps % blocks:
+            raise ConfigError(
+                f"{name}.tokens_per_step={tokens} gives {key} {gen} a budget of {steps} steps for its {blocks} "
+                f"block(s) of {block}: the steps must be a positive multiple of the blocks; use a tokens_per_step "
+                f"that divides {block} (a block's length)"
+            )
 
 
 def _row(name: str, gen: int, outs: list[Any], base: list[Any], prompts, texts, code, dlm, ar) -> dict[str, Any]:

@@ -18,7 +18,9 @@ the next block on each canvas, and a row that finished on a drafted canvas takes
 output (:mod:`decodekit.dlm.lookahead`).
 
 One host read per step (how many slots each row has left in its block, whether a row stalled), and one per drafted
-canvas checked. With ``rule=None`` the loop is LLaDA's reference sampler (:class:`~decodekit.dlm.rules.LLaDARule`).
+canvas checked. What the parts return is checked as it comes (:mod:`decodekit.dlm.components`: type, shape, dtype and
+device every step; values on that one read, on a call's first drafts, and every step with ``debug=True``). With
+``rule=None`` the loop is LLaDA's reference sampler (:class:`~decodekit.dlm.rules.LLaDARule`).
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ from typing import Any, NamedTuple
 import torch
 from tqdm.auto import tqdm
 
-from decodekit.checks import check_float, check_int, check_seed
+from decodekit.checks import check_bool, check_float, check_int, check_seed, describe
 from decodekit.dlm.caches import Recompute
+from decodekit.dlm.components import check_commit, check_finite, check_logits, check_region, check_variants
 from decodekit.dlm.lookahead import NextBlock, lookahead_block
 from decodekit.dlm.model import DLMModel, load_model
 from decodekit.dlm.parts import Parts, resolve_parts
 from decodekit.dlm.state import DLMState, Proposal, output_at, propose, restrict
-from decodekit.errors import ConfigError, ContextLengthError, NoProgressError
+from decodekit.errors import ConfigError, ConfigTypeError, ContextLengthError, NoProgressError
 from decodekit.metrics import DLMStats
 from decodekit.prompts import prompt_ids
 from decodekit.sampling import begin_round, make_generator
@@ -71,6 +74,7 @@ def generate(
     schedule: Any = None,
     draft: Any = None,
     progress: bool = False,
+    debug: bool = False,
 ) -> DLMOutput:
     """Generate ``gen_length`` tokens per prompt with a masked diffusion LM.
 
@@ -98,6 +102,14 @@ def generate(
             right; the output is unchanged (lossless), the forward count falls. Needs a cache with ``logits_many``
             (``cache=None``, ``BlockCausalCache``), fixed blocks and no classifier-free guidance. None = off.
         progress: show a progress bar over blocks.
+        debug: also check the values of what the parts return at every step (a device read each: the logits hold no
+            NaN, every drafted canvas's ids are in the vocabulary), not only on the call's first drafts.
+
+    Raises:
+        ComponentOutputError: a rule, cache, schedule or draft strategy returned the wrong type, shape, dtype, device
+            or window (:mod:`decodekit.dlm.components`).
+        NoProgressError: a step left a row that still has masked slots in its block as it was (the loop would never
+            end); the message names the part at fault.
     """
     start = time.perf_counter()
     dlm = model if isinstance(model, DLMModel) else _refuse_plain(model)
@@ -112,6 +124,7 @@ def generate(
         raise ConfigError(f"steps ({steps}) must be a multiple of the number of blocks ({num_blocks})")
     temperature = check_float("temperature", temperature, low=0.0)
     cfg_scale = check_float("cfg_scale", cfg_scale, low=0.0)
+    progress, debug = check_bool("progress", progress), check_bool("debug", debug)
     parts = resolve_parts(dlm, rule, cache, schedule, remasking, block_length, draft)
     cache, schedule = parts.cache, parts.schedule
     if cfg_scale and (not isinstance(cache, Recompute) or cache.block_causal or parts.draft is not None):
@@ -129,8 +142,9 @@ def generate(
     if hasattr(cache, "begin"):  # optional hook: a new call (drop what an earlier call kept)
         cache.begin(state)
     ahead = NextBlock()  # a block's first step, kept from the block before (drafts that look ahead)
+    checks = _Checks(debug, dlm.vocab_size)
     for _ in tqdm(schedule.rounds(dlm, state), desc="blocks", disable=not progress):
-        forwards = _decode_block(dlm, state, parts, temperature, cfg_scale, ahead)
+        forwards = _decode_block(dlm, state, parts, temperature, cfg_scale, ahead, checks)
         stats.row_block_steps.append(state.block_step.tolist())
         stats.block_steps.append(max(stats.row_block_steps[-1]))  # the row that took the most
         stats.nfe += forwards
@@ -140,8 +154,24 @@ def generate(
     return DLMOutput(tokens, stats)
 
 
+@dataclass
+class _Checks:
+    """How much of the parts' outputs a call checks beyond their metadata: ``debug`` every step's values; the first
+    drafts' values in any case (``drafts_unchecked`` until then)."""
+
+    debug: bool
+    vocab_size: int
+    drafts_unchecked: bool = True
+
+
 def _decode_block(
-    dlm: DLMModel, state: DLMState, parts: Parts, temperature: float, cfg_scale: float, ahead: NextBlock
+    dlm: DLMModel,
+    state: DLMState,
+    parts: Parts,
+    temperature: float,
+    cfg_scale: float,
+    ahead: NextBlock,
+    checks: _Checks,
 ) -> int:
     """Forwards until the current block has no masked slot; returns how many were taken. A forward runs the canvas
     (and, with a draft strategy, the drafted canvases after it); steps follow on its outputs, the first on the
@@ -158,11 +188,18 @@ def _decode_block(
         if taken is not None:  # the first step, on the last block's final forward
             (logits, live), taken, outputs = taken, None, None
         else:
+            source = f"{type(parts.cache).__name__}.logits" + ("" if variants is None else "_many")
             if variants is None:
                 state.lookahead = None
-                outputs = parts.cache.logits(dlm, state) if cfg_scale == 0 else _guided_logits(dlm, state, cfg_scale)
+                if cfg_scale == 0:
+                    outputs = check_logits(source, parts.cache.logits(dlm, state), state, checks.vocab_size)
+                else:
+                    outputs = _guided_logits(dlm, state, cfg_scale)
             else:
                 outputs = parts.cache.logits_many(dlm, state, variants)
+                check_logits(source, outputs, state, checks.vocab_size, canvases=len(variants))
+            if checks.debug:
+                check_finite(source, outputs)
             forwards += 1
             state.row_forwards[:] = [n + int(k > 0) for n, k in zip(state.row_forwards, left)]
             logits = outputs if variants is None else output_at(outputs, torch.zeros_like(state.lengths))
@@ -188,6 +225,10 @@ def _decode_block(
         if parts.draft is not None and max(left):
             state.lookahead = lookahead_block(parts, state, left)
             variants = parts.draft.variants(state, last.proposal, last.commit, max(left))
+            source = f"{type(parts.draft).__name__}.variants"
+            values = checks.debug or (checks.drafts_unchecked and variants is not None)
+            variants = check_variants(source, variants, state, checks.vocab_size, values=values)
+            checks.drafts_unchecked = checks.drafts_unchecked and variants is None
     state.lookahead = None
     return forwards
 
@@ -221,30 +262,58 @@ def _step(
     """One step of the sampler on ``logits`` (the current canvas's): proposals, the rule's commits, written into the
     canvas, in the ``live [B]`` rows only (host bools; ``rows``: the same on the device, None when all are live; the
     others wait for the next forward, their step counters stay). One host read: each row's masked slots left in its
-    block, and whether a live row stalled."""
+    block, and whether it committed a token (a live row that had and still has masked slots in its block but
+    committed none would never finish: :class:`~decodekit.errors.NoProgressError`, naming the part at fault)."""
     begin_round(state.generator, state.row_steps)
     proposal = propose(logits, temperature, state)
-    eligible = state.masked & parts.schedule.region(state, proposal)
+    region = parts.schedule.region(state, proposal)
+    eligible = state.masked & check_region(f"{type(parts.schedule).__name__}.region", region, state)
     if state.step == 0 and hasattr(parts.rule, "begin_block"):
         parts.rule.begin_block(state)
-    commit = parts.rule.select(state, proposal, eligible) & state.masked
+    chosen = parts.rule.select(state, proposal, eligible)
+    commit = check_commit(f"{type(parts.rule).__name__}.select", chosen, state) & state.masked
     if rows is not None:
         commit, eligible = commit & rows[:, None], eligible & rows[:, None]
     state.block_step += 1 if rows is None else rows
-    stalled = eligible.any(1) & ~commit.any(1)
+    unmasked = commit & (proposal.tokens != state.mask_token_id)  # a slot committed with the mask id stays masked
     state.commit(commit, proposal.tokens)
     if getattr(parts.schedule, "slides", False):  # the window moves on after a commit: a row is live while it has one
         parts.schedule.region(state, proposal)
     state.row_steps[:] = [n + int(k > 0 and on) for n, k, on in zip(state.row_steps, left, live)]
     state.step += 1
     state.global_step += 1
-    now = torch.cat([(state.masked & state.in_block).sum(1), stalled.any()[None]]).tolist()
-    if now[-1]:
+    now = torch.cat([(state.masked & state.in_block).sum(1), (~unmasked.any(1)).long()]).tolist()
+    b = state.batch_size
+    stuck = [i for i in range(b) if now[b + i] and live[i] and left[i] > 0 and now[i] > 0]
+    if stuck:
+        _no_progress(parts, state, stuck, eligible, commit)
+    return _Step(proposal, commit, now[:b])
+
+
+def _no_progress(parts: Parts, state: DLMState, stuck: list[int], eligible: torch.Tensor, commit: torch.Tensor) -> None:
+    """Raise the :class:`~decodekit.errors.NoProgressError` of a step that left the ``stuck`` rows as they were,
+    naming the part at fault (raising anyway: the device reads are free)."""
+    rows = torch.tensor(stuck, device=state.device)
+    had, chose = eligible[rows].any(1).tolist(), commit[rows].any(1).tolist()
+    where = f"(step {state.step}); the loop would never end"
+    if not all(had):
+        empty = [r for r, h in zip(stuck, had) if not h][:8]
         raise NoProgressError(
-            f"{type(parts.rule).__name__}.select committed nothing in a row that still has masked slots in its block "
-            f"(step {state.step}); a rule must commit at least one eligible slot per row and step"
+            f"{type(parts.schedule).__name__}.region named no masked slot of row(s) {empty}, which still have masked "
+            f"slots in their block (state.in_block) {where}; a schedule's region must hold each row's masked slots of "
+            "its block, or move the block on"
         )
-    return _Step(proposal, commit, now[:-1])
+    if not all(chose):
+        idle = [r for r, c in zip(stuck, chose) if not c][:8]
+        raise NoProgressError(
+            f"{type(parts.rule).__name__}.select committed nothing in row(s) {idle}, which still have masked slots "
+            f"in their block {where}; a rule must commit at least one eligible slot per row and step"
+        )
+    raise NoProgressError(
+        f"{type(parts.rule).__name__}.select committed only slots without a proposal in row(s) {stuck[:8]} {where}: "
+        "proposal.tokens is the mask id there (slots outside the window the cache's logits predicted, "
+        f"{type(parts.cache).__name__}); a rule must commit at least one eligible slot per row and step"
+    )
 
 
 def _keep(last: _Step, step: _Step, rows: torch.Tensor) -> _Step:
@@ -282,6 +351,11 @@ def _check_context(dlm: DLMModel, rows: list[list[int]], gen_length: int) -> Non
 
 
 def _refuse_plain(model: Any) -> DLMModel:
+    if isinstance(model, type):
+        raise ConfigTypeError(
+            f"dk.dlm.generate needs a diffusion LM instance, got {describe(model)}; pass a loaded model: "
+            "dk.dlm.load_model(<a zoo DLM name, or a model with mask_token_id=...>)"
+        )
     raise ConfigError(
         f"dk.dlm.generate needs a diffusion LM; got {type(model).__name__}. Wrap it first: "
         "dk.dlm.load_model(model, mask_token_id=<its mask token id>)"

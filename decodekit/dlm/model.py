@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.checks import check_bool, check_int
-from decodekit.errors import ConfigError, UnsupportedModelError
+from decodekit.checks import check_bool, check_int, check_model_spec
+from decodekit.errors import ConfigError, ConfigTypeError, UnsupportedModelError
 from decodekit.masks import bidirectional_mask, block_causal_mask, staged_layout
 from decodekit.models.base import LanguageModel
 
@@ -103,30 +104,59 @@ class DLMModel:
 def load_model(
     spec: Any,
     mask_token_id: int | None = None,
-    shift_logits: bool = False,
+    shift_logits: bool | None = None,
     block_length: int | None = None,
     **load_kwargs: Any,
 ) -> DLMModel:
     """Wrap a decoder LM for :func:`decodekit.dlm.generate`.
 
     Args:
-        spec: a :class:`DLMModel` (returned as is), a zoo diffusion LM (``"smollm2-135m-dlm"``:
-            :data:`decodekit.dlm.zoo.DLM_ZOO`, its mask id and shift built in), or anything :func:`decodekit.load_model`
-            takes (a transformers causal LM, an adapter, a local path, a zoo name).
-        mask_token_id: the mask token's id (required unless ``spec`` is a :class:`DLMModel` or a zoo DLM).
-        shift_logits: read slot ``j``'s logits at position ``j - 1`` (AR-initialised models).
-        block_length: the block length a block-causally trained model was trained with (None = bidirectional; a zoo
-            DLM knows its own).
-        load_kwargs: passed on to :func:`decodekit.load_model` (``dtype``, ``device``, ...).
-    """
-    if isinstance(spec, DLMModel):
-        return spec
-    from decodekit.dlm.zoo import DLM_ZOO, load_zoo_dlm
+        spec: a :class:`DLMModel` (returned as is, or a new one over the same adapter with the arguments given
+            changed), a zoo diffusion LM (``"smollm2-135m-dlm"``: :data:`decodekit.dlm.zoo.DLM_ZOO`, its mask id, shift
+            and block length built in), or anything :func:`decodekit.load_model` takes (a transformers causal LM, an
+            adapter, a local path, a zoo name).
+        mask_token_id: the mask token's id (required unless ``spec`` is a :class:`DLMModel` or a zoo DLM, whose own
+            it replaces).
+        shift_logits: read slot ``j``'s logits at position ``j - 1`` (AR-initialised models); None = the
+            :class:`DLMModel`'s or zoo DLM's own, else False.
+        block_length: the block length a block-causally trained model was trained with (None = bidirectional, or the
+            :class:`DLMModel`'s or zoo DLM's own).
+        load_kwargs: passed on to :func:`decodekit.load_model` (``dtype``, ``device``, ``kernels``, ...; applied to a
+            :class:`DLMModel`'s adapter as that function applies them to an adapter).
 
+    Raises:
+        ModelNotFoundError: a name that is neither a zoo DLM, a zoo model nor an existing path (the zoo's names).
+    """
+    if shift_logits is not None:
+        shift_logits = check_bool("shift_logits", shift_logits)
+    check_int("mask_token_id", mask_token_id, low=0, optional=True, hint=" (an id inside the vocabulary)")
+    check_int("block_length", block_length, low=1, optional=True)  # both before any model loads
+    if isinstance(spec, DLMModel):
+        if mask_token_id is None and shift_logits is None and block_length is None and not load_kwargs:
+            return spec
+        from decodekit.models import load_model as load_lm
+
+        return DLMModel(
+            load_lm(spec.lm, **load_kwargs) if load_kwargs else spec.lm,
+            spec.mask_token_id if mask_token_id is None else mask_token_id,
+            spec.shift_logits if shift_logits is None else shift_logits,
+            spec.block_length if block_length is None else block_length,
+        )
+    from decodekit.dlm.zoo import DLM_ZOO, check_dlm_name, load_zoo_dlm
+
+    if isinstance(spec, type) and issubclass(spec, DLMModel):
+        raise ConfigTypeError(
+            "spec must be a model, got the class DLMModel; pass a zoo DLM's name (dk.dlm.load_model("
+            "'smollm2-135m-dlm')) or a loaded model with its mask id (dk.dlm.load_model(hf_model, mask_token_id=...))"
+        )
+    check_model_spec("spec", spec)  # a class, or something no loader takes, before asking for a mask id
+    if isinstance(spec, (str, os.PathLike)):
+        check_dlm_name(os.fspath(spec))
     if isinstance(spec, str) and spec in DLM_ZOO:
         lm, entry, trained = load_zoo_dlm(spec, **load_kwargs)
         mask = entry.mask_token_id if mask_token_id is None else mask_token_id
-        return DLMModel(lm, mask, entry.shift_logits, trained if block_length is None else block_length)
+        shift = entry.shift_logits if shift_logits is None else shift_logits
+        return DLMModel(lm, mask, shift, trained if block_length is None else block_length)
     if mask_token_id is None:
         raise ConfigError(
             "dk.dlm.load_model needs mask_token_id=<the id of the model's mask token> (e.g. LLaDA's 126336); a "
@@ -134,4 +164,4 @@ def load_model(
         )
     from decodekit.models import load_model as load_lm
 
-    return DLMModel(load_lm(spec, **load_kwargs), mask_token_id, shift_logits, block_length)
+    return DLMModel(load_lm(spec, **load_kwargs), mask_token_id, bool(shift_logits), block_length)

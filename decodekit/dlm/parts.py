@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from decodekit.checks import check_instance
+from decodekit.checks import check_bool, check_instance
 from decodekit.dlm.caches import Recompute
+from decodekit.dlm.components import check_model
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.rules import LLaDARule
 from decodekit.dlm.schedules import FixedBlocks
@@ -28,7 +29,8 @@ def resolve_parts(
     dlm: DLMModel, rule: Any, cache: Any, schedule: Any, remasking: str, block_length: int, draft: Any = None
 ) -> Parts:
     """The rule, cache, schedule and draft strategy a call runs (None = the defaults: LLaDA's rule, recompute, fixed
-    blocks, no drafts), checked alone and together before any forward."""
+    blocks, no drafts), checked alone, against the model (each part's optional ``check_model(dlm)``: token ids
+    outside its vocabulary, ...) and together before any forward."""
     rule = LLaDARule(remasking) if rule is None else rule
     check_instance("rule", rule, UnmaskRule, what="an unmasking rule with select(state, proposal, eligible)")
     cache = Recompute(block_causal=dlm.block_length is not None) if cache is None else cache
@@ -39,9 +41,25 @@ def resolve_parts(
         check_instance(
             "draft", draft, DLMDraft, what="a draft strategy with variants(state, proposal, committed, left)"
         )
+    for part in (rule, cache, schedule, draft):
+        _check_flags(part)
     _check_parts(rule, cache, schedule, draft)
     _check_block_causal(dlm, cache, schedule, block_length)
+    for part in (rule, cache, schedule, draft):
+        check_model(part, dlm)
     return Parts(rule, cache, schedule, draft)
+
+
+FLAGS = ("per_row_steps", "fixed_blocks", "block_causal", "lookahead", "slides", "plans", "needs_plan")
+"""What a part may declare about itself, each True or False (``"false"`` would read as True)."""
+
+
+def _check_flags(part: Any) -> None:
+    """Refuse a declared flag (:data:`FLAGS`) that is not a bool."""
+    for flag in FLAGS:
+        value = getattr(part, flag, False)
+        if not isinstance(value, bool):
+            check_bool(f"{type(part).__name__}.{flag}", value)
 
 
 def _check_parts(rule: Any, cache: Any, schedule: Any, draft: Any = None) -> None:

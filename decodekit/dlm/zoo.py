@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,22 @@ DLM_ZOO = {
 }
 """Zoo diffusion LMs: SmolLM2-135M adapted by ``decodekit/train/dlm_adapter.py`` (mask ``<empty_output>``, shifted
 logits): ``smollm2-135m-dlm`` bidirectional, ``smollm2-135m-bdlm`` block-causal (blocks of 32, self-distilled)."""
+
+
+def check_dlm_name(name: str) -> None:
+    """Refuse a model name that is neither a zoo DLM, a base zoo model nor an existing local path, with the zoo's
+    names and the closest one (a typo of a zoo DLM's name should not be asked for a mask id)."""
+    from decodekit.models.zoo import ZOO
+
+    if name in DLM_ZOO or name in ZOO or os.path.exists(name):
+        return
+    known = [*sorted(DLM_ZOO), *sorted(ZOO)]
+    close = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ModelNotFoundError(
+        f"model {name!r} is not a zoo diffusion LM{hint} (available: {', '.join(sorted(DLM_ZOO))}), nor a zoo model "
+        f"(with mask_token_id=...: {', '.join(sorted(ZOO))}), nor an existing local path"
+    )
 
 
 def weights_path(entry: ZooDLM) -> Path:

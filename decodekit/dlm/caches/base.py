@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from decodekit.cache import KVCache
+from decodekit.checks import check_bool
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
 from decodekit.masks import bidirectional_mask, write_at_layout
@@ -123,7 +124,7 @@ class Recompute:
     lookahead = True  # logits_many predicts every slot, the next block's included
 
     def __init__(self, block_causal: bool = False) -> None:
-        self.block_causal = bool(block_causal)
+        self.block_causal = check_bool("block_causal", block_causal)
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
         """``[B, G, V]`` float32 logits of the generation region for this step."""

@@ -6,9 +6,12 @@ from typing import Any
 
 import torch
 
+from decodekit.checks import check_instance
+from decodekit.dlm.components import check_commit, check_model, check_vocab, token_ids
 from decodekit.dlm.rules.llada import LLaDARule
 from decodekit.dlm.state import DLMState, Proposal
 from decodekit.errors import ConfigError
+from decodekit.interfaces import UnmaskRule
 from decodekit.registry import register
 
 
@@ -29,20 +32,32 @@ class EoTStop:
     Args:
         rule: the rule that picks commits (None = the baseline :class:`~decodekit.dlm.rules.LLaDARule`).
         eot_token_ids: the ids that end a text; the first one fills the tail. None = the model's end-of-sequence ids
-            (``DLMState.eos_token_ids``).
+            (``DLMState.eos_token_ids``). Checked against the model's vocabulary when a call starts.
     """
 
     def __init__(self, rule: Any = None, eot_token_ids: int | list[int] | tuple[int, ...] | None = None) -> None:
+        check_instance("EoTStop(rule=...)", rule, UnmaskRule, what="select(state, proposal, eligible)")
         self.rule = LLaDARule() if rule is None else rule
-        ids = [eot_token_ids] if isinstance(eot_token_ids, int) else eot_token_ids
-        self.eot_token_ids = None if ids is None else tuple(int(i) for i in ids)
-        if self.eot_token_ids == ():
-            raise ConfigError("EoTStop needs at least one end-of-text id (eot_token_ids=[...]) or None for the model's")
+        self.eot_token_ids = token_ids("eot_token_ids", eot_token_ids)
+
+    def check_model(self, dlm: Any) -> None:
+        """When a call starts: the ids are inside the model's vocabulary (or the model declares some), and the wrapped
+        rule can run on it."""
+        if self.eot_token_ids is None and not tuple(getattr(dlm.lm, "eos_token_ids", ())):
+            raise ConfigError("EoTStop: the model declares no end-of-sequence id; pass eot_token_ids=[...]")
+        check_vocab("EoTStop", "eot_token_ids", self.eot_token_ids, dlm.vocab_size)
+        check_model(self.rule, dlm)
 
     @property
     def per_row_steps(self) -> bool:
         """Rows may take their own steps when the wrapped rule allows it (this wrapper reads no step counter)."""
         return bool(getattr(self.rule, "per_row_steps", False))
+
+    @property
+    def fixed_blocks(self) -> bool:
+        """Whether the wrapped rule needs the same blocks in every row (then a schedule that gives rows their own is
+        refused)."""
+        return bool(getattr(self.rule, "fixed_blocks", False))
 
     def begin_block(self, state: DLMState) -> None:
         if hasattr(self.rule, "begin_block"):
@@ -54,7 +69,7 @@ class EoTStop:
         ids = self.eot_token_ids or state.eos_token_ids
         if not ids:
             raise ConfigError("EoTStop: the model declares no end-of-sequence id; pass eot_token_ids=[...]")
-        commit = self.rule.select(state, proposal, eligible)
+        commit = check_commit(f"{type(self.rule).__name__}.select", self.rule.select(state, proposal, eligible), state)
         masked = state.masked
         after_step = torch.where(commit & masked, proposal.tokens, state.tokens)
         ended = torch.isin(after_step, torch.tensor(ids, device=state.device)) & (commit | ~masked)

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import torch
 
 from decodekit.checks import check_float
+from decodekit.dlm.components import check_vocab, token_ids
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.schedules.common import next_rounds, resolve_ids
 from decodekit.dlm.state import DLMState, Proposal
@@ -31,6 +32,7 @@ class AdaBlock:
 
     Args:
         delimiters: token ids that may end a block; None = the tokenizer's ids of ``"\\n"`` (the reference's 198).
+            Checked against the model's vocabulary when a call starts.
         threshold: ``tau_D``, the delimiter probability needed (0.3 for LLaDA, 0.5 for Dream in the paper).
         window: the look-ahead as a fraction of ``G`` (0.25).
     """
@@ -38,11 +40,18 @@ class AdaBlock:
     fixed_blocks = False
 
     def __init__(self, delimiters: list[int] | None = None, threshold: float = 0.3, window: float = 0.25) -> None:
-        self.delimiters = None if delimiters is None else [int(i) for i in delimiters]
+        ids = token_ids("delimiters", delimiters)
+        self.delimiters = None if ids is None else list(ids)
         self.threshold = check_float("threshold", threshold, low=0.0)
         self.window = check_float("window", window, low=0.0, high=1.0, low_open=True)
         self.start: torch.Tensor | None = None  # [B] each row's next block start
         self.ids: torch.Tensor | None = None
+
+    def check_model(self, dlm: DLMModel) -> None:
+        """When a call starts: the delimiters are inside the model's vocabulary (or its tokenizer can find them)."""
+        check_vocab("AdaBlock", "delimiters", self.delimiters, dlm.vocab_size)
+        if self.delimiters is None:
+            resolve_ids(None, dlm, "\n", "AdaBlock(delimiters=[...])")
 
     def rounds(self, dlm: DLMModel, state: DLMState) -> Iterator[None]:
         self.ids = resolve_ids(self.delimiters, dlm, "\n", "AdaBlock(delimiters=[...])").to(state.device)
