@@ -133,7 +133,9 @@ class DLMState:
 
     @property
     def progress(self) -> float:
-        """``global_step / total_steps``: how far through its step budget the call is."""
+        """``global_step / total_steps``: how far through its step budget the call is, counting the steps taken
+        before the current one (Prophet's reference also counts the current one:
+        :meth:`~decodekit.dlm.rules.ProphetRule.progress`)."""
         return self.global_step / max(self.total_steps, 1)
 
     def steps_in_block(self) -> torch.Tensor:
@@ -203,9 +205,10 @@ class Proposal:
     Attributes:
         tokens: ``[B, G]`` the proposed token of each slot (argmax at temperature 0, else a float64 Gumbel-max
             sample from ``softmax(logits / temperature)``); the mask id where nothing was predicted.
-        confidence: ``[B, G]`` float32: the probability of the proposed token under the untempered
-            ``softmax(logits)`` (LLaDA's and Fast-dLLM's confidence, also when sampling); 0 where nothing was
-            predicted.
+        confidence: ``[B, G]`` float64: the probability of the proposed token under the untempered
+            ``softmax(logits)`` (LLaDA's and Fast-dLLM's confidence, also when sampling), computed in float64 as
+            Fast-dLLM and dKV-Cache compute it, so near-certain slots still rank apart (in float32 every probability
+            above ``1 - 6e-8`` rounds to 1 and the earliest such slot would win); 0 where nothing was predicted.
         logits: ``[B, W, V]`` float32, what the proposals of slots ``lo .. lo + W - 1`` came from (after
             classifier-free guidance); ``W = G`` and ``lo = 0`` unless the cache computed a window.
         lo: the first slot ``logits`` covers.
@@ -235,8 +238,9 @@ def propose(logits: torch.Tensor | SlotLogits, temperature: float, state: DLMSta
     else Gumbel-max in float64 (``argmax(z / T + g)``, ``g = -log(-log U)``: a sample from ``softmax(z / T)``, as
     LLaDA's ``exp(z) / (-log U)^T`` in float64; low-precision noise would truncate its tail). The mask token is
     never proposed (a model that ranks it first would otherwise commit a slot that is still masked; the reference
-    assumes a model trained never to); confidences come from the unmodified softmax. Per-row seeds draw with key
-    ``"gumbel"``, always for all ``G`` slots, so a windowed cache samples what a full recompute would."""
+    assumes a model trained never to); confidences come from the unmodified softmax, in float64 (one ``[B, W, V]``
+    softmax, cheap next to the forward). Per-row seeds draw with key ``"gumbel"``, always for all ``G`` slots, so a
+    windowed cache samples what a full recompute would."""
     window, lo = (logits.logits, logits.lo) if isinstance(logits, SlotLogits) else (logits, 0)
     b, w, v = window.shape
     never = window.new_zeros(v).index_fill_(0, torch.tensor([state.mask_token_id], device=window.device), float("-inf"))
@@ -245,6 +249,6 @@ def propose(logits: torch.Tensor | SlotLogits, temperature: float, state: DLMSta
     else:
         u = uniform((b, state.gen_length, v), state.generator, window.device, key="gumbel", dtype=torch.float64)
         tokens = ((window + never).double() / temperature - (-u[:, lo : lo + w].log()).log()).argmax(-1)
-    confidence = window.softmax(-1).gather(-1, tokens[..., None])[..., 0]
+    confidence = window.double().softmax(-1).gather(-1, tokens[..., None])[..., 0]  # [B, W] float64
     g = state.gen_length
     return Proposal(spread(tokens, lo, g, state.mask_token_id), spread(confidence, lo, g), window, lo)

@@ -30,7 +30,9 @@ class DKVCache:
 
     Faithfulness: the reference's schedule (full forwards at block steps 0, 1 and multiples of the reload interval;
     the fed set = undecoded as of the previous step's input) over the shared :class:`~decodekit.cache.KVCache`
-    ``write_at`` instead of its gather/scatter cache rebuild; ragged rows are ours. The Greedy variant (random
+    ``write_at`` instead of its gather/scatter cache rebuild, token for token with the reference's own cache
+    (``tests/unit/test_dlm_reference.py``, checked against horseee/dKV-Cache at
+    49a76fcc43b744ec2d960137f216e419317138b1); ragged rows are ours. The Greedy variant (random
     decode order drawn per block, only the next step's slots and a window recomputed) is
     :class:`~decodekit.dlm.caches.DKVGreedyCache`.
 

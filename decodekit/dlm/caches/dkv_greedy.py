@@ -36,7 +36,10 @@ class DKVGreedyCache:
     step 0 and multiples of ``cache_reloading_step``) follow horseee/dKV-Cache ``llada_dkv_cache_greedy.py``; ours:
     each due slot's window is found on its own (the reference scans them in turn, so two neighbouring due slots
     there claim distinct window slots and here may share some), the shifted-logits position, ragged rows, and the
-    shared cache's ``write_at`` in place of the reference's rebuilt cache.
+    shared cache's ``write_at`` in place of the reference's rebuilt cache. Token for token with the reference's own
+    cache on the same decode order, and where due slots' windows overlap, with it once its windows are found per slot
+    (``tests/unit/test_dlm_reference.py``, checked against horseee/dKV-Cache at
+    49a76fcc43b744ec2d960137f216e419317138b1).
 
     Args:
         refresh: run the whole canvas every ``refresh`` steps of a block (the reference's ``cache_reloading_step``;

@@ -32,7 +32,9 @@ class DualCache:
         refresh: also recompute the canvas every ``refresh`` steps within a block (round); None = at its first step
             only (the reference). ``refresh=1`` is the uncached sampler exactly.
 
-    Faithfulness: the reference scheme; per-row ragged prompts and the adaptive-region form are ours.
+    Faithfulness: the reference scheme, token for token with the reference's own cached loop under the fixed schedule
+    (``tests/unit/test_dlm_reference.py``, checked against NVlabs/Fast-dLLM ``llada/generate.py`` at
+    f6b35ec3f1b16e1b3d3357938046559ae2d350fa); per-row ragged prompts and the adaptive-region form are ours.
     """
 
     def __init__(self, refresh: int | None = None) -> None:

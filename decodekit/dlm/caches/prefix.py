@@ -36,7 +36,9 @@ class PrefixCache:
             is the prompt alone; ``refresh=1`` is the uncached sampler exactly.
 
     Faithfulness: the reference scheme (refresh at each block start, suffix of block + later masks fed each step,
-    commits only in the block); per-row ragged prompts and the adaptive-region form are ours.
+    commits only in the block), token for token with the reference's own cached loop under the fixed schedule
+    (``tests/unit/test_dlm_reference.py``, checked against NVlabs/Fast-dLLM ``llada/generate.py`` at
+    f6b35ec3f1b16e1b3d3357938046559ae2d350fa); per-row ragged prompts and the adaptive-region form are ours.
     """
 
     def __init__(self, refresh: int | None = None) -> None:

@@ -18,8 +18,9 @@ class FactorRule:
     of the product of marginals equals that of the joint).
 
     Faithfulness: the paper's rule (``(n + 1)(1 - c_n) < f``); the reference code (``get_transfer_index_dynamic``)
-    also takes every slot when the first failing rank is the last one, a quirk not reproduced. Lossy, as
-    :class:`~decodekit.dlm.rules.threshold.ThresholdRule`.
+    also takes every slot when the first failing rank is the last one, a quirk not reproduced; otherwise token for
+    token with it (``tests/unit/test_dlm_reference.py``, checked against NVlabs/Fast-dLLM ``llada/generate.py`` at
+    f6b35ec3f1b16e1b3d3357938046559ae2d350fa). Lossy, as :class:`~decodekit.dlm.rules.threshold.ThresholdRule`.
 
     Args:
         factor: ``f`` (1.0 in the paper; larger commits more per step).

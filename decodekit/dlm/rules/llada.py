@@ -23,7 +23,9 @@ class LLaDARule:
 
     Faithfulness: the schedule, the per-row top-k over the block and both remasking modes follow the reference code
     exactly (at temperature 0 the output is token-for-token the reference's; ``tests/unit/test_dlm.py`` compares it
-    with an independent transcription of the reference loop); ties between equal confidences go to the earlier slot.
+    with an independent transcription of the reference loop, ``tests/unit/test_dlm_reference.py`` with Fast-dLLM's
+    ``generate`` at f6b35ec3f1b16e1b3d3357938046559ae2d350fa); confidences rank in float64 as there; ties between
+    equal confidences go to the earlier slot.
 
     Args:
         remasking: ``"low_confidence"`` or ``"random"``.

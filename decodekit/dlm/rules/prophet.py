@@ -7,10 +7,11 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_choice
+from decodekit.checks import check_choice, check_float, check_instance
 from decodekit.dlm.rules.llada import LLaDARule
 from decodekit.dlm.state import DLMState, Proposal
 from decodekit.errors import ConfigError
+from decodekit.interfaces import UnmaskRule
 from decodekit.registry import register
 
 REGIONS = ("masked", "block")
@@ -21,20 +22,25 @@ REDUCTIONS = ("mean", "min")
 class ProphetRule:
     """Early all-in commit (Prophet, Li et al. 2025, "Diffusion Language Models Know the Answer Before Decoding"):
     each step, the top-1 minus top-2 **logit** gap of the proposals is reduced over a region; once it reaches the
-    threshold of the current stage (progress = steps taken / the call's ``steps``: ``7.5`` before 1/3, ``5.0``
-    before 2/3, ``2.5`` after), every masked slot of the generation region, later blocks included, takes its current
-    proposal and the row is done. Until then the ``base`` rule decides. Under a cache that does not predict every
-    slot each step (``dual`` and ``block_causal`` predict the current block only), later blocks have no proposal:
-    they neither count in the gap nor get filled, so the all-in commit fills the rest of what was predicted, and
-    decoding goes on with the next block.
+    threshold of the current stage, every masked slot of the generation region, later blocks included, takes its
+    current proposal and the row is done. Until then the ``base`` rule decides. The stage follows the call's
+    progress counted as the reference counts it, the current step included: at the call's ``k``-th step (``k = 1``
+    first) the progress is ``k / steps``, and the gap needed is ``7.5`` while it is below 0.33, ``5.0`` below 0.67
+    and ``2.5`` after. Under a cache that does not predict every slot each step (``dual`` and ``block_causal``
+    predict the current block only), later blocks have no proposal: they neither count in the gap nor get filled,
+    so the all-in commit fills the rest of what was predicted, and decoding goes on with the next block.
 
-    Faithfulness: the staged thresholds and the all-in fill follow the reference code (pixeli99/Prophet); its gap
-    is averaged over 5 fixed answer slots pinned by a task prompt, which we generalise to a ``region`` (all masked
-    slots, or the current block's) and a ``reduce`` (``"mean"``, or ``"min"``: every slot sure). Lossy.
+    Faithfulness: the step counting, the staged thresholds (0.33 / 0.67) and the all-in fill follow the reference
+    code (pixeli99/Prophet ``generate_earlyexit.py`` at 460afe41c7063a29a9893675aca07b985997bb83; token for token
+    in ``tests/unit/test_dlm_reference.py``); its gap is averaged over 5 fixed answer slots pinned by a task prompt,
+    which we generalise to a ``region`` (all masked slots, or the current block's) and a ``reduce`` (``"mean"``, or
+    ``"min"``: every slot sure). The reference's base step ranks float32 confidences, decodekit's float64 ones (the
+    same order unless two slots tie in float32). Lossy.
 
     Args:
-        base: the rule before the trigger (default :class:`~decodekit.dlm.rules.llada.LLaDARule`).
-        thresholds: logit gaps per stage. stages: progress where each stage after the first begins.
+        base: the rule before the trigger, an instance (default :class:`~decodekit.dlm.rules.llada.LLaDARule`).
+        thresholds: logit gaps per stage (finite). stages: progress where each stage after the first begins
+            (increasing, in ``[0, 1]``).
         region: ``"masked"`` or ``"block"``. reduce: ``"mean"`` or ``"min"``.
     """
 
@@ -42,12 +48,14 @@ class ProphetRule:
         self,
         base: Any = None,
         thresholds: Sequence[float] = (7.5, 5.0, 2.5),
-        stages: Sequence[float] = (1 / 3, 2 / 3),
+        stages: Sequence[float] = (0.33, 0.67),
         region: str = "masked",
         reduce: str = "mean",
     ) -> None:
+        check_instance("base", base, UnmaskRule, what="an unmasking rule with select(state, proposal, eligible)")
         self.base = LLaDARule() if base is None else base
-        self.thresholds, self.stages = tuple(float(t) for t in thresholds), tuple(float(s) for s in stages)
+        self.thresholds = tuple(check_float(f"thresholds[{i}]", t) for i, t in enumerate(thresholds))
+        self.stages = tuple(check_float(f"stages[{i}]", s, low=0.0, high=1.0) for i, s in enumerate(stages))
         if len(self.thresholds) != len(self.stages) + 1 or list(self.stages) != sorted(self.stages):
             raise ConfigError(
                 f"Prophet needs one threshold per stage, len(thresholds) == len(stages) + 1, stages increasing; got "
@@ -60,8 +68,15 @@ class ProphetRule:
             self.base.begin_block(state)
 
     def threshold(self, progress: float) -> float:
-        """The gap needed at ``progress`` (0..1)."""
+        """The gap needed at ``progress`` (0..1): the first stage's below ``stages[0]``, and so on."""
         return self.thresholds[sum(progress >= s for s in self.stages)]
+
+    @staticmethod
+    def progress(state: DLMState) -> float:
+        """The call's progress at the step being taken, counted as the reference counts it: ``(global_step + 1) /
+        total_steps`` (its counter is incremented before the step; ``state.progress`` counts only the steps before
+        it)."""
+        return (state.global_step + 1) / max(state.total_steps, 1)
 
     def select(self, state: DLMState, proposal: Proposal, eligible: torch.Tensor) -> torch.Tensor:
         masked = state.masked & proposal.predicted  # a cache's unpredicted slots (later blocks) count for nothing
@@ -71,5 +86,5 @@ class ProphetRule:
             score = (gap * region).sum(1) / region.sum(1).clamp(min=1)
         else:
             score = gap.masked_fill(~region, float("inf")).amin(1)
-        sure = region.any(1) & (score >= self.threshold(state.progress))
+        sure = region.any(1) & (score >= self.threshold(self.progress(state)))
         return torch.where(sure[:, None], masked, self.base.select(state, proposal, eligible))

@@ -17,7 +17,10 @@ class ThresholdRule:
     steps as it needs (at most its length), not the ``steps`` budget.
 
     Faithfulness: the rule of the reference code (NVlabs/Fast-dLLM ``get_transfer_index`` with ``threshold``: ``>=``,
-    plus the forced top-1). Lossy: slots committed together are drawn from their marginals, not jointly.
+    plus the forced top-1), token for token with it uncached and under both caches
+    (``tests/unit/test_dlm_reference.py``, checked against ``llada/generate.py`` at
+    f6b35ec3f1b16e1b3d3357938046559ae2d350fa). Lossy: slots committed together are drawn from their marginals, not
+    jointly.
 
     Args:
         threshold: confidence needed to commit a slot beside the row's most confident one (0.9 in the paper).
