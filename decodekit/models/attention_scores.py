@@ -9,10 +9,13 @@ head ``h // g``, as transformers' ``repeat_kv`` pairs them), ``Q`` queries, ``S`
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+
+from decodekit.models.call_scope import call_scope, current_call
 
 
 def attention_mass(
@@ -32,25 +35,61 @@ def attention_mass(
     return scores.softmax(-1).nan_to_num(0.0).sum(2)
 
 
+_SDPA_LOCK = threading.Lock()
+_SDPA_USERS = 0  # forwards inside wrapped_sdpa now, over all threads
+_SDPA_ORIGINAL: Callable[..., Any] | None = None  # transformers' entry when the dispatcher went in
+
+
+def _dispatch(*args: Any, **kwargs: Any) -> Any:
+    """The process-wide ``sdpa`` entry while some forward wraps it: the running call's function, else the original."""
+    call = current_call()
+    fn = call.sdpa if call is not None else None
+    return (fn if fn is not None else _SDPA_ORIGINAL)(*args, **kwargs)  # type: ignore[misc]
+
+
 @contextlib.contextmanager
-def wrapped_sdpa(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
-    """During the block, transformers' process-wide ``sdpa`` attention entry is ``wrap(the current entry)``
-    (restored afterwards). Another thread's forward in the meantime runs the wrapper too."""
+def _dispatching() -> Iterator[Callable[..., Any]]:
+    """Keep :func:`_dispatch` in transformers' ``sdpa`` entry during the block (counted over threads: the last
+    one out puts the original back); yields the original."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = wrap(original)
+    global _SDPA_USERS, _SDPA_ORIGINAL
+    with _SDPA_LOCK:
+        if ALL_ATTENTION_FUNCTIONS["sdpa"] is not _dispatch:  # first in, or someone replaced the entry since
+            _SDPA_ORIGINAL = ALL_ATTENTION_FUNCTIONS["sdpa"]
+            ALL_ATTENTION_FUNCTIONS["sdpa"] = _dispatch
+        _SDPA_USERS += 1
+        original = _SDPA_ORIGINAL
     try:
-        yield
+        yield original  # type: ignore[misc]
     finally:
-        ALL_ATTENTION_FUNCTIONS["sdpa"] = original
+        with _SDPA_LOCK:
+            _SDPA_USERS -= 1
+            if _SDPA_USERS == 0 and ALL_ATTENTION_FUNCTIONS["sdpa"] is _dispatch:
+                ALL_ATTENTION_FUNCTIONS["sdpa"] = _SDPA_ORIGINAL
+
+
+@contextlib.contextmanager
+def wrapped_sdpa(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """During the block, transformers' ``sdpa`` attention calls made by the running forward (the current
+    :func:`~decodekit.models.call_scope.call_scope`) go to ``wrap(the function they went to before)``. Another
+    thread's forward, or a forward started inside this one, is not wrapped: transformers' process-wide entry is a
+    dispatcher to each call's own function while any forward wraps it, and its original once none does."""
+    call = current_call()
+    with contextlib.nullcontext(call) if call is not None else call_scope() as scope, _dispatching() as original:
+        previous = scope.sdpa
+        scope.sdpa = wrap(previous if previous is not None else original)
+        try:
+            yield
+        finally:
+            scope.sdpa = previous
 
 
 def recorded_attention(sink: dict[int, torch.Tensor]) -> contextlib.AbstractContextManager[None]:
-    """During the block, every transformers SDPA attention call also stores :func:`attention_mass` of its queries in
-    ``sink[layer index]`` (one extra ``Q x S`` product per head; the attention output is unchanged). Models that do
-    not run ``sdpa`` record nothing. It swaps transformers' process-wide ``sdpa`` entry for the block
-    (:func:`wrapped_sdpa`), so another thread's forward in the meantime would record into ``sink`` too."""
+    """During the block, every transformers SDPA attention call of the running forward also stores
+    :func:`attention_mass` of its queries in ``sink[layer index]`` (one extra ``Q x S`` product per head; the
+    attention output is unchanged). Models that do not run ``sdpa`` record nothing. Other forwards in the meantime
+    (another thread's, or one started inside this one) record nothing (:func:`wrapped_sdpa`)."""
 
     def scoring(original: Callable[..., Any]) -> Callable[..., Any]:
         def scored(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any, *a, **kw):

@@ -49,8 +49,8 @@ def grouped_query_sdpa() -> contextlib.AbstractContextManager[None]:
     with torch's ``enable_gqa`` (module docstring); every other call goes to transformers' function unchanged.
 
     Tensors: ``query [B, Hq, Q, D]``, ``key`` / ``value [B, Hkv, S, D]``, ``mask [B, 1 | Hq, Q, S]`` (boolean, True
-    attends, or additive); returns ``[B, Q, Hq, D]`` as transformers' function does. It swaps the process-wide
-    ``sdpa`` entry for the block (:func:`~decodekit.models.attention_scores.wrapped_sdpa`)."""
+    attends, or additive); returns ``[B, Q, Hq, D]`` as transformers' function does. Only the running forward's
+    calls are routed (:func:`~decodekit.models.attention_scores.wrapped_sdpa`)."""
 
     def grouping(original: Callable[..., Any]) -> Callable[..., Any]:
         def grouped(

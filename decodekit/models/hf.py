@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -15,6 +17,7 @@ from decodekit.errors import ConfigError, UnsupportedModelError
 from decodekit.masks import to_additive
 from decodekit.models.attention_scores import recorded_attention, restricted_masks
 from decodekit.models.base import LanguageModel, ModelOutput, check_layer
+from decodekit.models.call_scope import Call, call_scope, selectable
 from decodekit.models.grouped_attention import TORCH_HAS_GQA, grouped_query_sdpa
 from decodekit.models.hf_attention import attention_plan, per_layer_masks
 from decodekit.models.hf_support import CHAIN_ONLY, cache_argument, check_supported
@@ -24,6 +27,10 @@ log = logging.getLogger(__name__)
 _MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
 _LAYER_LISTS = ("layers", "h")  # where decoders keep their blocks (Llama-style, GPT-2-style)
 _FINAL_NORMS = ("norm", "ln_f", "final_layernorm")
+# record_attention's sink, for this thread's next forward of that adapter: (adapter, sink)
+_PENDING_SINK: ContextVar[tuple[weakref.ref, dict[int, torch.Tensor]] | None] = ContextVar(
+    "decodekit_attention_sink", default=None
+)
 
 
 def _as_tuple(ids: Any) -> tuple[int, ...]:
@@ -65,8 +72,11 @@ class HFCausalLM(LanguageModel):
 
     What wrapping does to the model you pass (and nothing else): it is put in ``eval()`` mode, and an attention
     implementation other than ``sdpa`` / ``eager`` (flash attention, flex, ...) is switched to ``sdpa`` with a
-    warning, because only those two take arbitrary tree masks. An early-exit forward (``exit_layer=L``)
-    runs the decoder with its layer list cut to ``L`` for the duration of that call and restores it.
+    warning, because only those two take arbitrary tree masks; and its decoder's layer list becomes a
+    :class:`~decodekit.models.call_scope.SelectableModuleList` (the same modules and ``state_dict``). A forward never
+    changes the model: an early-exit or layer-skipping forward (``exit_layer=``, ``skip_layers=``) selects its
+    blocks, and its hooks act, only within its own call (:mod:`decodekit.models.call_scope`), so calls on the same
+    model from several threads, or a forward started inside another, each run the model as it is.
 
     A model loaded with ``device_map="auto"`` over several devices (accelerate's hooks move each layer's inputs to
     its device) runs as is: :attr:`device` is its input embedding's, and logits and hidden states come back there.
@@ -97,6 +107,8 @@ class HFCausalLM(LanguageModel):
         self._layers_attr = next(
             (a for a in _LAYER_LISTS if isinstance(getattr(self.decoder, a, None), torch.nn.ModuleList)), None
         )
+        if self._layers_attr is not None:
+            selectable(getattr(self.decoder, self._layers_attr))  # per-call exits and skips (module docstring)
         self._norm = next((m for a in _FINAL_NORMS if (m := getattr(self.decoder, a, None)) is not None), None)
         self.softcap = getattr(config, "final_logit_softcapping", None)
         self.vocab_size = int(getattr(self.lm_head, "out_features", None) or config.vocab_size)
@@ -110,7 +122,6 @@ class HFCausalLM(LanguageModel):
         self.max_context = context if isinstance(context, int) and context > 0 else None  # XLNet: -1 = unbounded
         self.tokenizer = tokenizer
         self._biases: dict[int, Any] = {}  # GPT-Neo's global causal biases, made once
-        self._attention_sink: dict[int, torch.Tensor] | None = None  # record_attention's, for the next forward
         device_map = getattr(model, "hf_device_map", None) or {}
         self._spread = len(set(map(str, device_map.values()))) > 1  # layers on several devices (device_map)
 
@@ -175,12 +186,13 @@ class HFCausalLM(LanguageModel):
             attention_mask = _map_masks(attention_mask, lambda m: to_additive(m, self.dtype))
         layer_masks = attention_mask if isinstance(attention_mask, list) else None
         hidden: dict[int, torch.Tensor] = {}
-        sink, self._attention_sink = self._attention_sink, None
+        sink = self._take_sink()
+        selected = self._selected_layers(exit_layer, skip_layers, hidden_layers)
         with (
+            call_scope(self.layers if self._layers_attr is not None else None, selected) as call,
             grouped_query_sdpa() if self._grouped else contextlib.nullcontext(),
             recorded_attention(sink) if sink is not None else contextlib.nullcontext(),
-            self._run_layers(exit_layer, skip_layers),
-            self._capture(hidden_layers, hidden),
+            self._capture(hidden_layers, hidden, call),
             self._per_layer(layer_masks),
         ):
             out = self.decoder(
@@ -204,7 +216,15 @@ class HFCausalLM(LanguageModel):
         (:func:`~decodekit.models.attention_scores.attention_mass`). Needs :attr:`records_attention`."""
         if not self.records_attention:
             raise ConfigError(f"{self!r} runs eager attention; recording attention needs attn_implementation='sdpa'")
-        self._attention_sink = sink
+        _PENDING_SINK.set((weakref.ref(self), sink))  # this thread's: another thread's forward does not take it
+
+    def _take_sink(self) -> dict[int, torch.Tensor] | None:
+        """The sink :meth:`record_attention` left for this thread's next forward of this adapter (taken once)."""
+        pending = _PENDING_SINK.get()
+        if pending is None or pending[0]() is not self:
+            return None
+        _PENDING_SINK.set(None)
+        return pending[1]
 
     @property
     def records_attention(self) -> bool:
@@ -216,13 +236,14 @@ class HFCausalLM(LanguageModel):
             return contextlib.nullcontext()
         return per_layer_masks(self.layers, masks, self._biases)
 
-    @contextlib.contextmanager
-    def _run_layers(self, exit_layer: int | None, skip_layers: Sequence[int]) -> Iterator[None]:
-        """Run the decoder with only its first ``exit_layer`` blocks, less ``skip_layers`` (restored afterwards).
-        Each block keeps its own cache slot (transformers indexes the cache by the block's ``layer_idx``)."""
+    def _selected_layers(
+        self, exit_layer: int | None, skip_layers: Sequence[int], hidden_layers: Sequence[int]
+    ) -> tuple[torch.nn.Module, ...] | None:
+        """The blocks a forward runs: the first ``exit_layer``, less ``skip_layers`` (None: all of them). Each keeps
+        its own cache slot (transformers indexes the cache by the block's ``layer_idx``). The model's layer list is
+        left as it is; the forward's own call selects these (:mod:`decodekit.models.call_scope`)."""
         if exit_layer is None and not skip_layers:
-            yield
-            return
+            return None
         layers = self.layers
         last = len(layers) if exit_layer is None else exit_layer
         check_layer(last, 1, len(layers), "exit_layer must be an integer")
@@ -233,16 +254,19 @@ class HFCausalLM(LanguageModel):
                 f"skip_layers needs every layer to attend the same way; {self!r} has sliding-window or chunked layers"
             )
         skipped = set(skip_layers)
-        kept = [layer for i, layer in enumerate(layers[:last], start=1) if i not in skipped]
-        setattr(self.decoder, self._layers_attr, torch.nn.ModuleList(kept) if skipped else layers[:last])
-        try:
-            yield
-        finally:
-            setattr(self.decoder, self._layers_attr, layers)
+        not_run = sorted({i for i in hidden_layers if isinstance(i, int) and (i > last or i in skipped)})
+        if not_run:
+            raise ConfigError(
+                f"hidden_layers {not_run} are not run by this forward (exit_layer={exit_layer}, "
+                f"skip_layers={sorted(skipped)}); ask only for layers it runs"
+            )
+        selectable(layers)  # a layer list put on the decoder after this adapter was made
+        return tuple(layers[i - 1] for i in range(1, last + 1) if i not in skipped)  # indexing: never a selection
 
     @contextlib.contextmanager
-    def _capture(self, layer_ids: Sequence[int], into: dict[int, torch.Tensor]) -> Iterator[None]:
-        """Record the outputs of the requested layers (0 = embeddings) into ``into`` during the block."""
+    def _capture(self, layer_ids: Sequence[int], into: dict[int, torch.Tensor], call: Call) -> Iterator[None]:
+        """Record the outputs of the requested layers (0 = embeddings) into ``into`` during the block, from this
+        ``call`` only (the hooks do nothing for another forward of the model in the meantime)."""
         if not layer_ids:
             yield
             return
@@ -253,7 +277,8 @@ class HFCausalLM(LanguageModel):
             module = self._embeddings if i == 0 else layers[i - 1]
 
             def hook(_module: Any, _args: Any, output: Any, i: int = i) -> None:
-                into[i] = output[0] if isinstance(output, tuple) else output
+                if call.active:
+                    into[i] = output[0] if isinstance(output, tuple) else output
 
             handles.append(module.register_forward_hook(hook))
         try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ import torch
 
 from decodekit.errors import UnsupportedModelError
 from decodekit.masks import chunked, windowed
+from decodekit.models.call_scope import current_call
 
 FULL = "full_attention"
 _SLIDING_TYPES = ("sliding_attention", "local")
@@ -146,30 +148,47 @@ def attention_plan(model: torch.nn.Module, decoder: torch.nn.Module) -> Attentio
     return AttentionPlan()
 
 
+_BIAS_LOCK = threading.Lock()
+_BIAS_SWAPS: dict[int, tuple[int, torch.Tensor]] = {}  # id(attention) -> (forwards using the swap, its own bias)
+
+
 @contextlib.contextmanager
 def per_layer_masks(layers: torch.nn.ModuleList, masks: list[torch.Tensor], biases: dict[int, Any]) -> Iterator[None]:
-    """Hand layer ``i`` the mask ``masks[i]`` (its ``attention_mask`` keyword) during the block. GPT-Neo's local
-    layers also get the global causal bias (made once, kept in ``biases``), since the mask now carries their
-    window."""
+    """Hand layer ``i`` the mask ``masks[i]`` (its ``attention_mask`` keyword) during the block, in the running
+    forward only (:func:`~decodekit.models.call_scope.current_call`: another thread's forward, or one started inside
+    this one, gets its own masks). GPT-Neo's local layers also get the global causal bias (made once, kept in
+    ``biases``), since the mask now carries their window: that bias is the model's own state, so it is swapped
+    while any decodekit forward on the model needs it (counted over threads) and put back by the last one out."""
+    call = current_call()
     handles, swapped = [], []
-    for layer, mask in zip(layers, masks):
+    for i, mask in enumerate(masks[: len(layers)]):
 
         def hook(_module: Any, args: Any, kwargs: dict[str, Any], mask: torch.Tensor = mask) -> Any:
-            return args, {**kwargs, "attention_mask": mask}
+            if call is None or call.active:
+                return args, {**kwargs, "attention_mask": mask}
+            return None
 
+        layer = layers[i]
         handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
         attn = getattr(getattr(layer, "attn", None), "attention", None)
         if getattr(attn, "attention_type", None) == "local":
-            local = attn.bias
-            full = biases.get(id(attn))
-            if full is None or full.shape != local.shape or full.device != local.device:
-                full = biases[id(attn)] = torch.tril(torch.ones_like(local))
-            swapped.append((attn, local))
-            attn.bias = full
+            with _BIAS_LOCK:
+                users, local = _BIAS_SWAPS.get(id(attn), (0, attn.bias))
+                full = biases.get(id(attn))
+                if full is None or full.shape != local.shape or full.device != local.device:
+                    full = biases[id(attn)] = torch.tril(torch.ones_like(local))
+                _BIAS_SWAPS[id(attn)] = (users + 1, local)
+                attn.bias = full
+            swapped.append(attn)
     try:
         yield
     finally:
         for handle in handles:
             handle.remove()
-        for attn, bias in swapped:
-            attn.bias = bias
+        with _BIAS_LOCK:
+            for attn in swapped:
+                users, local = _BIAS_SWAPS.pop(id(attn))
+                if users > 1:
+                    _BIAS_SWAPS[id(attn)] = (users - 1, local)
+                else:
+                    attn.bias = local

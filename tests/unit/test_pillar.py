@@ -36,7 +36,7 @@ def test_recorded_attention_is_the_eager_attention(hf):
     lm.record_attention(sink)
     recorded = forward(lm)
     torch.testing.assert_close(recorded.logits, forward(lm).logits)  # recording changes no output
-    assert sorted(sink) == [0, 1, 2] and lm._attention_sink is None  # one forward only
+    assert sorted(sink) == [0, 1, 2] and lm._take_sink() is None  # one forward only
     eager = tiny_llama(3, layers=3)  # the same weights
     eager.set_attn_implementation("eager")
     probs = eager(TOKENS, output_attentions=True).attentions  # per layer [B, Hq, Q, S]

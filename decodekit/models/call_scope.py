@@ -1,0 +1,104 @@
+"""Per-call model state that never touches the shared model.
+
+One adapter forward may run the decoder differently from a plain one: only its first ``L`` blocks (early exit), some
+blocks skipped (SWIFT), hooks that record per-layer outputs or hand each layer its own mask. All of that lives in the
+calling thread's context (:mod:`contextvars`), never in the model: the decoder's layer list is never swapped, and a
+hook a forward registers acts only for that forward. So another forward on the same model in the meantime -- a
+plain call on another thread while an early-exit call drafts, or a forward started from inside a layer of another
+one -- runs the model as it is.
+
+The one change made to the model, once, when an adapter wraps it: its layer list's class becomes
+:class:`SelectableModuleList` (a ``torch.nn.ModuleList`` whose slicing and iteration return the running call's
+selected blocks while that call runs, and behave as before otherwise; same modules, same ``state_dict``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+
+__all__ = ["Call", "SelectableModuleList", "call_scope", "current_call", "selectable"]
+
+
+class Call:
+    """One adapter forward: ``layers`` (the decoder's layer list) runs only ``selected`` (None: all of them), and
+    transformers' ``sdpa`` attention calls made by it go to ``sdpa`` (None: transformers' own function; see
+    :func:`~decodekit.models.attention_scores.wrapped_sdpa`)."""
+
+    __slots__ = ("layers", "sdpa", "selected")
+
+    def __init__(self, layers: torch.nn.ModuleList | None, selected: tuple[torch.nn.Module, ...] | None) -> None:
+        self.layers, self.selected = layers, selected
+        self.sdpa: Any = None
+
+    @property
+    def active(self) -> bool:
+        """Whether this call is the one running now in this thread (hooks it registered act only then)."""
+        return _CALL.get() is self
+
+
+_CALL: ContextVar[Call | None] = ContextVar("decodekit_model_call", default=None)
+
+
+def current_call() -> Call | None:
+    """The adapter forward running now in this thread, if any."""
+    return _CALL.get()
+
+
+@contextlib.contextmanager
+def call_scope(
+    layers: torch.nn.ModuleList | None = None, selected: tuple[torch.nn.Module, ...] | None = None
+) -> Iterator[Call]:
+    """Run the block as one forward of its own: ``layers`` yields only ``selected`` (None: all), and any
+    enclosing forward's selection and hooks do not apply inside it."""
+    call = Call(layers, selected)
+    token = _CALL.set(call)
+    try:
+        yield call
+    finally:
+        _CALL.reset(token)
+
+
+class _Selectable:
+    """Slicing and iteration give the running call's selected blocks (see the module docstring)."""
+
+    def _selected(self) -> tuple[torch.nn.Module, ...] | None:
+        call = _CALL.get()
+        return call.selected if call is not None and call.layers is self else None
+
+    def __getitem__(self, idx: Any) -> Any:
+        if isinstance(idx, slice):
+            selected = self._selected()
+            if selected is not None:
+                return torch.nn.ModuleList(selected[idx])
+        return super().__getitem__(idx)  # type: ignore[misc]
+
+    def __iter__(self) -> Iterator[torch.nn.Module]:
+        selected = self._selected()
+        return iter(selected) if selected is not None else super().__iter__()  # type: ignore[misc]
+
+
+class SelectableModuleList(_Selectable, torch.nn.ModuleList):
+    """A ``torch.nn.ModuleList`` that a running adapter forward can narrow for itself (module docstring)."""
+
+
+_CLASSES: dict[type, type] = {torch.nn.ModuleList: SelectableModuleList}
+_LOCK = threading.Lock()
+
+
+def selectable(layers: torch.nn.ModuleList) -> torch.nn.ModuleList:
+    """Make ``layers`` selectable per call (in place, once: its class gains :class:`_Selectable`); returns it."""
+    if isinstance(layers, _Selectable):
+        return layers
+    with _LOCK:
+        if not isinstance(layers, _Selectable):
+            cls = type(layers)
+            if cls not in _CLASSES:
+                _CLASSES[cls] = type(f"Selectable{cls.__name__}", (_Selectable, cls), {"__module__": __name__})
+            layers.__class__ = _CLASSES[cls]
+    return layers
