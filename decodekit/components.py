@@ -25,6 +25,7 @@ from decodekit.errors import (
 from decodekit.interfaces import (
     HOOKS,
     Begins,
+    ChecksModel,
     ChecksSampling,
     DeclaresKind,
     Drafter,
@@ -109,6 +110,8 @@ class Components:
         drafter = self.drafter
         if drafter is None:
             return None
+        if isinstance(drafter, ChecksModel):
+            drafter.check_model(model)  # its own refusal of this target (a head made for another), before any forward
         if isinstance(drafter, HasVocab) and not is_int(drafter.vocab_size):
             raise ConfigTypeError(
                 f"{type(drafter).__name__}.vocab_size must be an int (the drafter's vocabulary size, checked against "

@@ -16,6 +16,8 @@ each with ``isinstance`` once per call and calls what is there:
 :class:`ChecksSampling` ``check(sampling)`` (verifiers): raise ``ConfigError`` for unsupported settings
 :class:`HasDefaultPolicy` ``default_policy()`` (drafters): the length policy a call without one uses (else
                        ``FixedLength(4)``): a lookup drafter that wants long drafts says so here
+:class:`ChecksModel`   ``check_model(target)`` (drafters): when the call starts, before any forward: raise
+                       ``ConfigError`` for a target it cannot draft for (a head trained for another target)
 =====================  ==========================================================================================
 
 A component that defines a method one letter off a hook name (``obsrve``) gets a warning when the call starts.
@@ -216,6 +218,14 @@ class HasVocab(Protocol):
 
 
 @runtime_checkable
+class ChecksModel(Protocol):
+    def check_model(self, target: LanguageModel) -> None:
+        """Raise :class:`~decodekit.errors.ConfigError` if this drafter cannot draft for ``target`` (called when a
+        call starts, before any forward)."""
+        ...
+
+
+@runtime_checkable
 class HasDefaultPolicy(Protocol):
     def default_policy(self) -> LengthPolicy:
         """The length policy :func:`decodekit.generate` uses with this drafter when the call names none."""
@@ -231,7 +241,7 @@ class ChecksSampling(Protocol):
 
 _COMMON = ("begin", "observe", "select_rows", "needs", "hidden_layers")
 HOOKS = {
-    "drafter": ("propose", *_COMMON, "shares_target", "draft_kind", "vocab_size", "default_policy"),
+    "drafter": ("propose", *_COMMON, "shares_target", "draft_kind", "vocab_size", "default_policy", "check_model"),
     "verifier": ("verify", "accepts", "lossless", "check", *_COMMON),
     "policy": ("plan", *_COMMON),
 }

@@ -78,7 +78,7 @@ class EagleDrafter(SamplesLikeTheTarget):
     Args:
         weights: a head file (:meth:`EagleHead.save`; an EAGLE-1 or an EAGLE-3 head, the file says which);
             None = the head shipped for the zoo target ``smollm2-135m-instruct``. A head trained for another target
-            is refused in ``begin``.
+            is refused when the call starts (before any forward: :meth:`check_model`).
         temperature: the drafter's sampling temperature; None = the call's (which maximises acceptance).
         target: optionally the target (a :class:`LanguageModel`, transformers model or zoo name) to load the head
             for now, so a head that does not fit it is refused here rather than at the first call.
@@ -137,6 +137,11 @@ class EagleDrafter(SamplesLikeTheTarget):
         self.cache = target.new_cache(state.batch_size, state.tokens.shape[1])
         self.feats = self.features(prefill.last_hidden, prefill.hidden)  # [B, T, H]: positions cache.lengths ..
         self._committed: tuple[torch.Tensor, list[int]] | None = None  # set by propose: the target-fed entries
+
+    def check_model(self, target: LanguageModel) -> None:
+        """Before the call's first forward: load the head for ``target``, refusing one trained for another target
+        (its hidden size, vocabulary, weights, or, for EAGLE-3, the layers it reads) with what it was trained for."""
+        self._load(target)
 
     def _load(self, target: LanguageModel) -> None:
         """Load the head for ``target`` (once per target object)."""

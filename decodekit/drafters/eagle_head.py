@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from decodekit.cache import KVCache
-from decodekit.drafters.head_files import read_head, save_head
+from decodekit.drafters.head_files import load_tensors, read_head, read_metadata, save_head
 from decodekit.drafters.lean_layer import LeanLayer, lean_layer
 from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import match_kernels
@@ -22,6 +22,7 @@ from decodekit.resources import shipped_weights
 
 DEFAULT_WEIGHTS = "eagle_smollm2-135m-instruct.safetensors"  # the zoo target's head (docs/training.md)
 RETRAIN = "python -m decodekit train recipe=eagle (docs/training.md)"
+RETRAIN_EAGLE3 = "python -m decodekit train recipe=eagle3 (docs/training.md)"
 
 
 def default_weights() -> Path:
@@ -109,8 +110,27 @@ def read_init(path: str | Path, target: LanguageModel, retrain: str) -> tuple[di
     return meta, tensors
 
 
+def check_layers(path: str | Path, meta: dict[str, Any], target: LanguageModel, retrain: str) -> None:
+    """Refuse an EAGLE-3 head (its file's ``layers``: the target layers it reads) whose layers ``target`` does
+    not have: it was trained for another target."""
+    layers = [int(i) for i in meta.get("layers", ())]
+    count = target.num_layers
+    if layers and not all(0 <= i <= count for i in layers):
+        base = meta.get("base", "another target")
+        size = "" if meta.get("num_layers") is None else f" ({meta['num_layers']} layers)"
+        raise ConfigError(
+            f"the EAGLE-3 head {Path(path).name} was trained for {base!r}{size}: it reads that model's layers "
+            f"{layers}, and this target has {count} layers. Train one for yours with {retrain} base=<your target>"
+        )
+
+
 def load_head(
-    path: str | Path, target: LanguageModel, *, lean: bool = True, bf16: bool | None = None
+    path: str | Path,
+    target: LanguageModel,
+    *,
+    lean: bool = True,
+    bf16: bool | None = None,
+    retrain: str | None = None,
 ) -> tuple[EagleHead, dict[str, Any]]:
     """The head in ``path`` for ``target`` and its metadata, for drafting; refuses a head trained for another
     target.
@@ -118,15 +138,17 @@ def load_head(
     The head takes the target's device, dtype and CPU kernels (:func:`~decodekit.kernels.match_kernels`; ``bf16``:
     bfloat16 packed weights, None = where the CPU computes them natively), and with ``lean`` its layer runs as a
     :class:`~decodekit.drafters.lean_layer.LeanLayer` where one covers it (``lean=False``, ``bf16=False``: the head
-    as trained, through transformers in the target's dtype)."""
+    as trained, through transformers in the target's dtype). ``retrain``: the command its refusals name (None: the
+    recipe of the file's kind, EAGLE or EAGLE-3)."""
     config = getattr(getattr(target, "hf", None), "config", None)
     if config is None:
         raise ConfigError(f"the eagle drafter needs a transformers target (its config builds the head); got {target!r}")
-    meta, tensors = read_head(path, target, "an EAGLE head", RETRAIN)
+    if retrain is None:  # the recipe that wrote this kind of head (EAGLE-3's names the layers it reads)
+        retrain = RETRAIN_EAGLE3 if read_metadata(path).get("layers") else RETRAIN
+    meta, tensors = read_head(path, target, "an EAGLE head", retrain)
+    check_layers(path, meta, target, retrain)
     head = EagleHead(config, tensors["vocab"], taps=len(meta.get("layers", ())))
-    missing, unexpected = head.load_state_dict(tensors, strict=False)
-    if unexpected or any("embed_tokens" not in k for k in missing):
-        raise ConfigError(f"{path} does not match the head's layout: missing {missing}, unexpected {unexpected}")
+    load_tensors(head, tensors, path, "an EAGLE head", retrain, skip="embed_tokens")
     head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
     head = match_kernels(head, target, bf16=bf16)
     head.lean = lean_layer(head.decoder) if lean else None

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from decodekit.drafters.head_files import read_head, save_head
+from decodekit.drafters.head_files import load_tensors, read_head, save_head
 from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import match_kernels
 from decodekit.models.base import LanguageModel
@@ -70,9 +70,12 @@ def load_exit_head(path: str | Path, target: LanguageModel) -> tuple[ExitHead, d
     meta, tensors = read_head(path, target, "an exit head", RETRAIN)
     if "exit_layer" not in meta or "width" not in meta or "vocab" not in tensors:
         raise ConfigError(f"{path} is not an exit head file (no exit_layer / width / vocab); train one with {RETRAIN}")
-    head = ExitHead(int(meta["hidden_size"]), int(meta["width"]), int(meta["exit_layer"]), tensors["vocab"])
-    missing, unexpected = head.load_state_dict(tensors, strict=False)
-    if missing or unexpected:
-        raise ConfigError(f"{path} does not match the exit head's layout: missing {missing}, unexpected {unexpected}")
+    try:
+        head = ExitHead(int(meta["hidden_size"]), int(meta["width"]), int(meta["exit_layer"]), tensors["vocab"])
+    except Exception as error:  # a width or layer that is no integer, a negative width
+        raise ConfigError(
+            f"{path}: its metadata does not describe an exit head ({error}); train one with {RETRAIN}"
+        ) from None
+    load_tensors(head, tensors, path, "an exit head", RETRAIN)
     head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
     return match_kernels(head, target), meta

@@ -112,6 +112,13 @@ class FallbackDrafter:
         """The policy ``generate`` would give the primary alone (suffix: 16 nodes up to 16 deep)."""
         return policy_for(self.primary)
 
+    def check_model(self, target: LanguageModel) -> None:
+        """Each part's own refusal of ``target`` (an EAGLE-3 head trained for another), before any forward."""
+        for part in self.parts:
+            check = getattr(part, "check_model", None)
+            if callable(check):
+                check(target)
+
     # ------------------------------------------------------------------------------------------------ hooks
     def begin(
         self,

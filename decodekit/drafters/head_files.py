@@ -33,8 +33,17 @@ def head_metadata(target: LanguageModel, **extra: Any) -> dict[str, Any]:
         "hidden_size": int(config.hidden_size),
         "vocab_size": target.vocab_size,
         "fingerprint": fingerprint(target),
+        **({} if (layers := _num_layers(target)) is None else {"num_layers": layers}),
         **extra,
     }
+
+
+def _num_layers(target: LanguageModel) -> int | None:
+    """The target's decoder layer count, or None for a model without a layer list."""
+    try:
+        return int(target.num_layers)
+    except Exception:
+        return None
 
 
 def save_head(module: nn.Module, path: str | Path, metadata: dict[str, Any], skip: str | None = None) -> None:
@@ -91,7 +100,39 @@ def read_head(
             f"{want[0]}, vocabulary {want[1]}); this target differs (hidden size {have[0]}, vocabulary {have[1]}"
             f"{'' if want[:2] != have[:2] else ', other weights'}). Train one for it with {retrain} base=<it>"
         )
+    layers = _num_layers(target)
+    if meta.get("num_layers") is not None and layers is not None and meta["num_layers"] != layers:
+        raise ConfigError(
+            f"{what} {path.name} was trained for {meta.get('base', 'another target')!r} with {meta['num_layers']} "
+            f"layers; this target has {layers} (the same embeddings: a truncated copy?). Train one for it with "
+            f"{retrain} base=<it>"
+        )
     return meta, tensors
+
+
+def load_tensors(
+    module: nn.Module, tensors: dict[str, torch.Tensor], path: str | Path, what: str, retrain: str, skip: str = ""
+) -> None:
+    """Load a head file's ``tensors`` into ``module`` (built for the target), or refuse with a
+    :class:`ConfigError` naming the file and each tensor that is missing, unexpected or of another shape (the shape
+    the head for this target expects and the file's): never torch's ``load_state_dict`` error from deep inside.
+    Keys containing ``skip`` (when given) may be absent from the file."""
+    expected = module.state_dict()
+    wrong = [
+        f"{k!r} has shape {list(tensors[k].shape)} in the file, expected {list(v.shape)}"
+        for k, v in expected.items()
+        if k in tensors and tensors[k].shape != v.shape
+    ]
+    missing = [k for k in expected if k not in tensors and not (skip and skip in k)]
+    unexpected = [k for k in tensors if k not in expected]
+    if wrong or missing or unexpected:
+        problems = wrong + [f"{k!r} is missing" for k in missing] + [f"{k!r} is not part of it" for k in unexpected]
+        shown = "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
+        raise ConfigError(
+            f"{path} does not fit {what} for this target: tensor {shown}. The file is damaged or was written for "
+            f"another model; train one for this target with {retrain} base=<it>"
+        )
+    module.load_state_dict(tensors, strict=False)
 
 
 def head_rows(target: LanguageModel, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:

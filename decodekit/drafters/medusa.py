@@ -29,7 +29,7 @@ from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
 from decodekit.checks import check_int
 from decodekit.draft import Draft, DraftKind
-from decodekit.drafters.head_files import TrimmedHead, read_head, save_head
+from decodekit.drafters.head_files import TrimmedHead, load_tensors, read_head, save_head
 from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import match_kernels
 from decodekit.models.base import LanguageModel, ModelOutput
@@ -82,9 +82,9 @@ def load_heads(path: str | Path, target: LanguageModel) -> MedusaHeads:
     meta, tensors = read_head(path, target, "Medusa heads", RETRAIN)
     try:
         heads = MedusaHeads(int(meta["hidden_size"]), int(meta["num_heads"]), tensors["vocab"])
-        heads.load_state_dict(tensors)
     except Exception as error:
         raise ConfigError(f"{path} does not match the Medusa heads' layout: {error}") from None
+    load_tensors(heads, tensors, path, "Medusa heads", RETRAIN)
     return match_kernels(heads.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval(), target)
 
 
