@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from decodekit.checks import check_bool, check_float, check_int
 from decodekit.dlm.zoo import with_lora
 from decodekit.errors import ConfigError
+from decodekit.train.arguments import check_arguments
 from decodekit.train.common import BUDGET_PROBE, Checkpoints, budgeted_steps, plot_losses, take_step, warmup_cosine
 from decodekit.train.corpus import corpus_texts, token_chunks
 from decodekit.train.dlm_data import region_rows
@@ -114,6 +115,7 @@ def train(
             few steps the measured step time fixes the step count (at most ``max_steps``, or one pass), and the
             learning-rate schedule anneals over it. None: ``max_steps``.
     """
+    check_arguments(locals())  # every override, before the model or the data
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from peft import get_peft_model_state_dict

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from decodekit.checks import check_int
+from decodekit.train.arguments import check_arguments
 
 
 def head_loss(
@@ -97,6 +98,7 @@ def train(
 ) -> dict[str, Any]:
     """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/eagle.yaml`` for what each argument does."""
+    check_arguments(locals())  # every override, before the model or the data
     from decodekit.drafters.eagle_head import RETRAIN, EagleHead, read_init
     from decodekit.train.eagle_vocab import pick_vocab
     from decodekit.train.feature_heads import device_settings, finish_run, fit, held_out, start_run

@@ -35,6 +35,7 @@ import torch
 
 from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
+from decodekit.train.arguments import check_arguments
 
 
 def ttt_mask(n: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -158,6 +159,7 @@ def train(
 ) -> dict[str, Any]:
     """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/eagle3.yaml`` for what each argument does."""
+    check_arguments(locals())  # every override, before the model or the data
     from decodekit.drafters.eagle_head import EagleHead, read_init
     from decodekit.train.eagle_vocab import pick_vocab
     from decodekit.train.feature_data import by_length

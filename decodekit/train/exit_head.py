@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from decodekit.checks import check_int
+from decodekit.train.arguments import check_arguments
 
 
 @torch.no_grad()
@@ -136,6 +137,7 @@ def train(
 ) -> dict[str, Any]:
     """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/exit_head.yaml`` for what each argument does."""
+    check_arguments(locals())  # every override, before the model or the data
     from decodekit.drafters.exit_head import ExitHead
     from decodekit.drafters.head_files import head_rows
     from decodekit.train.feature_heads import device_settings, finish_run, fit, held_out, start_run

@@ -20,7 +20,29 @@ from tqdm.auto import tqdm
 
 from decodekit.checks import check_float, check_int
 from decodekit.errors import ConfigError
-from decodekit.train.sequences import DATA_KEYS, DATA_SOURCE, load_sequences, pad_sequences
+from decodekit.train.sequences import (
+    DATA_KEYS,
+    DATA_SOURCE,
+    check_data_models,
+    check_token_ids,
+    load_sequences,
+    pad_sequences,
+)
+
+
+def check_cached(data: dict[str, Any], target: Any, data_dir: Path) -> None:
+    """Refuse a ``features.pt`` whose features or token ids do not fit ``target`` (made with another model)."""
+    hidden = getattr(getattr(getattr(target, "hf", None), "config", None), "hidden_size", None)
+    feats = data.get("feats")
+    if feats is not None and hidden is not None and feats.shape[-1] != hidden:
+        raise ConfigError(
+            f"the features cached in {data_dir / 'features.pt'} have size {feats.shape[-1]}, and this model's hidden "
+            f"size is {hidden}: they were made with another model. Point data_dir at a new directory (or delete "
+            "that one) to build this model's data"
+        )
+    tokens = data.get("tokens")
+    if tokens is not None and tokens.numel():
+        check_token_ids("cached features' sequences", int(tokens.max()), target, data_dir)
 
 
 @torch.no_grad()
@@ -150,10 +172,14 @@ def prepare(
         check_int(name, cfg[name], low=0 if name.endswith(("prompts", "chunks")) else 1)
     check_int("train_vocab", train_vocab, low=1)
     check_float("val_fraction", val_fraction, low=0, high=1, low_open=True, high_open=True)
-    data_dir.mkdir(parents=True, exist_ok=True)
     cached, began = data_dir / "features.pt", time.perf_counter()
+    models = {"base": (cfg.get("base", repr(target)), target)}
+    check_data_models(data_dir, models, record=not cached.is_file() and not (data_dir / "sequences.json").is_file())
+    data_dir.mkdir(parents=True, exist_ok=True)
     if cached.is_file():
         data = torch.load(cached)
+        check_cached(data, target, data_dir)
+        check_data_models(data_dir, models, record=True)  # a cache made before models.json: its shapes fit
     else:
         seqs, starts = load_sequences(target, cfg, data_dir, seed, progress)
         if features:

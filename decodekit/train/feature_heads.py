@@ -218,9 +218,10 @@ def finish_run(
 ) -> dict[str, Any]:
     """What a feature head's ``train`` does last: ``pick(sizes)`` the draft vocabulary among ``vocab_sizes`` (those
     within the training vocabulary), trim the head to it, write ``history.json``, ``summary.json``, ``loss.png``
-    and ``<name>_<base>.safetensors`` (the recipe, the summary and ``metadata``, fields the drafter reads, in its
-    metadata). Returns the summary."""
+    and ``<name>_<base>.safetensors`` (``base`` as :func:`~decodekit.train.arguments.file_stem` names it; the
+    recipe, the summary and ``metadata``, fields the drafter reads, in its metadata). Returns the summary."""
     from decodekit.drafters.head_files import head_metadata
+    from decodekit.train.arguments import file_stem
 
     base = recipe["base"]
     sizes = sorted({s for s in vocab_sizes if s <= len(data.vocab)} or {len(data.vocab)})
@@ -232,5 +233,5 @@ def finish_run(
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_losses(history, out / "loss.png", f"{title} for {base}", loss_label)
     meta = head_metadata(target, base=base, summary=summary, recipe=recipe, **(metadata or {}))
-    head.save(out / f"{name}_{base}.safetensors", meta)
+    head.save(out / f"{name}_{file_stem(base)}.safetensors", meta)  # base may be a local directory's path
     return summary

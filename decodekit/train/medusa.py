@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from decodekit.checks import check_int
+from decodekit.train.arguments import check_arguments
 
 
 def medusa_loss(
@@ -130,6 +131,7 @@ def train(
 ) -> dict[str, Any]:
     """Train the heads; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/medusa.yaml`` for what each argument does."""
+    check_arguments(locals())  # every override (a negative decay would maximise the far heads' loss), before any work
     from decodekit.drafters.medusa import MedusaHeads
     from decodekit.train.feature_heads import device_settings, finish_run, fit, held_out, start_run
 

@@ -27,12 +27,81 @@ import torch
 from tqdm.auto import tqdm
 
 from decodekit.checks import check_int
+from decodekit.errors import ConfigError
 
 DATA_SOURCE = (
     "self-distilled: SmolLM2's greedy responses to questions about pydoc_data snippets and its greedy "
     "continuations of Lib/test code prompts, plus Lib/test source chunks (and, with self_instruct > 0, its greedy "
     "responses to chat requests it wrote itself, Magpie-style)"
 )
+MODELS_FILE = "models.json"  # in a data directory: the models its data was made with (check_data_models)
+
+
+def model_identity(model: Any) -> dict[str, Any]:
+    """What tells models apart in a data directory's :data:`MODELS_FILE`: hidden size, vocabulary and the
+    :func:`~decodekit.drafters.head_files.fingerprint` of the embeddings."""
+    from decodekit.drafters.head_files import fingerprint
+
+    model = _adapter(model)
+    hidden = getattr(getattr(getattr(model, "hf", None), "config", None), "hidden_size", None)
+    return {"hidden_size": hidden, "vocab_size": int(model.vocab_size), "fingerprint": round(fingerprint(model), 4)}
+
+
+def _adapter(model: Any) -> Any:
+    """``model`` as a decodekit adapter (a transformers model passed as is gets its adapter)."""
+    if hasattr(model, "embed") and hasattr(model, "vocab_size"):
+        return model
+    from decodekit.models import load_model
+
+    return load_model(model)
+
+
+def _same(saved: dict[str, Any], mine: dict[str, Any]) -> bool:
+    if (saved.get("hidden_size"), saved.get("vocab_size")) != (mine["hidden_size"], mine["vocab_size"]):
+        return False
+    theirs = saved.get("fingerprint")
+    return theirs is None or abs(theirs - mine["fingerprint"]) <= 1e-3 * max(1.0, abs(mine["fingerprint"]))
+
+
+def _describe(entry: dict[str, Any]) -> str:
+    return f"{entry.get('name', '?')!r} (hidden size {entry.get('hidden_size')}, vocabulary {entry.get('vocab_size')})"
+
+
+def check_data_models(data_dir: Path, models: dict[str, tuple[Any, Any]], record: bool) -> None:
+    """Refuse the data in ``data_dir`` when it was made with other models than ``models`` (role -> (name, model):
+    ``{"base": ("smollm2-135m-instruct", target)}``), as its :data:`MODELS_FILE` records them: the responses, features
+    and states of another model train a head for a model it is not (or fail deep inside with a shape error). With
+    ``record``, roles it does not record yet are written there (a new data directory, or one whose data was
+    checked against these models).
+
+    Raises:
+        ConfigError: naming the directory, the model the data was made with and this run's.
+    """
+    path = Path(data_dir) / MODELS_FILE
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    mine = {role: {"name": str(name), **model_identity(model)} for role, (name, model) in models.items()}
+    for role, entry in mine.items():
+        if role in saved and not _same(saved[role], entry):
+            raise ConfigError(
+                f"the data in {data_dir} was made with {_describe(saved[role])} as its {role}, and this run's {role} "
+                f"is {_describe(entry)}: a head trained on it would learn another model. Point data_dir at a new "
+                f"directory (or delete that one) to build this model's data"
+            )
+    if record and any(role not in saved for role in mine):
+        Path(data_dir).mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**mine, **saved}, indent=2))
+
+
+def check_token_ids(what: str, largest: int, model: Any, data_dir: Path) -> None:
+    """Refuse cached token ids (``largest``, the largest of them) that ``model``'s vocabulary does not have: data
+    made with another model before :func:`check_data_models` recorded it."""
+    model = _adapter(model)
+    if largest >= model.vocab_size:
+        raise ConfigError(
+            f"the {what} in {data_dir} hold token id {largest}, beyond this model's vocabulary of {model.vocab_size}: "
+            "they were made with another model. Point data_dir at a new directory (or delete that one) to build "
+            "this model's data"
+        )
 
 
 def code_prompts(tokenizer: Any, num: int, max_prompt_tokens: int, seed: int = 0) -> list[list[int]]:
@@ -121,6 +190,8 @@ def load_sequences(
     wrote them, else built and written there (the responses take the longest)."""
     data_dir = Path(data_dir)
     written = data_dir / "sequences.json"
+    models = {"base": (cfg.get("base", repr(target)), target)}
+    check_data_models(data_dir, models, record=not written.is_file())  # a new directory: recorded before the build
     if not written.is_file():
         prompts, chunks = sequence_plan(target.tokenizer, cfg, seed)
         if cfg.get("self_instruct"):  # chat prompts the target writes itself (a recipe that has the key)
@@ -131,6 +202,8 @@ def load_sequences(
             prompts += self_instruct_prompts(target, num, 64, limit, seed, cfg["gen_batch_size"], progress)
         return write_sequences(target, prompts, chunks, cfg, data_dir, progress)
     seqs = json.loads(written.read_text())
+    check_token_ids("sequences", max((max(s) for s in seqs if s), default=-1), target, data_dir)
+    check_data_models(data_dir, models, record=True)  # data made before models.json: checked as far as it can be
     if (data_dir / "starts.json").is_file():
         return seqs, json.loads((data_dir / "starts.json").read_text())
     prompts = [len(p) for p in training_prompts(target.tokenizer, cfg, seed)]  # a cache written before starts.json
@@ -163,6 +236,6 @@ SEQUENCES = {  # the EAGLE recipe's sequences (its defaults), which other recipe
 
 
 __all__ = [
-    "DATA_KEYS", "DATA_SOURCE", "SEQUENCES", "answer", "code_prompts", "load_sequences", "pad_sequences",
-    "sequence_plan", "training_prompts", "write_sequences",
+    "DATA_KEYS", "DATA_SOURCE", "MODELS_FILE", "SEQUENCES", "answer", "check_data_models", "check_token_ids",
+    "code_prompts", "load_sequences", "pad_sequences", "sequence_plan", "training_prompts", "write_sequences",
 ]  # fmt: skip

@@ -26,7 +26,9 @@ from decodekit.checks import check_bool, check_choice, check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.threshold_head import AcceptanceHead
 from decodekit.train.acceptance_data import DATA_SOURCE, generate_dataset, pydoc_prompts
+from decodekit.train.arguments import check_arguments
 from decodekit.train.common import Checkpoints, plot_losses, take_step, warmup_cosine
+from decodekit.train.sequences import check_data_models
 
 LABELS = ("greedy", "sampled", "both")
 
@@ -90,6 +92,7 @@ def train(
 
     The arguments (models by name) go into the head's metadata as ``recipe``.
     """
+    check_arguments(locals())  # every override, before the models or the data
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, set_seed
 
@@ -112,13 +115,16 @@ def train(
     set_seed(seed)
     start = time.perf_counter()
     target_lm, draft_lm = dk.load_model(target), dk.load_model(draft, kernels=draft_kernels)
+    where = Path(data_dir) if data_dir else out / "data"
+    models = {"target": (target, target_lm), "draft": (f"{draft} kernels={draft_kernels}", draft_lm)}
+    check_data_models(where, models, record=not any(where.glob("shard_*")))  # shards made with other models: refused
     if prompts is None:
         prompts = pydoc_prompts(target_lm.tokenizer, num_prompts, max_prompt_tokens, seed)
     data, tokens, data_seconds = generate_dataset(
         target_lm,
         draft_lm,
         prompts,
-        Path(data_dir) if data_dir else out / "data",
+        where,
         max_new_tokens=max_new_tokens,
         batch_size=gen_batch_size,
         shard_size=shard_size,
