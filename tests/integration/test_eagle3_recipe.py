@@ -71,13 +71,11 @@ def test_layers_outside_the_target_are_refused_before_any_data(tmp_path):
     assert not (tmp_path / "data").exists()
 
 
-def test_shipped_head_is_greedy_decoding_and_gets_accepted():
+def test_shipped_head_is_greedy_decoding_and_gets_accepted(smollm2, head_plain):
     assert shipped_weights(DEFAULT_WEIGHTS).is_file()
-    smollm2 = dk.load_model("smollm2-135m-instruct")
-    ids = head_prompts(smollm2.tokenizer)
-    plain = dk.generate(smollm2, ids, max_new_tokens=48)
+    ids, plain = head_plain
     out = dk.generate(smollm2, ids, dk.build("drafter", "eagle3"), max_new_tokens=48, debug=True)
-    assert out.sequences == plain.sequences
+    assert out.sequences == plain
     assert out.stats.mean_acceptance_length > 1.05
 
 

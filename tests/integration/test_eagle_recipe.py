@@ -11,14 +11,8 @@ import decodekit as dk
 from decodekit.drafters.eagle import default_weights, load_head
 from decodekit.train.eagle import train
 from decodekit.train.sequences import code_prompts
-from tests.integration.head_prompts import head_prompts
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    return dk.load_model("smollm2-135m-instruct")
 
 
 def test_code_prompts_are_not_benchmark_prompts(smollm2):
@@ -44,14 +38,14 @@ SMALL = dict(
 ONE_VOCAB = {**SMALL, "vocab_sizes": [1024]}  # one size: no timing, where the pick is not what a test checks
 
 
-def test_smoke_run_trains_picks_a_vocabulary_and_resumes(tmp_path):
+def test_smoke_run_trains_picks_a_vocabulary_and_resumes(tmp_path, smollm2):
     small = SMALL
     summary = train(tmp_path, epochs=2, **small)
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     assert summary["vocab"]["picked"] in (256, 1024) and set(summary["vocab"]["sizes"]) == {256, 1024}
     for name in ("eagle_smollm2-135m-instruct.safetensors", "loss.png", "summary.json", "history.json"):
         assert (tmp_path / name).is_file()
-    head, meta = load_head(tmp_path / "eagle_smollm2-135m-instruct.safetensors", dk.load_model("smollm2-135m-instruct"))
+    head, meta = load_head(tmp_path / "eagle_smollm2-135m-instruct.safetensors", smollm2)
     assert len(head.vocab) == summary["vocab"]["picked"] and meta["recipe"]["seq_len"] == 64
     steps = summary["steps"]
     resumed = train(tmp_path, epochs=3, resume=True, **small)  # the cached features and the last checkpoint
@@ -59,12 +53,11 @@ def test_smoke_run_trains_picks_a_vocabulary_and_resumes(tmp_path):
     assert len(json.loads((tmp_path / "history.json").read_text())["train"]) == resumed["steps"]
 
 
-def test_shipped_head_is_greedy_decoding_and_gets_accepted(smollm2):
+def test_shipped_head_is_greedy_decoding_and_gets_accepted(smollm2, head_plain):
     assert default_weights().is_file()
-    ids = head_prompts(smollm2.tokenizer)
-    plain = dk.generate(smollm2, ids, max_new_tokens=48)
+    ids, plain = head_plain
     out = dk.generate(smollm2, ids, dk.build("drafter", "eagle"), max_new_tokens=48, debug=True)
-    assert out.sequences == plain.sequences
+    assert out.sequences == plain
     # measured 1.11 on these prompts (docs/training.md: the head agrees ~1 time in 3 on held-out data); a head
     # started from the target and not trained gets nothing accepted here (1.00)
     assert out.stats.mean_acceptance_length > 1.05

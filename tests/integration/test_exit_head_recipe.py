@@ -9,14 +9,8 @@ import decodekit as dk
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.drafters.exit_head import default_weights, load_exit_head
 from decodekit.train.exit_head import train
-from tests.integration.head_prompts import head_prompts
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    return dk.load_model("smollm2-135m-instruct")
 
 
 def test_smoke_run_trains_and_picks_a_vocabulary(tmp_path, smollm2):
@@ -33,14 +27,13 @@ def test_smoke_run_trains_and_picks_a_vocabulary(tmp_path, smollm2):
     assert head.exit_layer == 3 and len(head.vocab) == summary["vocab"]["picked"] and meta["width"] == 64
 
 
-def test_shipped_head_is_greedy_decoding_and_beats_the_untrained_exit(smollm2):
+def test_shipped_head_is_greedy_decoding_and_beats_the_untrained_exit(smollm2, head_plain):
     assert default_weights().is_file()
-    ids = head_prompts(smollm2.tokenizer)
-    plain = dk.generate(smollm2, ids, max_new_tokens=48)
+    ids, plain = head_plain
     trained = EarlyExitDrafter(exit_head=True)
     out = dk.generate(smollm2, ids, trained, max_new_tokens=48, debug=True)
     untrained = dk.generate(smollm2, ids, EarlyExitDrafter(trained.layers), max_new_tokens=48)
-    assert out.sequences == plain.sequences == untrained.sequences
+    assert out.sequences == plain == untrained.sequences
     assert out.stats.mean_acceptance_length > untrained.stats.mean_acceptance_length + 0.1
 
 

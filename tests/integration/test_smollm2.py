@@ -28,11 +28,8 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def target() -> dk.models.HFCausalLM:
-    try:
-        return dk.load_model(NAME)
-    except dk.MissingDependencyError as error:
-        pytest.skip(str(error))
+def target(smollm2) -> dk.models.HFCausalLM:
+    return smollm2
 
 
 @pytest.fixture(scope="module")

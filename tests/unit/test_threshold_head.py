@@ -232,9 +232,9 @@ def test_train_command_recipe_matches_the_training_function():
 
 
 @pytest.mark.slow
-def test_shipped_head_with_the_zoo_draft():
+def test_shipped_head_with_the_zoo_draft(smollm2):
     """The shipped head loads, matches the zoo's draft model and keeps greedy output exact."""
-    target = dk.load_model("smollm2-135m-instruct")
+    target = smollm2
     draft = dk.load_model("smollm2-135m-instruct", kernels="int8")
     policy = ThresholdHeadStop()
     assert policy.head.hidden_size == 576 and "pydoc" in policy.head.metadata["data_source"]
