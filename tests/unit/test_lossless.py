@@ -24,7 +24,7 @@ from tests.conftest import perturbed, tiny_llama
 from tests.unit.spies import Wrapped
 from tests.unit.stats import chi_square_pvalue, total_variation, tv_noise
 
-VOCAB, NEW, ROWS_PER_PROMPT = 8, 3, 25_000
+VOCAB, NEW, ROWS_PER_PROMPT = 8, 3, 8_000  # biased controls still give p < 1e-60 (1e-6 needed)
 PROMPTS = ([7, 4, 4, 4], [2, 7, 3, 3, 3, 4, 7])  # ragged; repeats the target likes give n-gram matches
 SETTINGS = {
     "T1": dict(temperature=1.0),
