@@ -25,7 +25,7 @@ def test_the_corpus_is_not_a_benchmark_source():
 
 def test_smoke_run_lowers_the_loss_resumes_and_loads(tmp_path, monkeypatch):
     small = dict(
-        seq_len=32, train_chunks=64, val_chunks=4, batch_size=4, eval_every=4, save_every=4, lr=3e-3, progress=False
+        seq_len=32, train_chunks=64, val_chunks=4, batch_size=4, eval_every=4, save_every=4, lr=1e-3, progress=False
     )
     summary = train(tmp_path, max_steps=8, **small)
     assert summary["steps"] == 8 and summary["train_tokens"] == 8 * 4 * 32

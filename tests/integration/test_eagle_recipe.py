@@ -66,7 +66,7 @@ def test_shipped_head_is_greedy_decoding_and_gets_accepted(smollm2, head_plain):
 def test_a_missing_or_foreign_init_head_is_refused_before_the_data(tmp_path):
     from decodekit.drafters.medusa import default_weights as medusa_weights
 
-    bad = ((tmp_path / "none.safetensors", "no an EAGLE head"), (medusa_weights(), "not an EAGLE head file"))
+    bad = ((tmp_path / "none.safetensors", "no such file"), (medusa_weights(), "not an EAGLE head file"))
     for init, match in bad:
         with pytest.raises(dk.ConfigError, match=match):
             train(tmp_path / "run", init=str(init), progress=False)
