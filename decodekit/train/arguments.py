@@ -28,21 +28,15 @@ __all__ = ["RULES", "check_arguments", "file_stem"]
 Rule = Callable[[str, Any], Any]
 
 
-def _int(low: int | None = None, optional: bool = False, hint: str = "") -> Rule:
-    return lambda name, value: check_int(name, value, low=low, optional=optional, hint=hint)
+def _int(**bounds: Any) -> Rule:
+    """A rule checking an int with :func:`~decodekit.checks.check_int`'s keywords (``low``, ``optional``, ``hint``)."""
+    return lambda name, value: check_int(name, value, **bounds)
 
 
-def _float(
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    high_open: bool = False,
-    optional: bool = False,
-    hint: str = "",
-) -> Rule:
-    return lambda name, value: check_float(
-        name, value, low=low, high=high, low_open=low_open, high_open=high_open, optional=optional, hint=hint
-    )
+def _float(**bounds: Any) -> Rule:
+    """A rule checking a float with :func:`~decodekit.checks.check_float`'s keywords (``low``, ``high``,
+    ``low_open``, ``high_open``, ``optional``, ``hint``)."""
+    return lambda name, value: check_float(name, value, **bounds)
 
 
 def _bool(optional: bool = False) -> Rule:
