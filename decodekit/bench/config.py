@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from decodekit.bench.load import RETRIES
 from decodekit.checks import check_bool, check_choice, check_int
 from decodekit.errors import ConfigError, ConfigTypeError
 
@@ -37,6 +38,7 @@ def check_bench_config(cfg: Any) -> None:
 
     check_int("max_new_tokens", cfg.get("max_new_tokens"), low=1)
     check_int("passes", cfg.get("passes", 3), low=1)
+    check_int("reruns", cfg.get("reruns", RETRIES), low=0, hint=" (re-runs of a timed call other processes disturbed)")
     check_int("seed", cfg.get("seed"))
     check_bool("progress", cfg.get("progress"))
     check_int("oracle", cfg.get("oracle"), low=1, optional=True, hint=" (the longest draft length to profile)")

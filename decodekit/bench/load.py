@@ -80,12 +80,14 @@ def least_disturbed(call: Callable[[], T], retries: int = RETRIES) -> tuple[T, f
     return best, best_share, attempts
 
 
-def disturbed_warning(shares: list[float | None]) -> list[str]:
-    """The warning for a method whose calls (their ``others_cpu`` shares) were still disturbed after re-runs."""
+def disturbed_warning(shares: list[float | None], reruns: int = RETRIES) -> list[str]:
+    """The warning for a method whose calls (their ``others_cpu`` shares) were still disturbed after up to
+    ``reruns`` re-runs each."""
     busy = [s for s in shares if s is not None and s > BUSY]
     if not busy:
         return []
+    after = f"even after {reruns} re-runs" if reruns else "not re-run (reruns=0)"
     return [
         f"{len(busy)} of {len(shares)} timed calls ran while other processes used up to {max(busy):.0%} of the "
-        f"CPUs, even after {RETRIES} re-runs: its times are slowed by that load"
+        f"CPUs, {after}: its times are slowed by that load"
     ]

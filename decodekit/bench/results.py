@@ -141,7 +141,8 @@ def aggregate(
             result.warnings.append(
                 f"speedup varies {low:.2f}x-{high:.2f}x across passes: the machine was busy; rerun or raise passes"
             )
-        result.warnings += disturbed_warning([c.others_cpu for c in method_calls])
+        reruns = max((c.attempts for c in method_calls), default=1) - 1
+        result.warnings += disturbed_warning([c.others_cpu for c in method_calls], reruns)
         if isinstance(method, TransformersBaseline) and method.kind == "greedy" and result.speedup > SLOW_REFERENCE:
             warning = (
                 f"transformers' generate is {result.speedup:.2f}x decodekit's autoregressive loop here: a slow "

@@ -4,9 +4,9 @@ Protocol, for every (sampling setting, batch size): the first method is the refe
 every method gets one untimed warm-up call (first batch, 16 new tokens). Then ``passes`` timed passes: in each, for
 each batch of prompts, every method runs back to back on that batch, in an order rotated from batch to batch and
 pass to pass, so slow drifts of the machine land on all methods alike; a call during which other processes used
-more than 10% of our CPUs is re-run, up to 3 times (:mod:`decodekit.bench.load`), since one burst can slow one call
-several-fold. Speedups are ratios within a pass (never between passes): the median over passes, with their
-min-max spread. Every timed call is kept (:class:`Call`, in ``results.json``). Reported per method:
+more than 10% of our CPUs is re-run, up to ``reruns`` times (3 by default; :mod:`decodekit.bench.load`), since one
+burst can slow one call several-fold. Speedups are ratios within a pass (never between passes): the median over
+passes, with their min-max spread. Every timed call is kept (:class:`Call`, in ``results.json``). Reported per method:
 
 * tokens/s end to end and for decoding alone (prefill, i.e. time to the first token, reported separately), from the
   median pass;
@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from decodekit.bench.distributed import World, current_world, merge, place
 from decodekit.bench.greedy_diff import greedy_diffs
-from decodekit.bench.load import least_disturbed
+from decodekit.bench.load import RETRIES, least_disturbed
 from decodekit.bench.lookup_bound import DEPTHS as LOOKUP_DEPTHS
 from decodekit.bench.lookup_bound import lookup_tokens_per_forward
 from decodekit.bench.methods import Method, Run, Setting, TransformersBaseline
@@ -61,16 +61,20 @@ def run_benchmark(
     passes: int = 3,
     progress: bool = True,
     prompt_ids: Sequence[int | str] | None = None,
+    reruns: int = RETRIES,
 ) -> list[Result]:
     """Measure every method on ``prompts`` for every setting and batch size, interleaved over ``passes`` passes
     (see the module docstring); the first method is the reference.
 
     Methods that cannot run a batch size (transformers' assisted generation above 1) are skipped there.
     ``prompt_ids`` (e.g. a task's ``id`` column) name the prompts in ``greedy_diffs``; default: their indices.
+    ``reruns``: how often a timed call that other processes' load disturbed is re-run (0: never, e.g. where the
+    output is what matters, not the times).
     Launched as several processes (``accelerate launch``), each runs its share of the batches on its own device
     and every process returns the merged results (:mod:`decodekit.bench.distributed`).
     """
     passes = check_int("passes", passes, low=1)
+    reruns = check_int("reruns", reruns, low=0)
     world = current_world()
     place(world, model, methods)
     prompts = [list(p) for p in prompts]
@@ -87,7 +91,9 @@ def run_benchmark(
     for setting in settings:
         for batch_size in batch_sizes:
             fitting = [m for m in methods if _fits(m, batch_size)]
-            measured = _measure(model, prompts, fitting, setting, batch_size, max_new_tokens, seed, passes, bar, world)
+            measured = _measure(
+                model, prompts, fitting, setting, batch_size, max_new_tokens, seed, passes, reruns, bar, world
+            )
             group = aggregate(fitting, *merge(world, *measured), setting, batch_size, len(prompts))
             if setting.greedy and group:
                 bound = {d: lookup_tokens_per_forward(prompts, group[0].sequences, d) for d in LOOKUP_DEPTHS}
@@ -120,6 +126,7 @@ def _measure(
     max_new_tokens: int,
     seed: int,
     passes: int,
+    reruns: int,
     bar: tqdm,
     world: World,
 ) -> tuple[list[list[list[Run]]], list[list[Call]]]:
@@ -145,7 +152,7 @@ def _measure(
                 method = methods[m]
                 bar.set_postfix_str(f"{setting.name} b={batch_size} pass {p + 1}/{passes} {method.name}")
                 call = functools.partial(method.generate, model, batch, setting, max_new_tokens, seed + i)
-                run, others, attempts = least_disturbed(call) if world.size == 1 else (call(), None, 1)
+                run, others, attempts = least_disturbed(call, reruns) if world.size == 1 else (call(), None, 1)
                 runs[m][p].append(run)
                 tokens = sum(len(s) for s in run.sequences)
                 where = (setting.name, batch_size, method.name, p, i, order)

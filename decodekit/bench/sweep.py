@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from decodekit.bench.config import COMPONENTS, GENERIC_METHOD, check_bench_config, method_label
+from decodekit.bench.load import RETRIES
 from decodekit.errors import ConfigError
 from decodekit.instantiate import build_component
 
@@ -106,6 +107,7 @@ def measure(cfg: Any, methods: Sequence[Method | TransformersBaseline], out_dir:
         seed=cfg.seed,
         passes=cfg.get("passes", 3),
         progress=cfg.progress,
+        reruns=cfg.get("reruns", RETRIES),
         prompt_ids=list(data["id"]),
     )
     tasks = list(data["task"]) if "task" in data.column_names else None

@@ -74,6 +74,7 @@ def test_bench_sweep_over_k(tmp_path):
         "task.num_prompts=2",
         "max_new_tokens=12",
         "passes=1",
+        "reruns=0",  # what is checked is the sweep's report, not its times: no re-runs under the other xdist worker
         "progress=false",
         f"hydra.sweep.dir={tmp_path}",
     ]

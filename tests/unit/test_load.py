@@ -25,6 +25,9 @@ def test_the_least_disturbed_attempt_is_kept(monkeypatch):
     assert load.least_disturbed(lambda: None, retries=3) == ("run 3", 0.5, 4)  # all busy: the least busy, warned
     assert load.disturbed_warning([0.5, 0.01, None])[0].startswith("1 of 3 timed calls ran while other processes")
     assert load.disturbed_warning([0.01, None]) == []
+    shares, attempts[:] = iter([0.6]), []
+    assert load.least_disturbed(lambda: None, retries=0) == ("run 1", 0.6, 1)  # reruns=0: timed once, as it ran
+    assert "not re-run (reruns=0)" in load.disturbed_warning([0.6], reruns=0)[0]
 
 
 @pytest.mark.skipif(load._snapshot() is None, reason="needs Linux /proc")

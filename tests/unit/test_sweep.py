@@ -28,7 +28,7 @@ from decodekit.models import zoo
 from decodekit.models.tiny import tiny_llama
 
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [9, 3, 9, 3, 9], [1, 2, 3, 4]]
-QUICK = ["model.kernels=null", "task.num_prompts=2", "max_new_tokens=8", "passes=2", "progress=false"]
+QUICK = ["model.kernels=null", "task.num_prompts=2", "max_new_tokens=8", "passes=2", "reruns=0", "progress=false"]
 QUIET = ["hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
 
 
