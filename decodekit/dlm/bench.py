@@ -70,6 +70,7 @@ def run(
     synthetic: int = 8,
     synthetic_length: int = 32,
     synthetic_style: str = "lines",
+    synthetic_shots: int = 4,
     progress: bool = True,
     device: str | None = None,
     kernels: str | None = None,
@@ -93,7 +94,8 @@ def run(
             switching the others off one by one, so a method added to the recipe later does not join it.
         synthetic, synthetic_length: items per synthetic task (0 = skip that table) and their generation length
             (one block). synthetic_style: their prompts, ``"lines"`` (few-shot Python lines) or ``"chat"`` (few-shot
-            chat turns through the model's chat template: for a DLM trained on chat responses).
+            chat turns through the model's chat template: for a DLM trained on chat responses). synthetic_shots:
+            the solved examples before each item (fewer: shorter prompts, cheaper forwards).
         device: where the diffusion LM and the scorer run (``"cuda"``; None = the CPU).
         kernels: CPU linear kernels for both models (``"onednn"``, the recipe's default: prepacked linears,
             :mod:`decodekit.kernels.cpu`, faster forwards with the same tokens in docs/benchmarks.md's runs);
@@ -110,6 +112,7 @@ def run(
     check_int("synthetic", synthetic, low=0, hint=" (items per synthetic task; 0 = skip them)")
     check_int("synthetic_length", synthetic_length, low=1)
     check_choice("synthetic_style", synthetic_style, STYLES)
+    check_int("synthetic_shots", synthetic_shots, low=0, hint=" (solved examples before each synthetic item)")
     progress = check_bool("progress", progress)
     block_length = check_int("block_length", block_length, low=1)
     gen_lengths = _gen_lengths(gen_lengths, block_length)
@@ -197,7 +200,9 @@ def run(
             results.append({**row, "steps": steps[name]})
         save()
     if synthetic:
-        synth = run_synthetic(dlm, ar, plan, synthetic, synthetic_length, seed, progress, synthetic_style)
+        synth = run_synthetic(
+            dlm, ar, plan, synthetic, synthetic_length, seed, progress, synthetic_style, synthetic_shots
+        )
     return save()
 
 
@@ -303,18 +308,19 @@ def run_synthetic(
     seed: int,
     progress: bool = True,
     style: str = "lines",
+    shots: int = 4,
 ) -> list[dict[str, Any]]:
-    """Accuracy of every method (and of ``ar``, greedy) on ``count`` items of each synthetic task in ``style``
-    (:func:`~decodekit.dlm.synthetic.make_items`), one batched call per task and method: ``[{method, task, accuracy,
-    nfe}]`` (``nfe``: forwards per item; ``None`` for ``ar``). Completions are decoded without special tokens, so an
-    answer followed by the end-of-text token counts."""
+    """Accuracy of every method (and of ``ar``, greedy) on ``count`` items of each synthetic task in ``style``, with
+    ``shots`` solved examples each (:func:`~decodekit.dlm.synthetic.make_items`), one batched call per task and
+    method: ``[{method, task, accuracy, nfe}]`` (``nfe``: forwards per item; ``None`` for ``ar``). Completions are
+    decoded without special tokens, so an answer followed by the end-of-text token counts."""
     import decodekit as dk
     from decodekit.dlm.synthetic import TASKS, accuracy, make_items
 
     rows = []
     bar = tqdm(total=len(TASKS) * (len(plan) + 1), desc=f"dlm-bench synthetic G={gen}", disable=not progress)
     for task in TASKS:
-        items = make_items(task, count, seed=seed, style=style, tokenizer=dlm.tokenizer)
+        items = make_items(task, count, seed=seed, shots=shots, style=style, tokenizer=dlm.tokenizer)
         prompts = [dlm.tokenizer(i.prompt, add_special_tokens=False)["input_ids"] for i in items]
         for name, spec in plan.items():
             out = _generate(dlm, prompts, spec, gen, min(gen, dlm.block_length or gen), seed)
