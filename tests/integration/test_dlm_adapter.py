@@ -71,14 +71,17 @@ def test_block_causal_recipe_builds_self_distilled_rows_trains_and_loads_block_c
         dk.dlm.generate(m, ["def add(a, b):"], gen_length=8, block_length=8, steps=8)
 
 
-def test_a_time_budget_fixes_the_step_count_after_the_probe_and_anneals_over_it(tmp_path):
-    """A budget no step fits in: the run stops one step after the timed probe (the fewest a budget allows), with
-    the learning rate annealed to 0 at that step rather than cut off mid-schedule."""
-    from decodekit.train.dlm_adapter import BUDGET_PROBE
+def test_a_time_budget_fixes_the_step_count_after_the_probe_and_anneals_over_it(tmp_path, monkeypatch):
+    """A budget no step fits in: the run stops one step after the timed probe (the fewest a budget allows; a probe
+    of 3 steps here instead of 10), with the learning rate annealed to 0 at that step rather than cut off
+    mid-schedule."""
+    from decodekit.train import dlm_adapter
+
+    monkeypatch.setattr(dlm_adapter, "BUDGET_PROBE", 3)
 
     small = dict(seq_len=32, train_chunks=64, val_chunks=4, batch_size=4, eval_every=100, lr=3e-3, progress=False)
     summary = train(tmp_path, max_steps=1000, time_budget_s=1e-3, **small)
-    assert summary["steps"] == 2 + BUDGET_PROBE + 1 and summary["time_budget_s"] == 1e-3
+    assert summary["steps"] == 2 + 3 + 1 and summary["time_budget_s"] == 1e-3
     state = torch.load(next((tmp_path / "checkpoints").glob("step_*")) / "scheduler.bin", weights_only=False)
     assert state["lr_lambdas"][0]["total"] == summary["steps"] and state["_last_lr"][0] == pytest.approx(0.0)
 
