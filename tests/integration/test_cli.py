@@ -92,14 +92,3 @@ def test_bench_sweep_over_k(tmp_path):
         ["policy.k=2"],
     ]
     assert not (tmp_path / "0" / "results.json").exists()
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("needs_smollm2")
-def test_readme_notebook_example_runs():
-    readme = (ROOT / "README.md").read_text()
-    example = re.findall(r"```python\n(.*?)```", readme, flags=re.S)[0]
-    namespace: dict = {}
-    exec(compile(example, "README.md", "exec"), namespace)  # noqa: S102 - our own docs
-    out = namespace["out"]
-    assert len(out.sequences[0]) > 10 and out.stats.generated == len(out.sequences[0])
