@@ -34,7 +34,15 @@ def results():
     ]
     settings = [Setting(name="greedy"), Setting(name="t0.8", temperature=0.8)]
     return model, run_benchmark(
-        model, prompts, methods, settings=settings, batch_sizes=[1, 2], max_new_tokens=16, passes=2, progress=False
+        model,
+        prompts,
+        methods,
+        settings=settings,
+        batch_sizes=[1, 2],
+        max_new_tokens=16,
+        passes=2,
+        progress=False,
+        reruns=0,  # what is checked is not the times: no re-runs of calls the other xdist worker disturbed
     )
 
 
@@ -150,7 +158,7 @@ def test_greedy_differences_are_explained(tmp_path):
     }
     methods = [Method("autoregressive"), EditedAutoregressive("edited", edits)]
     ids = ["p0", "p1", "p2", "p3"]
-    rows = run_benchmark(model, prompts, methods, max_new_tokens=8, progress=False, prompt_ids=ids)
+    rows = run_benchmark(model, prompts, methods, max_new_tokens=8, progress=False, prompt_ids=ids, reruns=0)
     edited = rows[1]
     assert edited.greedy_match == 0.25
     assert [(d.prompt, d.position, d.verdict) for d in edited.greedy_diffs] == [

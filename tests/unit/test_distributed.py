@@ -85,6 +85,7 @@ def bench_overrides(target: Path, draft: Path, out: Path) -> list[str]:
         "task.max_prompt_tokens=40",
         "max_new_tokens=8",
         "passes=2",
+        "reruns=0",  # the two runs load each other's CPUs: no re-runs of calls they disturb
         "batch_sizes=[1,2,8]",
         "settings=[{name:greedy,temperature:0.0},{name:t0.8,temperature:0.8}]",
         f"+methods.draft_model={{drafter:{{_target_:decodekit.drafters.ModelDrafter,model:{model}}},"
