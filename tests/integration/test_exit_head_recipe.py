@@ -9,16 +9,13 @@ import decodekit as dk
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.drafters.exit_head import default_weights, load_exit_head
 from decodekit.train.exit_head import train
+from tests.integration.test_eagle_recipe import SMALL
 
 pytestmark = pytest.mark.slow
 
 
 def test_smoke_run_trains_and_picks_a_vocabulary(tmp_path, smollm2):
-    summary = train(
-        tmp_path, exit_layer=3, width=64, chat_prompts=2, code_prompts=2, text_chunks=12, max_new_tokens=8,
-        seq_len=64, train_vocab=1024, vocab_sizes=[256, 1024], val_fraction=0.25, batch_size=4, lr=3e-3, epochs=2,
-        progress=False,
-    )  # fmt: skip
+    summary = train(tmp_path, exit_layer=3, width=64, epochs=2, **SMALL)
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     assert summary["vocab"]["picked"] in (256, 1024) and summary["exit_layer"] == 3
     for name in ("exit_head_smollm2-135m-instruct.safetensors", "loss.png", "summary.json", "history.json"):
