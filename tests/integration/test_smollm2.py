@@ -79,13 +79,19 @@ def test_autoregressive_equals_hf_generate(target, prompts, reference):
     assert dk.generate(target, prompts, max_new_tokens=MAX_NEW).sequences == reference
 
 
+@pytest.fixture(scope="module")
+def truncated() -> dk.models.HFCausalLM:
+    """SmolLM2's first 4 layers (and its head): a draft model, loaded once for both draft lengths."""
+    return zoo.load_zoo_model(NAME, num_layers=4)
+
+
 @pytest.mark.parametrize("drafter_name", ["ngram", "truncated-4"])
 @pytest.mark.parametrize("k", [2, 4])
-def test_speculative_equals_hf_generate(target, prompts, reference, drafter_name, k):
+def test_speculative_equals_hf_generate(target, prompts, reference, drafter_name, k, request):
     if drafter_name == "ngram":
         drafter = dk.drafters.NGramDrafter()
     else:
-        drafter = dk.drafters.ModelDrafter(zoo.load_zoo_model(NAME, num_layers=4))
+        drafter = dk.drafters.ModelDrafter(request.getfixturevalue("truncated"))
     out = dk.generate(target, prompts, drafter=drafter, policy=dk.policies.FixedLength(k), max_new_tokens=MAX_NEW)
     assert out.sequences == reference
     assert out.stats.drafted > 0  # drafts were proposed and verified
