@@ -48,7 +48,7 @@ def test_online_states_train_like_the_cached_ones_within_a_time_budget(tmp_path,
     monkeypatch.setattr(feature_heads, "BUDGET_PROBE", 3)
     data = str(tmp_path / "data")
     small = {**ONE_VOCAB, "max_prompt_tokens": 128}  # room for the requests the target writes (64 tokens + template)
-    online = train(tmp_path / "online", epochs=100, online=True, time_budget_s=1e-3, data_dir=data, self_instruct=3,
+    online = train(tmp_path / "online", epochs=100, online=True, time_budget_s=1e-3, data_dir=data, self_instruct=1,
                    **small)  # fmt: skip
     assert not list((tmp_path / "data").glob("layers_*.pt")) and not (tmp_path / "data" / "features.pt").exists()
     assert online["sequences"] > 2 + 2 + 12  # the self-instruct requests the target wrote joined the data
