@@ -154,9 +154,9 @@ def test_prophet_fills_every_masked_slot_once_sure():
     state, prop, elig = synthetic(
         [[0.5, 0.6, 0.4, 0.3]] * 2, [[True, True, False, False]] * 2, gaps=[[8.0] * 4, [4.0] * 4]
     )
-    got = rule.select(state, prop, elig)  # progress 0: needs 7.5; row 0 fills all, later blocks' slots included
+    got = rule.select(state, prop, elig)  # progress 1/4 (step 0 counts): needs 7.5; row 0 fills all, later blocks too
     assert got.tolist() == [[True] * 4, [False, True, False, False]]
-    state.global_step = 3  # progress 0.75: 2.5 suffices
+    state.global_step = 3  # progress 4/4: 2.5 suffices
     assert rule.select(state, prop, elig).all()
 
 
