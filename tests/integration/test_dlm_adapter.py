@@ -79,7 +79,8 @@ def test_a_time_budget_fixes_the_step_count_after_the_probe_and_anneals_over_it(
 
     monkeypatch.setattr(dlm_adapter, "BUDGET_PROBE", 3)
 
-    small = dict(seq_len=32, train_chunks=64, val_chunks=4, batch_size=4, eval_every=100, lr=3e-3, progress=False)
+    # what is checked is the step count and the schedule: the smallest data and batches
+    small = dict(seq_len=16, train_chunks=16, val_chunks=2, batch_size=2, eval_every=100, lr=3e-3, progress=False)
     summary = train(tmp_path, max_steps=1000, time_budget_s=1e-3, **small)
     assert summary["steps"] == 2 + 3 + 1 and summary["time_budget_s"] == 1e-3
     state = torch.load(next((tmp_path / "checkpoints").glob("step_*")) / "scheduler.bin", weights_only=False)
