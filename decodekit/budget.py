@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_callable, check_int, describe
+from decodekit.checks import check_callable, check_int, describe, describe_on, tensor_fits
 from decodekit.errors import ComponentOutputError, ConfigError
 
 
@@ -261,16 +261,10 @@ def call_stop(rule: Callable[[DraftStep], torch.Tensor], step: DraftStep) -> tor
     """
     fired = rule(step)
     tokens = step.tokens
-    if (
-        not isinstance(fired, torch.Tensor)
-        or fired.dtype != torch.bool
-        or fired.shape != tokens.shape
-        or fired.device != tokens.device
-    ):
-        on = "" if not isinstance(fired, torch.Tensor) else f" on {fired.device}"
+    if not tensor_fits(fired, [tuple(tokens.shape)], tokens.device, torch.bool):
         fix = "; use .bool()" if isinstance(fired, torch.Tensor) and fired.shape == tokens.shape else ""
         raise ComponentOutputError(
-            f"the stop rule {_rule_name(rule)} (DraftBudget.stop) returned {describe(fired)}{on}; a stop rule must "
+            f"the stop rule {_rule_name(rule)} (DraftBudget.stop) returned {describe_on(fired)}; a stop rule must "
             f"return a bool tensor [B] = {tuple(tokens.shape)} on {tokens.device}, True for the rows that stop "
             f"drafting{fix}"
         )

@@ -35,11 +35,13 @@ __all__ = [
     "check_signature",
     "check_seed",
     "describe",
+    "describe_on",
     "eos_ids",
     "int_array",
     "is_numpy_array",
     "is_int",
     "parse_device",
+    "tensor_fits",
 ]
 
 SEED_RANGE = (-(2**63), 2**64)
@@ -62,6 +64,19 @@ def describe(value: Any) -> str:
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{text} ({type(value).__qualname__})"
+
+
+def describe_on(value: Any) -> str:
+    """:func:`describe`, with the device when ``value`` is a tensor (a component output's message)."""
+    return f"{describe(value)} on {value.device}" if isinstance(value, torch.Tensor) else describe(value)
+
+
+def tensor_fits(value: Any, shapes: Sequence[tuple[int, ...]], device: torch.device, dtype: Any) -> bool:
+    """Whether ``value`` is a tensor on ``device`` with one of ``shapes`` and of ``dtype`` (``"float"``: any floating
+    point dtype): the host-metadata test of a component's output, no device read."""
+    if not isinstance(value, torch.Tensor) or value.device != device or tuple(value.shape) not in shapes:
+        return False
+    return value.dtype.is_floating_point if dtype == "float" else value.dtype == dtype
 
 
 def is_int(value: Any) -> bool:

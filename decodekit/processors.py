@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decodekit.checks import describe
+from decodekit.checks import describe_on, tensor_fits
 from decodekit.draft import Draft
 from decodekit.errors import ComponentOutputError
 
@@ -91,15 +91,9 @@ class LogitsProcessing:
         flags = [_bad_values(scores)] if values else []
         for processor in self.processors:
             out = processor(input_ids, scores)
-            if (
-                not isinstance(out, torch.Tensor)
-                or out.shape != scores.shape
-                or not out.dtype.is_floating_point
-                or out.device != scores.device
-            ):
-                on = f" on {out.device}" if isinstance(out, torch.Tensor) else ""
+            if not tensor_fits(out, [tuple(scores.shape)], scores.device, "float"):
                 raise ComponentOutputError(
-                    f"the logits processor {_name(processor)} returned {describe(out)}{on}; a processor "
+                    f"the logits processor {_name(processor)} returned {describe_on(out)}; a processor "
                     "f(input_ids [n, T], scores [n, V]) must return the scores it was given, processed: a float "
                     f"tensor of shape {tuple(scores.shape)} on {scores.device}"
                 )

@@ -15,26 +15,17 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_int, describe, is_int
+from decodekit.checks import check_int, describe, describe_on, is_int, tensor_fits
 from decodekit.dlm.state import DLMState, SlotLogits
 from decodekit.errors import ComponentOutputError, ConfigError, ConfigTypeError
-
-
-def name_of(component: Any) -> str:
-    return type(component).__name__
 
 
 def check_commit(source: str, commit: Any, state: DLMState) -> torch.Tensor:
     """A rule's ``select`` output: a ``[B, G]`` bool tensor on the state's device (host metadata only)."""
     shape = (state.batch_size, state.gen_length)
-    if (
-        not isinstance(commit, torch.Tensor)
-        or commit.dtype != torch.bool
-        or tuple(commit.shape) != shape
-        or commit.device != state.device
-    ):
+    if not tensor_fits(commit, [shape], state.device, torch.bool):
         raise ComponentOutputError(
-            f"{source} must return a [B, G] = {list(shape)} bool tensor on {state.device}, got {_on(commit)}"
+            f"{source} must return a [B, G] = {list(shape)} bool tensor on {state.device}, got {describe_on(commit)}"
         )
     return commit
 
@@ -42,22 +33,12 @@ def check_commit(source: str, commit: Any, state: DLMState) -> torch.Tensor:
 def check_region(source: str, region: Any, state: DLMState) -> torch.Tensor:
     """A schedule's ``region`` output: a ``[G]`` or ``[B, G]`` bool tensor on the state's device."""
     shapes = ((state.gen_length,), (state.batch_size, state.gen_length))
-    if (
-        not isinstance(region, torch.Tensor)
-        or region.dtype != torch.bool
-        or tuple(region.shape) not in shapes
-        or region.device != state.device
-    ):
+    if not tensor_fits(region, shapes, state.device, torch.bool):
         raise ComponentOutputError(
             f"{source} must return a [G] = {list(shapes[0])} or [B, G] = {list(shapes[1])} bool tensor on "
-            f"{state.device}, got {_on(region)}"
+            f"{state.device}, got {describe_on(region)}"
         )
     return region
-
-
-def _on(value: Any) -> str:
-    """``value`` for a message, with its device when it is a tensor."""
-    return f"{describe(value)} on {value.device}" if isinstance(value, torch.Tensor) else describe(value)
 
 
 def check_logits(source: str, logits: Any, state: DLMState, vocab_size: int, canvases: int | None = None) -> Any:
@@ -78,7 +59,7 @@ def check_logits(source: str, logits: Any, state: DLMState, vocab_size: int, can
         if not ok_type or tuple(window.shape) != expected:
             raise ComponentOutputError(
                 f"{source} must return {dims} = {list(expected)} float logits on {state.device} (or a SlotLogits "
-                f"window covering the current block), got {describe(window)} on {window.device}"
+                f"window covering the current block), got {describe_on(window)}"
             )
         return logits
     lo, hi = state.block[0], (state.lookahead or state.block)[1]
@@ -88,7 +69,7 @@ def check_logits(source: str, logits: Any, state: DLMState, vocab_size: int, can
     if not ok_type or width is None or tuple(window.shape) != (*expected[:-2], width, vocab_size) or not fits:
         what = f"slots {lo}..{hi - 1}" + (" (the current block and the next)" if state.lookahead else "")
         raise ComponentOutputError(
-            f"{source} returned a SlotLogits window of {describe(window)} on {window.device} from slot lo="
+            f"{source} returned a SlotLogits window of {describe_on(window)} from slot lo="
             f"{logits.lo!r}; it must hold {dims.replace('G', 'W')} = {[*expected[:-2], 'W', vocab_size]} float "
             f"logits on {state.device} for slots lo .. lo + W - 1 within the {state.gen_length} generation slots, "
             f"covering {what}"
@@ -117,7 +98,7 @@ def check_variants(
         raise ComponentOutputError(
             f"{source} must return None or a [1 + N, B, T] = [1 + N, {', '.join(map(str, canvas.shape))}] "
             f"{str(canvas.dtype).removeprefix('torch.')} tensor on {canvas.device} (the canvas, then N drafted "
-            f"canvases), got {describe(variants)} on {variants.device}"
+            f"canvases), got {describe_on(variants)}"
         )
     if values:
         first, inside = torch.stack(
