@@ -46,12 +46,12 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def head_plain(smollm2) -> tuple[list[list[int]], list[list[int]]]:
-    """The shipped heads' two prompts and SmolLM2's plain greedy continuation of each (48 tokens): the reference
-    every shipped head's test compares with."""
-    from tests.integration.head_prompts import head_prompts
+    """The shipped heads' two prompts and SmolLM2's plain greedy continuation of each (``HEAD_NEW`` tokens): the
+    reference every shipped head's test compares with."""
+    from tests.integration.head_prompts import HEAD_NEW, head_prompts
 
     ids = head_prompts(smollm2.tokenizer)
-    return ids, dk.generate(smollm2, ids, max_new_tokens=48).sequences
+    return ids, dk.generate(smollm2, ids, max_new_tokens=HEAD_NEW).sequences
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from decodekit.drafters.eagle3 import DEFAULT_WEIGHTS, Eagle3Drafter
 from decodekit.errors import ConfigError
 from decodekit.resources import shipped_weights
 from decodekit.train.eagle3 import train
-from tests.integration.head_prompts import head_prompts
+from tests.integration.head_prompts import HEAD_NEW, head_prompts
 from tests.integration.test_eagle_recipe import ONE_VOCAB, SMALL
 
 pytestmark = pytest.mark.slow
@@ -78,7 +78,7 @@ def test_layers_outside_the_target_are_refused_before_any_data(tmp_path):
 def test_shipped_head_is_greedy_decoding_and_gets_accepted(smollm2, head_plain):
     assert shipped_weights(DEFAULT_WEIGHTS).is_file()
     ids, plain = head_plain
-    out = dk.generate(smollm2, ids, dk.build("drafter", "eagle3"), max_new_tokens=48, debug=True)
+    out = dk.generate(smollm2, ids, dk.build("drafter", "eagle3"), max_new_tokens=HEAD_NEW, debug=True)
     assert out.sequences == plain
     assert out.stats.mean_acceptance_length > 1.05
 
@@ -88,11 +88,11 @@ def test_lookup_backed_by_the_shipped_head_is_greedy_decoding_on_packed_kernels(
     greedy output is plain decoding's and it commits more a round than the head alone; it samples too."""
     smollm2 = dk.load_model("smollm2-135m-instruct", kernels="onednn")
     ids = head_prompts(smollm2.tokenizer)
-    plain = dk.generate(smollm2, ids, max_new_tokens=48)
+    plain = dk.generate(smollm2, ids, max_new_tokens=HEAD_NEW)
     policy = dk.policies.FixedLength(16, depth=16)
-    head = dk.generate(smollm2, ids, dk.build("drafter", "eagle3"), max_new_tokens=48)
+    head = dk.generate(smollm2, ids, dk.build("drafter", "eagle3"), max_new_tokens=HEAD_NEW)
     lookup = dk.generate(
-        smollm2, ids, dk.build("drafter", "lookup_eagle3"), policy=policy, max_new_tokens=48, debug=True
+        smollm2, ids, dk.build("drafter", "lookup_eagle3"), policy=policy, max_new_tokens=HEAD_NEW, debug=True
     )
     assert lookup.sequences == plain.sequences == head.sequences
     assert lookup.stats.mean_acceptance_length > head.stats.mean_acceptance_length

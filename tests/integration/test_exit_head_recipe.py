@@ -9,6 +9,7 @@ import decodekit as dk
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.drafters.exit_head import default_weights, load_exit_head
 from decodekit.train.exit_head import train
+from tests.integration.head_prompts import HEAD_NEW
 from tests.integration.test_eagle_recipe import SMALL
 
 pytestmark = pytest.mark.slow
@@ -28,8 +29,8 @@ def test_shipped_head_is_greedy_decoding_and_beats_the_untrained_exit(smollm2, h
     assert default_weights().is_file()
     ids, plain = head_plain
     trained = EarlyExitDrafter(exit_head=True)
-    out = dk.generate(smollm2, ids, trained, max_new_tokens=48, debug=True)
-    untrained = dk.generate(smollm2, ids, EarlyExitDrafter(trained.layers), max_new_tokens=48)
+    out = dk.generate(smollm2, ids, trained, max_new_tokens=HEAD_NEW, debug=True)
+    untrained = dk.generate(smollm2, ids, EarlyExitDrafter(trained.layers), max_new_tokens=HEAD_NEW)
     assert out.sequences == plain == untrained.sequences
     assert out.stats.mean_acceptance_length > untrained.stats.mean_acceptance_length + 0.1
 

@@ -3,6 +3,7 @@ less than token-wise rejection, and reproduces the paper's binary example; a del
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -18,14 +19,17 @@ from tests.unit.test_lossless import assert_matches, models, sample_counts  # no
 V = 3
 
 
+@functools.cache
+def _row(seed: int, temperature: float, prefix: tuple[int, ...]) -> torch.Tensor:
+    g = torch.Generator().manual_seed(hash((seed, prefix)) % 2**31)
+    return (torch.randn(V, generator=g, dtype=torch.float64) * 1.5 / temperature).softmax(-1)
+
+
 def table(seed: int, temperature: float = 1.0):
-    """A context-dependent distribution ``f(prefix) -> [V]`` (fp64), from a hash of the prefix."""
-
-    def f(prefix: tuple[int, ...]) -> torch.Tensor:
-        g = torch.Generator().manual_seed(hash((seed, prefix)) % 2**31)
-        return (torch.randn(V, generator=g, dtype=torch.float64) * 1.5 / temperature).softmax(-1)
-
-    return f
+    """A context-dependent distribution ``f(prefix) -> [V]`` (fp64), from a hash of the prefix; each row is computed
+    once per process (the enumerations ask for the same prefixes many times), so callers must not change it in
+    place."""
+    return functools.partial(_row, seed, temperature)
 
 
 def one_hot(f):

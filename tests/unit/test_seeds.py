@@ -19,10 +19,9 @@ from decodekit.policies import FixedLength
 from decodekit.registry import available, resolve
 from decodekit.sampling import RowGenerators, make_generator, sample, uniform
 from tests.conftest import perturbed, tiny_llama
-from tests.unit.stats import chi_square_pvalue, total_variation, tv_noise
 from tests.unit.test_host_syncs import OVERHEAD, CountingModelDrafter, count_syncs
 from tests.unit.test_host_syncs import PROMPTS as HOST_SYNC_PROMPTS
-from tests.unit.test_lossless import NEW, PROMPTS, SETTINGS, VOCAB, exact_joint
+from tests.unit.test_lossless import NEW, PROMPTS, ROWS_PER_PROMPT, SETTINGS, VOCAB, assert_matches
 
 SMALL_VOCAB, EOS = 16, 15
 SEEDS = [3, 14, 15, 92, 65, 35, 89, 79]
@@ -164,9 +163,6 @@ def test_coins_are_prefix_stable_on_the_cpu():
 
 
 # ------------------------------------------------------------------------------------------- distribution
-ROWS_PER_PROMPT = 15_000
-
-
 @pytest.fixture(scope="module")
 def lossless_models():
     target = tiny_llama(0, vocab=VOCAB, hidden=32, init=0.3)  # the same target as test_lossless.py
@@ -192,13 +188,7 @@ def test_per_row_seeds_sample_the_target_law(lossless_models, drafter):
     )
     seqs = torch.tensor(out.sequences).reshape(len(PROMPTS), ROWS_PER_PROMPT, NEW)
     codes = seqs[..., 0] * VOCAB**2 + seqs[..., 1] * VOCAB + seqs[..., 2]
-    sampling = dk.SamplingParams(**SETTINGS[setting])
-    for prompt, c in zip(PROMPTS, codes):
-        exact = exact_joint(target, prompt, sampling)
-        counts = torch.bincount(c, minlength=VOCAB**NEW)
-        pvalue, tv = chi_square_pvalue(counts, exact), total_variation(counts, exact)
-        assert pvalue > 1e-4, f"chi-square rejects the target law (p={pvalue:.2e}, TV={tv:.4f})"
-        assert tv < 2 * tv_noise(exact, ROWS_PER_PROMPT) + 0.005, f"TV {tv:.4f} above sampling noise"
+    assert_matches(target, [torch.bincount(c, minlength=VOCAB**NEW) for c in codes], setting)
     if drafter is not None:
         assert out.stats.accepted > 0
 

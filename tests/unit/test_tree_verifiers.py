@@ -13,6 +13,7 @@ trees.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
 import pytest
@@ -40,6 +41,7 @@ SHAPES = {  # parents of each node, in draw order
 def top_p(f, mass: float = 0.9):
     """``f`` truncated to its nucleus (the smallest set of tokens with probability >= ``mass``), renormalised."""
 
+    @functools.cache  # the enumerations ask for the same prefixes many times; callers do not change rows in place
     def g(prefix):
         probs = f(prefix)
         values, index = probs.sort(descending=True)
