@@ -28,15 +28,15 @@ def test_the_corpus_is_not_a_benchmark_source():
 
 def test_smoke_run_lowers_the_loss_resumes_and_loads(tmp_path, monkeypatch):
     small = dict(
-        seq_len=32, train_chunks=64, val_chunks=4, batch_size=4, eval_every=4, save_every=4, lr=1e-3, progress=False
+        seq_len=32, train_chunks=64, val_chunks=4, batch_size=4, eval_every=4, save_every=2, lr=1e-3, progress=False
     )
-    summary = train(tmp_path, max_steps=8, **small)
-    assert summary["steps"] == 8 and summary["train_tokens"] == 8 * 4 * 32
+    summary = train(tmp_path, max_steps=4, **small)
+    assert summary["steps"] == 4 and summary["train_tokens"] == 4 * 4 * 32
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     for name in ("smollm2-135m-dlm.safetensors", "loss.png", "summary.json", "history.json"):
         assert (tmp_path / name).is_file()
-    resumed = train(tmp_path, max_steps=10, resume=True, **small)  # from the step-8 checkpoint
-    assert resumed["steps"] == 10 and len(json.loads((tmp_path / "history.json").read_text())["train"]) == 10
+    resumed = train(tmp_path, max_steps=5, resume=True, **small)  # from the step-4 checkpoint
+    assert resumed["steps"] == 5 and len(json.loads((tmp_path / "history.json").read_text())["train"]) == 5
 
     monkeypatch.setattr(zoo, "weights_path", lambda entry: tmp_path / entry.weights)
     m = dk.dlm.load_model("smollm2-135m-dlm")

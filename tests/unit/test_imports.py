@@ -7,19 +7,19 @@ import sys
 HEAVY = ("transformers.modeling_utils", "transformers.generation.utils", "transformers.models.llama")
 
 
-def _loaded_after(code: str) -> set[str]:
-    probe = f"{code}\nimport sys\nprint('\\n'.join(m for m in {HEAVY!r} if m in sys.modules))"
+def _loaded_after(*steps: str) -> list[set[str]]:
+    """One fresh interpreter runs ``steps`` in order; after each, the ``HEAVY`` modules it has loaded."""
+    report = f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules) + ' |')"
+    probe = "\n".join(["import sys", *(f"{step}\n{report}" for step in steps)])
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    return set(done.stdout.split())
+    return [set(part.split()) for part in done.stdout.split("|")[: len(steps)]]
 
 
-def test_import_leaves_transformers_modeling_code_unloaded():
-    assert _loaded_after("import decodekit as dk; dk.available('drafter')") == set()
-
-
-def test_the_probe_sees_modeling_code_once_a_model_is_built():
-    """The same probe reports the modules once something needs them, so the test above can fail."""
-    loaded = _loaded_after(
-        "import decodekit as dk; from decodekit.models.tiny import tiny_llama; dk.load_model(tiny_llama(0))"
+def test_import_leaves_transformers_modeling_code_unloaded_until_a_model_is_built():
+    """The same probe then reports the modules once something needs them, so the first check can fail."""
+    imported, built = _loaded_after(
+        "import decodekit as dk; dk.available('drafter')",
+        "from decodekit.models.tiny import tiny_llama; dk.load_model(tiny_llama(0))",
     )
-    assert {"transformers.modeling_utils", "transformers.models.llama"} <= loaded
+    assert imported == set()
+    assert {"transformers.modeling_utils", "transformers.models.llama"} <= built
