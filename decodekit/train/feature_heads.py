@@ -167,6 +167,8 @@ def start_run(
     set_seed(args["seed"])
     out = Path(args["out_dir"])
     target = dk.load_model(args["base"], device=device)
+    if not isinstance(args["base"], str):  # a loaded model (from Python): its files and records name its class
+        recipe["base"] = type(getattr(target, "hf", target)).__name__
     # refuse a recipe that does not fit the target before building the data
     layers = check_target(target) if check_target is not None else None
     where = Path(args["data_dir"]) if args["data_dir"] else out / "data"

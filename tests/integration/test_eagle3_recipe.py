@@ -1,5 +1,5 @@
-"""The EAGLE-3 recipe on the real SmolLM2 (a smoke run: files, the layers in the head file, resume) and the shipped
-head (greedy output equal to plain decoding, with drafts accepted)."""
+"""The EAGLE-3 recipe on SmolLM2 cut to 8 layers (``smollm2_cut``; a smoke run: files, the layers in the head file,
+resume) and the shipped head on the full SmolLM2 (greedy output equal to plain decoding, with drafts accepted)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from decodekit.drafters.eagle3 import DEFAULT_WEIGHTS, Eagle3Drafter
 from decodekit.errors import ConfigError
 from decodekit.resources import shipped_weights
 from decodekit.train.eagle3 import train
+from tests.conftest import CUT
 from tests.integration.head_prompts import HEAD_NEW, head_prompts
 from tests.integration.test_eagle_recipe import ONE_VOCAB, SMALL
 
@@ -20,52 +21,63 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory) -> tuple[Path, dict]:
+def smoke_run(tmp_path_factory, smollm2_cut) -> tuple[Path, dict]:
     """A 2-epoch smoke run: its folder and summary (the smoke test resumes it; the continued head starts from it)."""
     out = tmp_path_factory.mktemp("eagle3_smoke")
-    return out, train(out, epochs=2, **SMALL)
+    return out, train(out, base=smollm2_cut, epochs=2, **SMALL)
 
 
-def test_smoke_run_writes_a_head_that_names_its_layers_and_resumes(smoke_run):
+def test_smoke_run_writes_a_head_that_names_its_layers_and_resumes(smoke_run, smollm2_cut):
     tmp_path, summary = smoke_run
     assert summary["final_val_loss"] < summary["initial_val_loss"]
-    assert summary["layers"] == [2, 15, 27] and summary["fuse_fit_error"] < 1.0
-    path = tmp_path / "eagle3_smollm2-135m-instruct.safetensors"
-    for name in (path.name, "loss.png", "summary.json", "history.json", "data/layers_2-15-27.pt"):
+    assert summary["layers"] == [2, 4, 5] and summary["fuse_fit_error"] < 1.0  # 2, L // 2, L - 3 of 8 layers
+    path = tmp_path / f"eagle3_{CUT}.safetensors"
+    for name in (path.name, "loss.png", "summary.json", "history.json", "data/layers_2-4-5.pt"):
         assert (tmp_path / name).is_file()
-    drafter = Eagle3Drafter(path, target="smollm2-135m-instruct")
-    assert drafter.hidden_layers == (2, 15, 27) and len(drafter.head.vocab) == summary["vocab"]["picked"]
-    resumed = train(tmp_path, epochs=3, resume=True, **SMALL)  # the cached states and the last checkpoint
+    drafter = Eagle3Drafter(path, target=smollm2_cut)
+    assert drafter.hidden_layers == (2, 4, 5) and len(drafter.head.vocab) == summary["vocab"]["picked"]
+    resumed = train(tmp_path, base=smollm2_cut, epochs=3, resume=True, **SMALL)  # the cached states, last checkpoint
     assert resumed["steps"] == summary["steps"] * 3 // 2
 
 
-def test_online_states_train_like_the_cached_ones_within_a_time_budget(tmp_path, monkeypatch):
+def test_online_states_train_like_the_cached_ones_within_a_time_budget(tmp_path, monkeypatch, smollm2_cut):
     """``online`` (the GPU path: the target runs on each batch, nothing cached) starts where the cached path starts;
     a time budget fixes the step count after the timed probe steps (3 here instead of the recipes' 10, to save
-    online steps); self-instruct requests join the data."""
+    online steps)."""
     from decodekit.train import feature_heads
 
     monkeypatch.setattr(feature_heads, "BUDGET_PROBE", 3)
     data = str(tmp_path / "data")
-    small = {**ONE_VOCAB, "max_prompt_tokens": 128}  # room for the requests the target writes (64 tokens + template)
-    online = train(tmp_path / "online", epochs=100, online=True, time_budget_s=1e-3, data_dir=data, self_instruct=1,
-                   **small)  # fmt: skip
+    small = {**ONE_VOCAB, "base": smollm2_cut}
+    online = train(tmp_path / "online", epochs=100, online=True, time_budget_s=1e-3, data_dir=data, **small)
     assert not list((tmp_path / "data").glob("layers_*.pt")) and not (tmp_path / "data" / "features.pt").exists()
-    assert online["sequences"] > 2 + 2 + 12  # the self-instruct requests the target wrote joined the data
     assert online["steps"] == 3 + 3  # 2 warm-up steps, the timed ones, then one the budget allows
     cached = train(tmp_path / "cached", epochs=1, data_dir=data, **small)
     assert online["initial_val_loss"] == pytest.approx(cached["initial_val_loss"], rel=1e-3)
 
 
-def test_a_continued_head_keeps_its_draft_vocabulary_on_other_data(smoke_run, tmp_path):
+def test_self_instruct_requests_join_the_data(smollm2, tmp_path):
+    """``self_instruct`` (EAGLE-3's key): a chat request SmolLM2 writes after its own template's system part joins
+    the sequences, answered (a model cut to a few layers writes none that end)."""
+    from decodekit.train.sequences import load_sequences
+
+    cfg = {"chat_prompts": 0, "code_prompts": 0, "text_chunks": 1, "max_prompt_tokens": 128, "max_new_tokens": 8,
+           "seq_len": 64, "gen_batch_size": 4, "self_instruct": 1}  # fmt: skip
+    seqs, starts = load_sequences(smollm2, cfg, tmp_path, seed=0, progress=False)
+    assert len(seqs) == 2 and starts[1] == 0 and len(seqs[0]) > starts[0] > 0  # the request, answered; one chunk
+    request = smollm2.tokenizer.decode(seqs[0][: starts[0]])
+    assert "<|im_start|>user\n" in request and request.endswith("<|im_start|>assistant\n")
+
+
+def test_a_continued_head_keeps_its_draft_vocabulary_on_other_data(smoke_run, tmp_path, smollm2_cut):
     """``init`` an EAGLE-3 head of the same layers with ``init_vocab``: its fuse and its draft vocabulary carry over,
     whatever the new data's token counts."""
-    path = smoke_run[0] / "eagle3_smollm2-135m-instruct.safetensors"
-    kept = Eagle3Drafter(path, target="smollm2-135m-instruct").head.vocab
-    settings = {**SMALL, "chat_prompts": 3, "code_prompts": 0, "vocab_sizes": [len(kept)]}
+    path = smoke_run[0] / f"eagle3_{CUT}.safetensors"
+    kept = Eagle3Drafter(path, target=smollm2_cut).head.vocab
+    settings = {**SMALL, "base": smollm2_cut, "chat_prompts": 3, "code_prompts": 0, "vocab_sizes": [len(kept)]}
     again = train(tmp_path / "again", epochs=1, init=str(path), init_vocab=True, seed=1, **settings)
     assert again["fuse_fit_error"] is None  # continued with the init head's fuse
-    head = Eagle3Drafter(tmp_path / "again" / path.name, target="smollm2-135m-instruct").head
+    head = Eagle3Drafter(tmp_path / "again" / path.name, target=smollm2_cut).head
     assert torch.equal(head.vocab, kept)
 
 

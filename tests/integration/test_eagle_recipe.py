@@ -1,5 +1,5 @@
-"""The EAGLE recipe on the real SmolLM2 (a smoke run: files, numbers, resume) and the shipped head (greedy output
-equal to plain decoding, with drafts accepted)."""
+"""The EAGLE recipe on SmolLM2 cut to 8 layers (``smollm2_cut``; a smoke run: files, numbers, resume) and the shipped
+head on the full SmolLM2 (greedy output equal to plain decoding, with drafts accepted)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import decodekit as dk
 from decodekit.drafters.eagle import default_weights, load_head
 from decodekit.train.eagle import train
 from decodekit.train.sequences import code_prompts
+from tests.conftest import CUT
 from tests.integration.head_prompts import HEAD_NEW
 
 pytestmark = pytest.mark.slow
@@ -41,14 +42,14 @@ SMALL = dict(
 ONE_VOCAB = {**SMALL, "vocab_sizes": [1024]}  # one size: no timing, where the pick is not what a test checks
 
 
-def test_smoke_run_trains_picks_a_vocabulary_and_resumes(tmp_path, smollm2):
-    small = SMALL
+def test_smoke_run_trains_picks_a_vocabulary_and_resumes(tmp_path, smollm2_cut):
+    small = {**SMALL, "base": smollm2_cut}
     summary = train(tmp_path, epochs=2, **small)
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     assert summary["vocab"]["picked"] in (256, 1024) and set(summary["vocab"]["sizes"]) == {256, 1024}
-    for name in ("eagle_smollm2-135m-instruct.safetensors", "loss.png", "summary.json", "history.json"):
+    for name in (f"eagle_{CUT}.safetensors", "loss.png", "summary.json", "history.json"):
         assert (tmp_path / name).is_file()
-    head, meta = load_head(tmp_path / "eagle_smollm2-135m-instruct.safetensors", smollm2)
+    head, meta = load_head(tmp_path / f"eagle_{CUT}.safetensors", dk.load_model(smollm2_cut))
     assert len(head.vocab) == summary["vocab"]["picked"] and meta["recipe"]["seq_len"] == 64
     steps = summary["steps"]
     resumed = train(tmp_path, epochs=3, resume=True, **small)  # the cached features and the last checkpoint

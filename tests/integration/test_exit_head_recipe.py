@@ -1,5 +1,6 @@
-"""The exit-head recipe on the real SmolLM2 (a smoke run: files, numbers, the vocabulary pick) and the shipped head
-(greedy output equal to plain decoding, with more drafts accepted than the untrained exit at the same layer)."""
+"""The exit-head recipe on SmolLM2 cut to 8 layers (``smollm2_cut``; a smoke run: files, numbers, the vocabulary pick)
+and the shipped head on the full SmolLM2 (greedy output equal to plain decoding, with more drafts accepted than the
+untrained exit at the same layer)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,20 @@ import decodekit as dk
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.drafters.exit_head import default_weights, load_exit_head
 from decodekit.train.exit_head import train
+from tests.conftest import CUT
 from tests.integration.head_prompts import HEAD_NEW
 from tests.integration.test_eagle_recipe import SMALL
 
 pytestmark = pytest.mark.slow
 
 
-def test_smoke_run_trains_and_picks_a_vocabulary(tmp_path, smollm2):
-    summary = train(tmp_path, exit_layer=3, width=64, epochs=2, **SMALL)
+def test_smoke_run_trains_and_picks_a_vocabulary(tmp_path, smollm2_cut):
+    summary = train(tmp_path, base=smollm2_cut, exit_layer=3, width=64, epochs=2, **SMALL)
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     assert summary["vocab"]["picked"] in (256, 1024) and summary["exit_layer"] == 3
-    for name in ("exit_head_smollm2-135m-instruct.safetensors", "loss.png", "summary.json", "history.json"):
+    for name in (f"exit_head_{CUT}.safetensors", "loss.png", "summary.json", "history.json"):
         assert (tmp_path / name).is_file()
-    head, meta = load_exit_head(tmp_path / "exit_head_smollm2-135m-instruct.safetensors", smollm2)
+    head, meta = load_exit_head(tmp_path / f"exit_head_{CUT}.safetensors", dk.load_model(smollm2_cut))
     assert head.exit_layer == 3 and len(head.vocab) == summary["vocab"]["picked"] and meta["width"] == 64
 
 

@@ -1,14 +1,16 @@
 """The EAGLE-1, Medusa and exit-head recipes with the target's features computed per batch (``online``: the path a
-GPU takes, where nothing is cached), run here on the CPU: they start where the cached path starts and write their
-head. The three share one data directory, as recipes may: the target's responses are built once, by the first
-online run, and the cached runs share what they cache. A time budget's probe is :func:`decodekit.train.
-feature_heads.fit`'s, the same for every head recipe: the EAGLE-3 recipe's online test covers it."""
+GPU takes, where nothing is cached), run here on the CPU on SmolLM2 cut to 8 layers (``smollm2_cut``): they start
+where the cached path starts and write their head. The three share one data directory, as recipes may: the target's
+responses are built once, by the first online run, and the cached runs share what they cache. A time budget's probe
+is :func:`decodekit.train.feature_heads.fit`'s, the same for every head recipe: the EAGLE-3 recipe's online test
+covers it."""
 
 from __future__ import annotations
 
 import pytest
 
 from decodekit.train import eagle, exit_head, medusa
+from tests.conftest import CUT
 from tests.integration.test_eagle_recipe import ONE_VOCAB
 
 pytestmark = pytest.mark.slow
@@ -20,17 +22,18 @@ RECIPES = {
 }
 
 
-def test_online_features_train_like_the_cached_ones(tmp_path):
+def test_online_features_train_like_the_cached_ones(tmp_path, smollm2_cut):
     data = tmp_path / "data"
+    settings = {**ONE_VOCAB, "base": smollm2_cut}
     online = {}
     for recipe, (run, extra) in RECIPES.items():
         online[recipe] = run(tmp_path / f"{recipe}_online", epochs=1, device="cpu", online=True, data_dir=str(data),
-                             **ONE_VOCAB, **extra)  # fmt: skip
+                             **settings, **extra)  # fmt: skip
         assert online[recipe]["steps"] > 0, recipe
-        assert (tmp_path / f"{recipe}_online" / f"{recipe}_smollm2-135m-instruct.safetensors").is_file(), recipe
+        assert (tmp_path / f"{recipe}_online" / f"{recipe}_{CUT}.safetensors").is_file(), recipe
     assert (data / "sequences.json").is_file() and not (data / "features.pt").exists()  # online caches no features
     for recipe, (run, extra) in RECIPES.items():
-        cached = run(tmp_path / f"{recipe}_cached", epochs=1, data_dir=str(data), **ONE_VOCAB, **extra)
+        cached = run(tmp_path / f"{recipe}_cached", epochs=1, data_dir=str(data), **settings, **extra)
         assert (data / "features.pt").is_file()
         assert online[recipe]["initial_val_loss"] == pytest.approx(cached["initial_val_loss"], rel=1e-3), recipe
         assert online[recipe]["steps"] == cached["steps"], recipe

@@ -385,6 +385,20 @@ def test_a_local_base_directory_trains_a_head_named_after_it(tmp_path):
     assert len(heads.blocks) == 1
 
 
+def test_a_loaded_base_model_trains_a_head_named_after_its_class(tmp_path):
+    """``base`` may be a model loaded in Python (the recipes' argument check says so): the run names it by its class
+    (the old code failed at the end, on a recipe record without ``base``)."""
+    from decodekit.drafters.medusa import load_heads
+    from decodekit.train.medusa import train
+
+    lm = dk.load_model(tiny_llama(7, layers=2))
+    data = sequences_in(tmp_path / "data")
+    summary = train(tmp_path / "run", base=lm, data_dir=str(data), **DATA, train_vocab=16, vocab_sizes=[16],
+                    val_fraction=0.34, epochs=1, batch_size=2, num_heads=1, progress=False, device="cpu")  # fmt: skip
+    assert summary["base"] == "LlamaForCausalLM"
+    assert len(load_heads(tmp_path / "run" / "medusa_LlamaForCausalLM.safetensors", lm).blocks) == 1
+
+
 def test_data_made_with_another_model_is_refused(tmp_path):
     from decodekit.train.feature_data import prepare
     from decodekit.train.sequences import MODELS_FILE
