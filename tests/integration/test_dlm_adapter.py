@@ -14,8 +14,9 @@ from decodekit.train.corpus import corpus_texts
 from decodekit.train.dlm_adapter import masked_diffusion_loss, train
 
 pytestmark = pytest.mark.slow
-# the benchmark's runs on short prompts (a 48-token stdlib chunk, synthetic items after one solved example): what the
-# tests check is the report, and a SmolLM2 forward costs about its prompt's length
+# the benchmark's runs on short prompts (a 48-token stdlib chunk, synthetic items after one solved example) with
+# SmolLM2 cut to 8 layers as the model (smollm2_cut): what the tests check is the report, and a SmolLM2 forward costs
+# about its prompt's length and its depth
 SHORT = dict(task="stdlib", max_prompt_tokens=48, synthetic_shots=1, progress=False)  # + scorer=the shared SmolLM2
 
 
@@ -108,13 +109,13 @@ def test_loss_masks_never_the_first_token():
     assert float(loss) == pytest.approx(0.0, abs=1e-6)
 
 
-def test_dlm_bench_reports_speed_next_to_quality(tmp_path, smollm2):
-    """The benchmark on the real model (an untrained wrapping of SmolLM2 stands in for the adapter): every method's
-    row, the base sampler agreeing with itself, a threshold rule taking fewer forwards; the synthetic table has every
-    method (and the autoregressive reference) on every task."""
+def test_dlm_bench_reports_speed_next_to_quality(tmp_path, smollm2, smollm2_cut):
+    """The benchmark on a real model (an untrained wrapping of SmolLM2 cut to 8 layers stands in for the adapter; the
+    full SmolLM2 scores): every method's row, the base sampler agreeing with itself, a threshold rule taking fewer
+    forwards; the synthetic table has every method (and the autoregressive reference) on every task."""
     from decodekit.dlm.bench import run
 
-    m = dk.dlm.load_model(smollm2, mask_token_id=16, shift_logits=True)
+    m = dk.dlm.load_model(dk.load_model(smollm2_cut), mask_token_id=16, shift_logits=True)
     rule = dk.dlm.ThresholdRule(0.0)
     methods = {
         "threshold": {"rule": rule},
@@ -139,12 +140,12 @@ def test_dlm_bench_reports_speed_next_to_quality(tmp_path, smollm2):
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in synthetic.values()) and "**Synthetic tasks**" in table
 
 
-def test_dlm_bench_lists_what_a_block_causal_model_refuses(tmp_path, smollm2):
+def test_dlm_bench_lists_what_a_block_causal_model_refuses(tmp_path, smollm2, smollm2_cut):
     """A block-causal model runs its base block-causally and the exact cache agrees with it; a bidirectional cache
     is listed with the model's reason instead of run."""
     from decodekit.dlm.bench import run
 
-    m = dk.dlm.load_model(smollm2, mask_token_id=16, shift_logits=True, block_length=4)
+    m = dk.dlm.load_model(dk.load_model(smollm2_cut), mask_token_id=16, shift_logits=True, block_length=4)
     methods = {
         "block_causal": {"rule": None, "cache": dk.dlm.BlockCausalCache(), "uncached": "base_again"},
         "base_again": {"rule": None, "cache": None},
@@ -159,12 +160,12 @@ def test_dlm_bench_lists_what_a_block_causal_model_refuses(tmp_path, smollm2):
     assert "DualCache attends bidirectionally" in report["refused"]["dual"] and "`dual` not run" in table
 
 
-def test_dlm_bench_base_may_run_with_an_exact_cache(tmp_path, smollm2):
+def test_dlm_bench_base_may_run_with_an_exact_cache(tmp_path, smollm2, smollm2_cut):
     """On a block-causal model the base may use the exact block-causal cache (the G = 256 protocol): the uncached
     base, run as a method, agrees with it token for token; a base with another rule is refused before any call."""
     from decodekit.dlm.bench import run
 
-    m = dk.dlm.load_model(smollm2, mask_token_id=16, shift_logits=True, block_length=4)
+    m = dk.dlm.load_model(dk.load_model(smollm2_cut), mask_token_id=16, shift_logits=True, block_length=4)
     kwargs = dict(SHORT, scorer=smollm2, num_prompts=1, gen_lengths=[8], block_length=4, synthetic=0)
     base = {"rule": None, "cache": dk.dlm.BlockCausalCache()}
     run(tmp_path, model=m, methods={"recompute": {"rule": None, "cache": None}}, base=base, **kwargs)
