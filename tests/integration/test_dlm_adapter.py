@@ -72,7 +72,7 @@ def test_block_causal_recipe_builds_self_distilled_rows_trains_and_loads_block_c
         dk.dlm.generate(m, ["def add(a, b):"], gen_length=8, block_length=8, steps=8)
 
 
-def test_a_time_budget_fixes_the_step_count_after_the_probe_and_anneals_over_it(tmp_path, monkeypatch):
+def test_a_time_budget_fixes_the_step_count_after_the_probe_and_anneals_over_it(tmp_path, monkeypatch, smollm2_cut):
     """A budget no step fits in: the run stops one step after the timed probe (the fewest a budget allows; a probe
     of 3 steps here instead of 10), with the learning rate annealed to 0 at that step rather than cut off
     mid-schedule."""
@@ -80,8 +80,9 @@ def test_a_time_budget_fixes_the_step_count_after_the_probe_and_anneals_over_it(
 
     monkeypatch.setattr(dlm_adapter, "BUDGET_PROBE", 3)
 
-    # what is checked is the step count and the schedule: the smallest data and batches
+    # what is checked is the step count and the schedule: the smallest data and batches, SmolLM2 cut to 8 layers
     small = dict(seq_len=16, train_chunks=16, val_chunks=2, batch_size=2, eval_every=100, lr=3e-3, progress=False)
+    small["base"] = smollm2_cut
     summary = train(tmp_path, max_steps=1000, time_budget_s=1e-3, **small)
     assert summary["steps"] == 2 + 3 + 1 and summary["time_budget_s"] == 1e-3
     state = torch.load(next((tmp_path / "checkpoints").glob("step_*")) / "scheduler.bin", weights_only=False)
