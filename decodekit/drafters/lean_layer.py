@@ -23,8 +23,7 @@ import torch.nn.functional as F
 from decodekit.cache import KVCache
 from decodekit.kernels.cpu import fused_linear
 from decodekit.models.grouped_attention import TORCH_HAS_GQA
-
-COVERED = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
+from decodekit.models.lean import COVERED_LAYERS as COVERED
 
 
 class LeanLayer:

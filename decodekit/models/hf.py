@@ -21,6 +21,7 @@ from decodekit.models.call_scope import Call, call_scope, selectable
 from decodekit.models.grouped_attention import TORCH_HAS_GQA, grouped_query_sdpa
 from decodekit.models.hf_attention import attention_plan, per_layer_masks
 from decodekit.models.hf_support import CHAIN_ONLY, cache_argument, check_supported
+from decodekit.models.lean import lean_decoder
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,11 @@ class HFCausalLM(LanguageModel):
     blocks, and its hooks act, only within its own call (:mod:`decodekit.models.call_scope`), so calls on the same
     model from several threads, or a forward started inside another, each run the model as it is.
 
+    Llama, Mistral, Qwen2 and Qwen3 decoders with ``sdpa`` attention and no windowed layers run through
+    :class:`~decodekit.models.lean.LeanDecoder`: the same blocks and arithmetic (bit-identical outputs) without
+    transformers' per-call wrappers; a hook on the decoder, a block or its attention module sends a forward back
+    through transformers.
+
     A model loaded with ``device_map="auto"`` over several devices (accelerate's hooks move each layer's inputs to
     its device) runs as is: :attr:`device` is its input embedding's, and logits and hidden states come back there.
 
@@ -124,6 +130,8 @@ class HFCausalLM(LanguageModel):
         self._biases: dict[int, Any] = {}  # GPT-Neo's global causal biases, made once
         device_map = getattr(model, "hf_device_map", None) or {}
         self._spread = len(set(map(str, device_map.values()))) > 1  # layers on several devices (device_map)
+        plain_sdpa = self.attention.plain and not self._additive_mask and not self._spread and not device_map
+        self._lean = lean_decoder(model, self.decoder) if plain_sdpa else None  # Llama family: no per-call Python
 
     @property
     def device(self) -> torch.device:
@@ -188,21 +196,26 @@ class HFCausalLM(LanguageModel):
         hidden: dict[int, torch.Tensor] = {}
         sink = self._take_sink()
         selected = self._selected_layers(exit_layer, skip_layers, hidden_layers)
+        for i in hidden_layers:
+            check_layer(i, 0, self.num_layers, "hidden_layers entries must be integers")
+        lean = self._lean is not None and layer_masks is None and self._lean.ready()
         with (
             call_scope(self.layers if self._layers_attr is not None else None, selected) as call,
             grouped_query_sdpa() if self._grouped else contextlib.nullcontext(),
             recorded_attention(sink) if sink is not None else contextlib.nullcontext(),
-            self._capture(hidden_layers, hidden, call),
+            contextlib.nullcontext() if lean else self._capture(hidden_layers, hidden, call),
             self._per_layer(layer_masks),
         ):
-            out = self.decoder(
-                input_ids=tokens,
-                position_ids=positions,
-                attention_mask=layer_masks[0] if layer_masks else attention_mask,
-                use_cache=True,
-                **{self._cache_arg: cache},
-            )
-        last = out.last_hidden_state
+            if lean:  # the same arithmetic without transformers' per-call work (decodekit.models.lean)
+                last = self._lean(tokens, positions, attention_mask, cache, hidden_layers, hidden)
+            else:
+                last = self.decoder(
+                    input_ids=tokens,
+                    position_ids=positions,
+                    attention_mask=layer_masks[0] if layer_masks else attention_mask,
+                    use_cache=True,
+                    **{self._cache_arg: cache},
+                ).last_hidden_state
         picked = last
         if logits_at is not None:
             picked = last.gather(1, logits_at.to(last.device)[..., None].expand(-1, -1, last.shape[-1]))
@@ -272,8 +285,7 @@ class HFCausalLM(LanguageModel):
             return
         layers = self.layers
         handles = []
-        for i in sorted(set(layer_ids)):
-            check_layer(i, 0, len(layers), "hidden_layers entries must be integers")
+        for i in sorted(set(layer_ids)):  # checked by forward
             module = self._embeddings if i == 0 else layers[i - 1]
 
             def hook(_module: Any, _args: Any, output: Any, i: int = i) -> None:
