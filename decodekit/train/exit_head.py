@@ -67,7 +67,8 @@ def exit_loss(
 @torch.no_grad()
 def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -> dict[str, Any]:
     """The draft vocabulary size with the best modelled chain speedup of ``k`` drafts (module docstring), with
-    every size's numbers: held-out agreement with the target's full-vocabulary argmax and the draft step's time."""
+    every size's numbers: held-out agreement with the target's full-vocabulary argmax and the draft step's time
+    (a single size is taken with its agreement, without timing anything)."""
     from decodekit.cache import KVCache
     from decodekit.drafters.head_files import head_rows
     from decodekit.masks import chain_mask
@@ -99,6 +100,8 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
         (head(n.last_hidden[:, 0]) @ w[:s].T).argmax(-1)
 
     acc = {s: hits[s] / max(total, 1) for s in sizes}
+    if len(sizes) == 1:  # nothing to pick: no timing (as EAGLE's pick_vocab)
+        return {"picked": sizes[0], "draft_len": k, "sizes": {sizes[0]: {"agreement": acc[sizes[0]]}}}
     draft = {s: median_ms(lambda s=s: step(s), target.device) for s in sizes}
     return chain_pick(acc, draft, target_ms(target, (1, k + 1)), k, k)  # k draft steps: the pending token and k - 1
 

@@ -59,7 +59,7 @@ def medusa_loss(
 @torch.no_grad()
 def pick_vocab(heads: Any, target: Any, val: Any, sizes: Sequence[int]) -> dict[str, Any]:
     """The draft vocabulary size with the best modelled chain speedup (module docstring), with every size's
-    numbers."""
+    numbers (a single size is taken with its agreement, without timing anything)."""
     from decodekit.policies.analytic import expected_tokens_positional
     from decodekit.train.eagle_vocab import median_ms, target_ms
 
@@ -82,6 +82,9 @@ def pick_vocab(heads: Any, target: Any, val: Any, sizes: Sequence[int]) -> dict[
             totals[k - 1] += int(valid.sum())
             for s in sizes:
                 hits[s][k - 1] += int((heads.vocab[scores[:, :s].argmax(-1)] == want).sum())
+    if len(sizes) == 1:  # nothing to pick: no timing (as EAGLE's pick_vocab)
+        acc = [hits[sizes[0]][k] / max(totals[k], 1) for k in range(num_heads)]
+        return {"picked": sizes[0], "sizes": {sizes[0]: {"agreement": acc}}}
     times = target_ms(target, (1, num_heads + 1))
     f1 = torch.randn(1, heads.blocks[0].in_features, device=dev)
     rows = {}

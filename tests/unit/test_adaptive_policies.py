@@ -11,10 +11,10 @@ import torch
 import decodekit as dk
 from decodekit.drafters import ModelDrafter, NGramDrafter
 from decodekit.errors import ConfigError
+from decodekit.models.tiny import perturbed
 from decodekit.policies import AdaEDL, EntropyStop, GammaTune, GammaTunePlus, KLDStability, Stack
 from decodekit.registry import build
 from decodekit.verifiers import GreedyVerifier
-from tests.conftest import perturbed
 from tests.unit.traces import chain_round, dummy_state
 
 NAN = float("nan")

@@ -2,8 +2,8 @@
 (gloo) merges one report, shaped like a single process's, with the same outputs; a world of one changes nothing;
 a model spread over devices (device_map) runs, and is refused for data parallelism.
 
-The two command-line runs use a tiny random Llama and a word-level tokenizer saved to a folder, and the stdlib
-task, so nothing is downloaded and no real model is loaded.
+The launched run, and the same config run in the test's own process, use a tiny random Llama and a word-level
+tokenizer saved to a folder, and the stdlib task, so nothing is downloaded and no real model is loaded.
 """
 
 from __future__ import annotations
@@ -103,9 +103,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def single_run(overrides: list[str], out: Path) -> dict:
+    """The bench config run by this process, as ``MAIN`` runs it (the same patches), on one thread like each
+    launched process (``OMP_NUM_THREADS=1``): its ``results.json``."""
+    from hydra import compose, initialize_config_dir
+
+    import decodekit.bench.report as report
+    from decodekit.bench.methods import TransformersBaseline
+    from decodekit.cli import RECIPES, run_bench
+
+    plain, generate = report.result_dict, TransformersBaseline.generate
+
+    def edited(self, model, prompts, setting, max_new_tokens, seed):
+        run = generate(self, model, prompts, setting, max_new_tokens, seed)
+        if self.name == "hf_lookup" and seed % 2:
+            run.sequences = [s[:2] + [(s[2] + 1) % 128] + s[3:] for s in run.sequences]
+        return run
+
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(report, "result_dict", lambda result: plain(result) | {"sequences": result.sequences})
+        patch.setattr(TransformersBaseline, "generate", edited)
+        with initialize_config_dir(config_dir=str(RECIPES), version_base="1.3"):
+            cfg = compose("bench", overrides=[o for o in overrides if not o.startswith("hydra.")])
+        torch.set_num_threads(1)
+        try:
+            run_bench(cfg, out)
+        finally:
+            torch.set_num_threads(threads)
+    return json.loads((out / "results.json").read_text())
+
+
 @pytest.fixture(scope="module")
-def two_runs(tiny_dirs, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, dict]]:
-    """The same bench config run by one process and by ``accelerate launch`` with 2 CPU processes (at once)."""
+def two_runs(tiny_dirs, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess | None, dict]]:
+    """The same bench config run by this process and by ``accelerate launch`` with 2 CPU processes (meanwhile)."""
     root = tmp_path_factory.mktemp("runs")
     script = root / "main.py"
     script.write_text(MAIN)
@@ -120,25 +151,25 @@ def two_runs(tiny_dirs, tmp_path_factory) -> dict[str, tuple[subprocess.Complete
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     launch += ["--main_process_port", str(free_port())]
-    commands = {"single": [sys.executable, str(script)], "accelerate": [*launch, str(script)]}
-    running = {
-        name: subprocess.Popen(
-            [*command, "bench", *bench_overrides(*tiny_dirs, root / name)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name, command in commands.items()
-    }
-    runs = {}
-    for name, process in running.items():
+    process = subprocess.Popen(
+        [*launch, str(script), "bench", *bench_overrides(*tiny_dirs, root / "accelerate")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        (root / "single").mkdir()
+        single = single_run(bench_overrides(*tiny_dirs, root / "single"), root / "single")
+    finally:
         out, err = process.communicate(timeout=240)
-        run = subprocess.CompletedProcess(process.args, process.returncode, out, err)
-        assert run.returncode == 0, f"{name}:\n{err[-3000:]}"
-        runs[name] = (run, json.loads((root / name / "results.json").read_text()))
-    return runs
+    run = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    assert run.returncode == 0, f"accelerate:\n{err[-3000:]}"
+    return {
+        "single": (None, single),
+        "accelerate": (run, json.loads((root / "accelerate" / "results.json").read_text())),
+    }
 
 
 def test_accelerate_run_merges_one_report_shaped_like_a_single_process(two_runs):

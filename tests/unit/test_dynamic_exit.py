@@ -10,9 +10,9 @@ import torch
 import decodekit as dk
 from decodekit.drafters.dynamic_exit import DynamicExitDrafter, tokens_per_layer
 from decodekit.errors import ConfigError
+from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.verifiers import RejectionVerifier
-from tests.conftest import tiny_llama
 from tests.unit.test_lossless import assert_matches, sample_counts
 
 

@@ -11,11 +11,12 @@ import decodekit as dk
 from decodekit.drafters.eagle import EagleDrafter, EagleHead
 from decodekit.drafters.head_files import head_metadata
 from decodekit.errors import ConfigError
+from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.train.eagle import head_loss
 from decodekit.train.feature_data import target_features
 from decodekit.verifiers import RejectionVerifier, TraversalVerifier
-from tests.conftest import assert_greedy_twice, tiny_llama
+from tests.conftest import assert_greedy_twice
 from tests.unit.test_lossless import MisreportsQ, assert_detected, assert_matches, sample_counts
 
 

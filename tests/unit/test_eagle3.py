@@ -17,12 +17,13 @@ from decodekit.drafters.head_files import head_metadata
 from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import PackedLinear
 from decodekit.masks import chain_mask
+from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.train.eagle3 import fit_fuse, lead_with, ttt_loss, ttt_mask, ttt_unroll
 from decodekit.train.feature_data import target_features
 from decodekit.train.layer_features import default_layers, final_and_layer_states, layer_states
 from decodekit.verifiers import RejectionVerifier
-from tests.conftest import assert_greedy_twice, tiny_llama
+from tests.conftest import assert_greedy_twice
 from tests.unit.test_eagle import sequences
 from tests.unit.test_fallback import count_drafted
 from tests.unit.test_lossless import assert_matches, sample_counts

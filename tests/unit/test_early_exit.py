@@ -9,9 +9,10 @@ import pytest
 import decodekit as dk
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.errors import ConfigError
+from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.verifiers import RejectionVerifier
-from tests.conftest import assert_greedy_twice, tiny_llama
+from tests.conftest import assert_greedy_twice
 from tests.unit.test_lossless import MisreportsQ, assert_detected, assert_matches, sample_counts
 
 

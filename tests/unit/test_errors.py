@@ -7,8 +7,8 @@ import torch
 
 import decodekit as dk
 from decodekit.drafters import ModelDrafter, NGramDrafter
+from decodekit.models.tiny import tiny_llama
 from decodekit.verifiers import GreedyVerifier, RejectionVerifier
-from tests.conftest import tiny_llama
 
 
 class NeverCalled:

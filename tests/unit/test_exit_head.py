@@ -14,11 +14,12 @@ from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.drafters.exit_head import ExitHead, load_exit_head
 from decodekit.drafters.head_files import head_metadata
 from decodekit.errors import ConfigError
+from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.train.exit_head import exit_loss, exit_states
 from decodekit.train.feature_data import target_features
 from decodekit.verifiers import RejectionVerifier
-from tests.conftest import assert_greedy_twice, tiny_llama
+from tests.conftest import assert_greedy_twice
 from tests.unit.test_eagle import sequences
 from tests.unit.test_lossless import MisreportsQ, assert_detected, assert_matches, sample_counts
 

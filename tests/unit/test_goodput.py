@@ -11,6 +11,7 @@ import torch
 import decodekit as dk
 from decodekit.drafters import ModelDrafter
 from decodekit.errors import ConfigError
+from decodekit.models.tiny import perturbed
 from decodekit.policies import (
     AcceptanceTracker,
     BatchAwareLength,
@@ -32,7 +33,6 @@ from decodekit.policies.analytic import (
 from decodekit.policies.calibration import ProbePrice
 from decodekit.policies.lengths import batch_cap, host_batch_cap
 from decodekit.verifiers import GreedyVerifier
-from tests.conftest import perturbed
 from tests.unit.test_host_syncs import Unmirrored
 from tests.unit.traces import chain_round, dummy_state
 

@@ -23,8 +23,8 @@ import decodekit.hf as bridge
 from decodekit.drafters import ModelDrafter, NGramDrafter
 from decodekit.errors import ConfigError
 from decodekit.hf.options import CRITERIA_OPTIONS, PROCESSOR_OPTIONS, by_class, pad_token
+from decodekit.models.tiny import perturbed
 from decodekit.policies import FixedLength
-from tests.conftest import perturbed
 
 MAX_NEW = 40
 PAD = 0

@@ -13,9 +13,10 @@ from decodekit.drafters import layer_skip
 from decodekit.drafters.layer_skip import LayerSkipDrafter, bayes_candidate
 from decodekit.errors import ConfigError
 from decodekit.masks import chain_mask
+from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.verifiers import RejectionVerifier
-from tests.conftest import assert_greedy_twice, tiny_llama
+from tests.conftest import assert_greedy_twice
 from tests.unit.test_lossless import assert_matches, sample_counts
 
 

@@ -17,10 +17,10 @@ import torch
 
 import decodekit as dk
 from decodekit.drafters import ModelDrafter, NGramDrafter
+from decodekit.models.tiny import perturbed, tiny_llama
 from decodekit.policies import EntropyStop, FixedLength, GammaTunePlus, HeuristicLength, KLDStability, Stack
 from decodekit.sampling import probs_from_logits
 from decodekit.verifiers import RejectionVerifier
-from tests.conftest import perturbed, tiny_llama
 from tests.unit.spies import Wrapped
 from tests.unit.stats import chi_square_pvalue, total_variation, tv_noise
 

@@ -10,12 +10,13 @@ import decodekit as dk
 from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
 from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import PackedLinear
+from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.train.feature_data import target_features
 from decodekit.train.medusa import medusa_loss
 from decodekit.trees import TreeTemplate
 from decodekit.verifiers import RejectionVerifier, TraversalVerifier
-from tests.conftest import assert_greedy_twice, tiny_llama
+from tests.conftest import assert_greedy_twice
 from tests.unit.test_eagle import head_file, sequences
 from tests.unit.test_lossless import assert_matches, sample_counts
 

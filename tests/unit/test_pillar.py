@@ -11,9 +11,10 @@ import decodekit as dk
 from decodekit.drafters.pillar import PillarDrafter
 from decodekit.errors import ConfigError
 from decodekit.masks import chain_mask
+from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.verifiers import RejectionVerifier
-from tests.conftest import assert_greedy_twice, tiny_llama
+from tests.conftest import assert_greedy_twice
 from tests.unit.test_lossless import MisreportsQ, assert_detected, assert_matches, sample_counts
 
 TOKENS = torch.tensor([[5, 9, 2, 7, 1, 3, 8], [4, 4, 6, 2, 9, 1, 5]])

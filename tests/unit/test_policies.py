@@ -6,8 +6,8 @@ import torch
 
 import decodekit as dk
 from decodekit.drafters import ModelDrafter
+from decodekit.models.tiny import perturbed
 from decodekit.policies import ConfidenceStop, FixedLength, HeuristicLength
-from tests.conftest import perturbed
 
 
 def test_heuristic_schedule_trace():

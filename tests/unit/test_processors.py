@@ -21,11 +21,11 @@ from transformers.generation import RepetitionPenaltyLogitsProcessor
 
 import decodekit as dk
 from decodekit.drafters import ModelDrafter, NGramDrafter
+from decodekit.models.tiny import perturbed, tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.processors import process_next
 from decodekit.sampling import probs_from_logits
 from decodekit.verifiers import RejectionVerifier
-from tests.conftest import perturbed, tiny_llama
 from tests.unit.stats import chi_square_pvalue, total_variation, tv_noise
 from tests.unit.test_drafts_and_budgets import BranchyTree
 

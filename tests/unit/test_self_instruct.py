@@ -8,8 +8,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import decodekit as dk
+from decodekit.models.tiny import tiny_llama
 from decodekit.train.self_instruct import pre_query_ids, self_instruct_prompts
-from tests.conftest import tiny_llama
 
 TEMPLATE = (
     "sys hi end {% for m in messages %}u {{ m['content'] }} end {% endfor %}{% if add_generation_prompt %}a{% endif %}"

@@ -11,10 +11,11 @@ import torch
 import decodekit as dk
 from decodekit.drafters import ModelDrafter
 from decodekit.errors import ConfigError
+from decodekit.models.tiny import perturbed
 from decodekit.policies import threshold_head as th
 from decodekit.policies.threshold_head import AcceptanceHead, ThresholdHeadStop
 from decodekit.types import DraftStep
-from tests.conftest import assert_greedy_twice, perturbed
+from tests.conftest import assert_greedy_twice
 from tests.unit.test_host_syncs import OVERHEAD, PROMPTS, CountingModelDrafter, count_syncs
 from tests.unit.test_policies import Recorder
 
