@@ -22,9 +22,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory, smollm2_cut) -> tuple[Path, dict]:
-    """A 2-epoch smoke run: its folder and summary (the smoke test resumes it; the continued head starts from it)."""
+    """A 2-epoch smoke run: its folder and summary (the smoke test resumes it; the continued head starts from it).
+    One draft vocabulary size: picking between sizes is the EAGLE recipe's smoke test (the same picker)."""
     out = tmp_path_factory.mktemp("eagle3_smoke")
-    return out, train(out, base=smollm2_cut, epochs=2, **SMALL)
+    return out, train(out, base=smollm2_cut, epochs=2, **ONE_VOCAB)
 
 
 def test_smoke_run_writes_a_head_that_names_its_layers_and_resumes(smoke_run, smollm2_cut):
@@ -36,7 +37,7 @@ def test_smoke_run_writes_a_head_that_names_its_layers_and_resumes(smoke_run, sm
         assert (tmp_path / name).is_file()
     drafter = Eagle3Drafter(path, target=smollm2_cut)
     assert drafter.hidden_layers == (2, 4, 5) and len(drafter.head.vocab) == summary["vocab"]["picked"]
-    resumed = train(tmp_path, base=smollm2_cut, epochs=3, resume=True, **SMALL)  # the cached states, last checkpoint
+    resumed = train(tmp_path, base=smollm2_cut, epochs=3, resume=True, **ONE_VOCAB)  # cached states, last checkpoint
     assert resumed["steps"] == summary["steps"] * 3 // 2
 
 

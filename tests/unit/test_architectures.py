@@ -21,6 +21,7 @@ architecture, and ``generate`` likewise, before any model code runs.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 
@@ -74,9 +75,9 @@ def draft_copy(model_type: str, variant: str | None) -> torch.nn.Module:
     inputs = [torch.tensor([p + list(r[:-1])]) for p, r in zip(PROMPTS, refs)]
     with torch.no_grad():
         want = [target(x).logits[0, len(p) - 1 :].argmax(-1) for x, p in zip(inputs, PROMPTS)]
-    best = None
+    best, fresh = None, build_model(model_type, variant)
     for scale in (0.2, 0.1, 0.05, 0.5, 0.02, 0.01, 0.005, 0.002):
-        draft = _perturbed(build_model(model_type, variant), scale)
+        draft = _perturbed(copy.deepcopy(fresh), scale)
         with torch.no_grad():
             got = [draft(x).logits[0, len(p) - 1 :].argmax(-1) for x, p in zip(inputs, PROMPTS)]
         agree = float(torch.cat([g == w for g, w in zip(got, want)]).float().mean())
