@@ -39,7 +39,7 @@ def results():
         methods,
         settings=settings,
         batch_sizes=[1, 2],
-        max_new_tokens=16,
+        max_new_tokens=8,
         passes=2,
         progress=False,
         reruns=0,  # what is checked is not the times: no re-runs of calls the other xdist worker disturbed

@@ -92,11 +92,26 @@ def plain(target, ragged_prompts):
     return [hf(target, p) for p in ragged_prompts]
 
 
+@pytest.fixture(scope="module")
+def processed(target, ragged_prompts, plain):
+    """transformers' output with each option (computed once an option; every drafter compares with it)."""
+    done: dict[str, list[list[int]]] = {}
+
+    def expected(option: str) -> list[list[int]]:
+        if option not in done:
+            done[option] = [hf(target, p, **options(option, plain)) for p in ragged_prompts]
+        return done[option]
+
+    return expected
+
+
 @pytest.mark.parametrize("option", OPTIONS)
 @pytest.mark.parametrize("drafter", ["none", "ngram", "model-self", "model-perturbed", "tree"])
-def test_greedy_with_processors_equals_transformers(target, ragged_prompts, drafters, plain, option, drafter):
+def test_greedy_with_processors_equals_transformers(
+    target, ragged_prompts, drafters, plain, processed, option, drafter
+):
     kwargs = options(option, plain)
-    expected = [hf(target, p, **kwargs) for p in ragged_prompts]
+    expected = processed(option)
     assert expected != plain, f"{option} does not change the output: the comparison would prove nothing"
     policy = TreeBudget() if drafter == "tree" else FixedLength(3)
     out = dk.generate(
@@ -109,13 +124,23 @@ def test_greedy_with_processors_equals_transformers(target, ragged_prompts, draf
         assert out.stats.draft_acceptance_rate == 1.0
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "model-self", "tree"])
-def test_min_new_tokens_counts_each_row_from_its_prompt(target, ragged_prompts, drafters, plain, drafter):
-    eos = plain[0][2]  # a token row 0 emits early: without min_new_tokens it ends there
-    floor = 10
-    expected = [hf(target, p, eos=eos, min_new_tokens=floor) for p in ragged_prompts]
+FLOOR = 10
+
+
+@pytest.fixture(scope="module")
+def floored(target, ragged_prompts, plain) -> tuple[int, list[list[int]]]:
+    """An EOS token row 0 emits early (without ``min_new_tokens`` it ends there), and transformers' output with
+    ``min_new_tokens=FLOOR``, which differs."""
+    eos = plain[0][2]
+    expected = [hf(target, p, eos=eos, min_new_tokens=FLOOR) for p in ragged_prompts]
     assert expected != [hf(target, p, eos=eos) for p in ragged_prompts]
-    assert all(len(s) >= floor for s in expected)
+    assert all(len(s) >= FLOOR for s in expected)
+    return eos, expected
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "model-self", "tree"])
+def test_min_new_tokens_counts_each_row_from_its_prompt(target, ragged_prompts, drafters, floored, drafter):
+    (eos, expected), floor = floored, FLOOR
     policy = TreeBudget() if drafter == "tree" else FixedLength(3)
     out = dk.generate(
         target, ragged_prompts, drafters[drafter](), policy=policy, max_new_tokens=MAX_NEW, eos_token_id=eos,
