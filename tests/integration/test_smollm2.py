@@ -85,8 +85,8 @@ def truncated() -> dk.models.HFCausalLM:
     return zoo.load_zoo_model(NAME, num_layers=4)
 
 
-@pytest.mark.parametrize(  # the draft model rejects nearly everything: one draft length covers its rollbacks
-    ("k", "drafter_name"), [(2, "ngram"), (4, "ngram"), (4, "truncated-4")], ids=["2-ngram", "4-ngram", "4-truncated-4"]
+@pytest.mark.parametrize(  # one draft length each: the tiny-model tests sweep lengths; this is the real checkpoint
+    ("k", "drafter_name"), [(4, "ngram"), (4, "truncated-4")], ids=["4-ngram", "4-truncated-4"]
 )
 def test_speculative_equals_hf_generate(target, prompts, reference, drafter_name, k, request):
     if drafter_name == "ngram":
