@@ -190,14 +190,15 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(cached_model_dir("smollm2-135m-instruct"))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["none", "ngram", "model-self"])
-def test_stop_strings_stop_where_transformers_stops(tokenizer, drafter):
+@pytest.fixture(scope="module")
+def stop_case(tokenizer):
+    """A tiny model over SmolLM2's vocabulary, three prompts, a stop string per prompt spanning the boundary of its
+    generated tokens 9 and 10 (overhanging both), and transformers' greedy output with those stop strings."""
     model = tiny_llama(3, vocab=len(tokenizer), hidden=32, init=0.5)
     prompts = [tokenizer(t)["input_ids"] for t in ("def add(a, b):", "The capital of France", "1, 2, 3, 4")]
     free = [model.generate(torch.tensor([p]), max_new_tokens=30, do_sample=False)[0, len(p) :] for p in prompts]
     stops = []
-    for tokens in free:  # a string that spans the boundary of generated tokens 9 and 10 (overhang both sides)
+    for tokens in free:
         head, both = tokenizer.decode(tokens[:10]), tokenizer.decode(tokens[:11])
         stops.append(both[len(head) - 2 : len(head) + 1])
     expected = [
@@ -207,6 +208,13 @@ def test_stop_strings_stop_where_transformers_stops(tokenizer, drafter):
         for p in prompts
     ]
     assert any(len(e) < 30 for e in expected)
+    return model, prompts, stops, expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["none", "ngram", "model-self"])
+def test_stop_strings_stop_where_transformers_stops(tokenizer, stop_case, drafter):
+    model, prompts, stops, expected = stop_case
     make = {"none": lambda: None, "ngram": NGramDrafter, "model-self": lambda: ModelDrafter(model)}[drafter]
     out = dk.generate(
         model, prompts, make(), max_new_tokens=30, eos_token_id=(), stop_strings=stops, tokenizer=tokenizer
