@@ -36,7 +36,7 @@ def test_code_prompts_past_one_a_file_are_new_def_lines(smollm2):
 # prompts of at most 56 tokens: with the 8-token responses they fit seq_len, so the responses are trained on and no
 # prefill is spent on tokens the cut drops
 SMALL = dict(
-    chat_prompts=2, code_prompts=2, text_chunks=12, max_prompt_tokens=56, max_new_tokens=8, seq_len=64,
+    chat_prompts=2, code_prompts=2, text_chunks=8, max_prompt_tokens=56, max_new_tokens=8, seq_len=64,
     train_vocab=1024, vocab_sizes=[256, 1024], val_fraction=0.25, batch_size=4, lr=3e-3, progress=False,
 )  # fmt: skip
 ONE_VOCAB = {**SMALL, "vocab_sizes": [1024]}  # one size: no timing, where the pick is not what a test checks
