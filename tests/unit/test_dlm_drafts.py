@@ -4,6 +4,7 @@ they cannot run."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 
 import pytest
@@ -50,8 +51,9 @@ def test_drafted_sampler_is_the_sampler_token_for_token(hf, shift, cache, temper
     the same ones; only the forwards fall, one per step at most. Every registered rule."""
     model = dk.dlm.load_model(hf, mask_token_id=MASK, shift_logits=shift)
     kwargs = dict(cache=cache, temperature=temperature)
-    plain = run(model, rule=make_rule(rule, model, **kwargs), **kwargs)
-    drafted = run(model, dk.dlm.SpiffyDrafts(depth=3), rule=make_rule(rule, model, **kwargs), **kwargs)
+    made = make_rule(rule, model, **kwargs)  # (EoTStop's token found once)
+    plain = run(model, rule=copy.deepcopy(made), **kwargs)
+    drafted = run(model, dk.dlm.SpiffyDrafts(depth=3), rule=copy.deepcopy(made), **kwargs)
     assert drafted.sequences == plain.sequences
     assert drafted.stats.block_steps == plain.stats.block_steps and plain.stats.nfe == sum(plain.stats.block_steps)
     assert drafted.stats.nfe <= plain.stats.nfe and sum(drafted.stats.row_nfe) <= sum(plain.stats.row_nfe)
@@ -80,7 +82,8 @@ def test_each_row_takes_the_forwards_it_takes_alone(hf, cache, temperature, rule
     row leaves its drafts."""
     model = dk.dlm.load_model(hf, mask_token_id=MASK)
     kwargs = dict(cache=cache, temperature=temperature)
-    rule_for = lambda: make_rule(rule, model, **kwargs)  # noqa: E731
+    made = make_rule(rule, model, **kwargs)  # (EoTStop's token found once)
+    rule_for = lambda: copy.deepcopy(made)  # noqa: E731 - a fresh rule for each run
     assert rule_for().per_row_steps
     batch = run(model, dk.dlm.SpiffyDrafts(), rule=rule_for(), **kwargs)
     settings = dict(gen_length=12, block_length=6, steps=12, temperature=temperature)
