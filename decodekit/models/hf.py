@@ -130,7 +130,7 @@ class HFCausalLM(LanguageModel):
         self._biases: dict[int, Any] = {}  # GPT-Neo's global causal biases, made once
         device_map = getattr(model, "hf_device_map", None) or {}
         self._spread = len(set(map(str, device_map.values()))) > 1  # layers on several devices (device_map)
-        plain_sdpa = self.attention.plain and not self._additive_mask and not self._spread and not device_map
+        plain_sdpa = self.attention.plain and not self._additive_mask and not device_map  # no accelerate hooks
         self._lean = lean_decoder(model, self.decoder) if plain_sdpa else None  # Llama family: no per-call Python
 
     @property

@@ -102,9 +102,17 @@ def pick_vocab(
     head.eval()
     acc = agreement(head, target, val, sizes, taps)
     if len(sizes) == 1:
-        return {"picked": sizes[0], "draft_len": k, "sizes": {sizes[0]: {"agreement": acc[sizes[0]]}}}
+        return untimed_pick(acc, k)
     draft = step_ms(head, target, sizes)
     return chain_pick(acc, draft, target_ms(target, (1, k + 1)), k, k + 1)
+
+
+def untimed_pick(acc: dict[int, Any], draft_len: int | None = None) -> dict[str, Any]:
+    """The one size of ``acc`` (size -> its agreement) taken as it is, nothing timed: what every head recipe's
+    picker returns when given a single size (``draft_len`` included where the picker reports one)."""
+    ((size, agreement_at),) = acc.items()
+    picked = {"picked": size, "draft_len": draft_len} if draft_len is not None else {"picked": size}
+    return picked | {"sizes": {size: {"agreement": agreement_at}}}
 
 
 def chain_pick(

@@ -72,7 +72,7 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
     from decodekit.cache import KVCache
     from decodekit.drafters.head_files import head_rows
     from decodekit.masks import chain_mask
-    from decodekit.train.eagle_vocab import chain_pick, median_ms, target_ms
+    from decodekit.train.eagle_vocab import chain_pick, median_ms, target_ms, untimed_pick
 
     head.eval()
     dev = target.device
@@ -87,6 +87,9 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
         for s in sizes:
             hits[s] += int((head.vocab[scores[:, :s].argmax(-1)] == want).sum())
         total += int(valid.sum())
+    acc = {s: hits[s] / max(total, 1) for s in sizes}
+    if len(sizes) == 1:  # nothing to pick: nothing timed
+        return untimed_pick(acc, k)
     context = 256
     cache = KVCache(1, context + 2, device=dev)
     x = torch.randint(0, target.vocab_size, (1, context + 1), device=dev)
@@ -99,9 +102,6 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
         n = target.forward(x[:, -1:], pos, mask, cache, empty, exit_layer=head.exit_layer, return_hidden=True)
         (head(n.last_hidden[:, 0]) @ w[:s].T).argmax(-1)
 
-    acc = {s: hits[s] / max(total, 1) for s in sizes}
-    if len(sizes) == 1:  # nothing to pick: no timing (as EAGLE's pick_vocab)
-        return {"picked": sizes[0], "draft_len": k, "sizes": {sizes[0]: {"agreement": acc[sizes[0]]}}}
     draft = {s: median_ms(lambda s=s: step(s), target.device) for s in sizes}
     return chain_pick(acc, draft, target_ms(target, (1, k + 1)), k, k)  # k draft steps: the pending token and k - 1
 

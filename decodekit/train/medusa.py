@@ -61,7 +61,7 @@ def pick_vocab(heads: Any, target: Any, val: Any, sizes: Sequence[int]) -> dict[
     """The draft vocabulary size with the best modelled chain speedup (module docstring), with every size's
     numbers (a single size is taken with its agreement, without timing anything)."""
     from decodekit.policies.analytic import expected_tokens_positional
-    from decodekit.train.eagle_vocab import median_ms, target_ms
+    from decodekit.train.eagle_vocab import median_ms, target_ms, untimed_pick
 
     num_heads = len(heads.blocks)
     hits = {s: [0] * num_heads for s in sizes}
@@ -82,9 +82,8 @@ def pick_vocab(heads: Any, target: Any, val: Any, sizes: Sequence[int]) -> dict[
             totals[k - 1] += int(valid.sum())
             for s in sizes:
                 hits[s][k - 1] += int((heads.vocab[scores[:, :s].argmax(-1)] == want).sum())
-    if len(sizes) == 1:  # nothing to pick: no timing (as EAGLE's pick_vocab)
-        acc = [hits[sizes[0]][k] / max(totals[k], 1) for k in range(num_heads)]
-        return {"picked": sizes[0], "sizes": {sizes[0]: {"agreement": acc}}}
+    if len(sizes) == 1:  # nothing to pick: nothing timed
+        return untimed_pick({s: [hits[s][k] / max(totals[k], 1) for k in range(num_heads)] for s in sizes})
     times = target_ms(target, (1, num_heads + 1))
     f1 = torch.randn(1, heads.blocks[0].in_features, device=dev)
     rows = {}

@@ -26,27 +26,11 @@ from decodekit.models.tiny import perturbed, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# cli.main with the outputs in results.json (each Result's sequences), so that the two runs' outputs compare, and
-# with prompt lookup (batch 1 only: seed = prompt index) off by one token on prompts 1 and 3, one in each process's
-# share, so that both explain a greedy difference
+# cli.main with the bench changed as tests/unit/bench_patch.py says (the test's own run makes the same changes)
 MAIN = """\
 import sys
-import decodekit.bench.report as report
-from decodekit.bench.methods import TransformersBaseline
-
-plain = report.result_dict
-report.result_dict = lambda result: plain(result) | {"sequences": result.sequences}
-generate = TransformersBaseline.generate
-
-
-def edited(self, model, prompts, setting, max_new_tokens, seed):
-    run = generate(self, model, prompts, setting, max_new_tokens, seed)
-    if self.name == "hf_lookup" and seed % 2:
-        run.sequences = [s[:2] + [(s[2] + 1) % 128] + s[3:] for s in run.sequences]
-    return run
-
-
-TransformersBaseline.generate = edited
+from tests.unit.bench_patch import apply
+apply()
 from decodekit.cli import main
 main(sys.argv[1:])
 """
@@ -108,22 +92,12 @@ def single_run(overrides: list[str], out: Path) -> dict:
     launched process (``OMP_NUM_THREADS=1``): its ``results.json``."""
     from hydra import compose, initialize_config_dir
 
-    import decodekit.bench.report as report
-    from decodekit.bench.methods import TransformersBaseline
     from decodekit.cli import RECIPES, run_bench
-
-    plain, generate = report.result_dict, TransformersBaseline.generate
-
-    def edited(self, model, prompts, setting, max_new_tokens, seed):
-        run = generate(self, model, prompts, setting, max_new_tokens, seed)
-        if self.name == "hf_lookup" and seed % 2:
-            run.sequences = [s[:2] + [(s[2] + 1) % 128] + s[3:] for s in run.sequences]
-        return run
+    from tests.unit.bench_patch import apply
 
     threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(report, "result_dict", lambda result: plain(result) | {"sequences": result.sequences})
-        patch.setattr(TransformersBaseline, "generate", edited)
+        apply(patch.setattr)
         with initialize_config_dir(config_dir=str(RECIPES), version_base="1.3"):
             cfg = compose("bench", overrides=[o for o in overrides if not o.startswith("hydra.")])
         torch.set_num_threads(1)
