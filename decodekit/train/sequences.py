@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +116,18 @@ def code_prompts(tokenizer: Any, num: int, max_prompt_tokens: int, seed: int = 0
     if num <= 0:  # none asked for (the loop below would return every prompt it can make)
         return []
     rng, prompts, seen = random.Random(seed), [], set()
-    files = [text.splitlines(keepends=True) for text in corpus_texts(seed)]
-    files = [(lines, [i for i, line in enumerate(lines) if line.lstrip().startswith("def ")]) for lines in files]
-    files = [(lines, starts) for lines, starts in files if starts]
+    files: list[tuple[list[str], list[int]]] = []  # (lines, def-line indices): split as the first pass reaches them
+
+    def first_pass() -> Iterator[tuple[list[str], list[int]]]:
+        for text in corpus_texts(seed):
+            lines = text.splitlines(keepends=True)
+            starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("def ")]
+            if starts:
+                files.append((lines, starts))
+                yield lines, starts
+
     for later in range(8):
-        for lines, starts in files:
+        for lines, starts in files if later else first_pass():
             end = rng.choice(starts) + 1
             ids = tokenizer("".join(lines[max(0, end - 30) : end]))["input_ids"][-max_prompt_tokens:]
             if not later or tuple(ids) not in seen:

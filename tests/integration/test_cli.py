@@ -4,14 +4,12 @@ sweep on the real model (slow)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from decodekit.cli import USAGE, main
 from decodekit.models.gguf_convert import gguf_source
@@ -66,27 +64,28 @@ def needs_smollm2():
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("needs_smollm2")
-def test_bench_sweep_over_k(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "decodekit",
-        "bench",
-        "-m",
-        "policy.k=1,2",
-        "task=stdlib",  # what is checked is the sweep's report: one short prompt
-        "task.num_prompts=1",
-        "task.max_prompt_tokens=48",
-        "max_new_tokens=8",
-        "passes=1",
-        "reruns=0",  # what is checked is the sweep's report, not its times: no re-runs under the other xdist worker
-        "progress=false",
-        f"hydra.sweep.dir={tmp_path}",
-    ]
-    threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}  # this xdist worker's share of the cores
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=os.environ | threads)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "Loading weights" not in run.stdout + run.stderr  # no progress bar per model load
+def test_bench_sweep_over_k(tmp_path, monkeypatch, capfd):
+    """``bench -m``, run by this process (the entry point's subprocess is ``test_help_lists_the_commands``)."""
+    monkeypatch.setattr(sys, "argv", ["decodekit"])
+    main(
+        [
+            "bench",
+            "-m",
+            "policy.k=1,2",
+            "task=stdlib",  # what is checked is the sweep's report: one short prompt
+            "task.num_prompts=1",
+            "task.max_prompt_tokens=48",
+            "max_new_tokens=8",
+            "passes=1",
+            "reruns=0",  # what is checked is the sweep's report, not its times: no re-runs under the other xdist worker
+            "progress=false",
+            f"hydra.sweep.dir={tmp_path}",
+            "hydra/job_logging=disabled",  # leave this process's logging as pytest set it
+            "hydra/hydra_logging=disabled",
+        ]
+    )
+    out, err = capfd.readouterr()
+    assert "Loading weights" not in out + err  # no progress bar per model load
     data = json.loads((tmp_path / "results.json").read_text())  # one combined report for the sweep
     methods = [r["method"] for r in data["results"]]
     assert methods == ["autoregressive", "ngram k=1", "ngram k=2"]  # the reference once; rows named by what ran

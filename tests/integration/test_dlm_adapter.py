@@ -29,10 +29,10 @@ def test_the_corpus_is_not_a_benchmark_source():
 
 def test_smoke_run_lowers_the_loss_resumes_and_loads(tmp_path, monkeypatch):
     small = dict(
-        seq_len=32, train_chunks=64, val_chunks=4, batch_size=4, eval_every=4, save_every=2, lr=1e-3, progress=False
-    )
+        seq_len=16, train_chunks=64, val_chunks=4, batch_size=2, eval_every=4, save_every=2, lr=1e-3, progress=False
+    )  # the smallest run whose loss falls with margin (measured 6.88 -> 5.75)
     summary = train(tmp_path, max_steps=4, **small)
-    assert summary["steps"] == 4 and summary["train_tokens"] == 4 * 4 * 32
+    assert summary["steps"] == 4 and summary["train_tokens"] == 4 * 2 * 16
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     for name in ("smollm2-135m-dlm.safetensors", "loss.png", "summary.json", "history.json"):
         assert (tmp_path / name).is_file()

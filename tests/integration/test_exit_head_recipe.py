@@ -1,15 +1,17 @@
 """The exit-head recipe on SmolLM2 cut to 8 layers (``smollm2_cut``; a smoke run: files, numbers, the vocabulary pick)
-and the shipped head on the full SmolLM2 (greedy output equal to plain decoding, with more drafts accepted than the
-untrained exit at the same layer)."""
+and the shipped head on the full SmolLM2 (greedy output equal to plain decoding; teacher-forced, it agrees with the
+target more often than the untrained exit at the same layer)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 import decodekit as dk
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.drafters.exit_head import default_weights, load_exit_head
-from decodekit.train.exit_head import train
+from decodekit.drafters.head_files import TrimmedHead
+from decodekit.train.exit_head import exit_states, train
 from tests.conftest import CUT
 from tests.integration.head_prompts import HEAD_NEW
 from tests.integration.test_eagle_recipe import SMALL
@@ -29,13 +31,30 @@ def test_smoke_run_trains_and_picks_a_vocabulary(tmp_path, smollm2_cut):
 
 
 def test_shipped_head_is_greedy_decoding_and_beats_the_untrained_exit(smollm2, head_plain):
+    """Greedy output is plain decoding's, with drafts accepted; teacher-forced on that output, the head's draft
+    agrees with the target's next token more often than the untrained exit at the same layer (the target's own norm
+    and head on that layer's state: what ``EarlyExitDrafter(layer)`` drafts), i.e. its first draft token is
+    accepted more often."""
     assert default_weights().is_file()
     ids, plain = head_plain
     trained = EarlyExitDrafter(exit_head=True)
     out = dk.generate(smollm2, ids, trained, max_new_tokens=HEAD_NEW, debug=True)
-    untrained = dk.generate(smollm2, ids, EarlyExitDrafter(trained.layers), max_new_tokens=HEAD_NEW)
-    assert out.sequences == plain == untrained.sequences
-    assert out.stats.mean_acceptance_length > untrained.stats.mean_acceptance_length + 0.1
+    assert out.sequences == plain
+    assert out.stats.mean_acceptance_length > 1.05  # measured 1.28 (the untrained exit: 1.07)
+
+    head, _ = load_exit_head(default_weights(), smollm2)
+    agree = {"trained": 0, "untrained": 0}
+    for prompt, continuation in zip(ids, plain):
+        tokens = torch.tensor([prompt + continuation])
+        with torch.no_grad():
+            n = exit_states(smollm2, tokens, head.exit_layer)[0, len(prompt) - 1 : -1]  # predicts each new token
+            drafts = {
+                "trained": head.vocab[TrimmedHead(smollm2, head.vocab).scores(head(n)).argmax(-1)],
+                "untrained": smollm2.head(n).argmax(-1),
+            }
+        for name, draft in drafts.items():
+            agree[name] += int((draft == torch.tensor(continuation)).sum())
+    assert agree["trained"] > agree["untrained"] + 5, agree  # measured 14 and 2 of the 64 new tokens
 
 
 def test_an_exit_layer_past_the_target_is_refused_before_any_data_is_built(tmp_path):

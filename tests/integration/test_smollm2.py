@@ -93,8 +93,10 @@ def test_speculative_equals_hf_generate(target, prompts, reference, drafter_name
         drafter = dk.drafters.NGramDrafter()
     else:
         drafter = dk.drafters.ModelDrafter(request.getfixturevalue("truncated"))
-    out = dk.generate(target, prompts, drafter=drafter, policy=dk.policies.FixedLength(k), max_new_tokens=MAX_NEW)
-    assert out.sequences == reference
+    # the model drafter proposes ~5 forwards' worth a round and gets almost nothing accepted: half the tokens
+    new = MAX_NEW if drafter_name == "ngram" else MAX_NEW // 2
+    out = dk.generate(target, prompts, drafter=drafter, policy=dk.policies.FixedLength(k), max_new_tokens=new)
+    assert out.sequences == [r[:new] for r in reference]
     assert out.stats.drafted > 0  # drafts were proposed and verified
     if drafter_name == "ngram":  # an untrained truncated SmolLM2 accepts almost nothing (~1-5 % of drafts)
         assert out.stats.mean_acceptance_length > 1.0
