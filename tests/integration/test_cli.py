@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 
 from decodekit.cli import USAGE, main
-from decodekit.models.gguf_convert import gguf_source
-from decodekit.models.zoo import ZOO
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,24 +52,17 @@ def test_hydra_help_names_the_app_decodekit(capsys, monkeypatch):
     assert re.search(r"^drafter: .*\bmodel\b.*\bngram\b", out, flags=re.M), out[:2000]
 
 
-@pytest.fixture(scope="module")
-def needs_smollm2():
-    try:
-        gguf_source(ZOO["smollm2-135m-instruct"])
-    except Exception as err:  # noqa: BLE001 - skip with the install command in the message
-        pytest.skip(str(err))
-
-
 @pytest.mark.slow
-@pytest.mark.usefixtures("needs_smollm2")
-def test_bench_sweep_over_k(tmp_path, monkeypatch, capfd):
-    """``bench -m``, run by this process (the entry point's subprocess is ``test_help_lists_the_commands``)."""
+def test_bench_sweep_over_k(tmp_path, monkeypatch, capfd, smollm2_cut):
+    """``bench -m``, run by this process (the entry point's subprocess is ``test_help_lists_the_commands``), on
+    SmolLM2 cut to 8 layers: what is checked is the sweep's report."""
     monkeypatch.setattr(sys, "argv", ["decodekit"])
     main(
         [
             "bench",
             "-m",
             "policy.k=1,2",
+            f"model.spec='{smollm2_cut}'",
             "task=stdlib",  # what is checked is the sweep's report: one short prompt
             "task.num_prompts=1",
             "task.max_prompt_tokens=48",
