@@ -113,10 +113,12 @@ def load_model(
     Args:
         spec: a :class:`DLMModel` (returned as is, or a new one over the same adapter with the arguments given
             changed), a zoo diffusion LM (``"smollm2-135m-dlm"``: :data:`decodekit.dlm.zoo.DLM_ZOO`, its mask id, shift
-            and block length built in), or anything :func:`decodekit.load_model` takes (a transformers causal LM, an
+            and block length built in), a local directory holding a released DLM in its authors' layout (LLaDA:
+            :mod:`decodekit.dlm.families`; its mask id, shift and block length read from the checkpoint, its code
+            files never imported), or anything :func:`decodekit.load_model` takes (a transformers causal LM, an
             adapter, a local path, a zoo name).
-        mask_token_id: the mask token's id (required unless ``spec`` is a :class:`DLMModel` or a zoo DLM, whose own
-            it replaces).
+        mask_token_id: the mask token's id (required unless ``spec`` is a :class:`DLMModel`, a zoo DLM or a released
+            checkpoint, whose own it replaces).
         shift_logits: read slot ``j``'s logits at position ``j - 1`` (AR-initialised models); None = the
             :class:`DLMModel`'s or zoo DLM's own, else False.
         block_length: the block length a block-causally trained model was trained with (None = bidirectional, or the
@@ -157,6 +159,10 @@ def load_model(
         mask = entry.mask_token_id if mask_token_id is None else mask_token_id
         shift = entry.shift_logits if shift_logits is None else shift_logits
         return DLMModel(lm, mask, shift, trained if block_length is None else block_length)
+    if isinstance(spec, (str, os.PathLike)):
+        published = _published(spec, mask_token_id, shift_logits, block_length, load_kwargs)
+        if published is not None:
+            return published
     if mask_token_id is None:
         raise ConfigError(
             "dk.dlm.load_model needs mask_token_id=<the id of the model's mask token> (e.g. LLaDA's 126336); a "
@@ -165,3 +171,31 @@ def load_model(
     from decodekit.models import load_model as load_lm
 
     return DLMModel(load_lm(spec, **load_kwargs), mask_token_id, bool(shift_logits), block_length)
+
+
+def _published(
+    path: str | os.PathLike,
+    mask_token_id: int | None,
+    shift_logits: bool | None,
+    block_length: int | None,
+    load_kwargs: dict[str, Any],
+) -> DLMModel | None:
+    """A directory in a published DLM family's layout (:mod:`decodekit.dlm.families`) as a :class:`DLMModel` with
+    the family's mask id, shift and block size (each argument given replaces its own); None for any other path."""
+    from decodekit.dlm.families import family_of, read_checkpoint
+    from decodekit.models import load_model as load_lm
+    from decodekit.models.dtypes import parse_float_dtype
+
+    if family_of(path) is None:
+        return None
+    options = dict(load_kwargs)
+    dtype = options.pop("dtype", None)
+    checkpoint = read_checkpoint(path, None if dtype in (None, "auto") else parse_float_dtype(dtype))
+    options.setdefault("tokenizer", checkpoint.tokenizer)
+    lm = load_lm(checkpoint.model, in_place=True, **options)
+    return DLMModel(
+        lm,
+        checkpoint.mask_token_id if mask_token_id is None else mask_token_id,
+        checkpoint.shift_logits if shift_logits is None else shift_logits,
+        checkpoint.block_length if block_length is None else block_length,
+    )

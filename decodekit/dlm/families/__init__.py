@@ -1,0 +1,213 @@
+"""Diffusion LMs read from their authors' published checkpoint layouts, without running code shipped with them.
+
+A released DLM repository ships its own modeling code (``modeling_llada.py``, ``modeling_dream.py``, ...) next to
+its weights; decodekit never imports it. :func:`read_checkpoint` reads the directory's ``config.json``, recognises
+the family by its ``model_type`` / ``architectures`` (:data:`FAMILIES`), and builds decodekit's own equivalent: a
+transformers decoder (Llama for LLaDA) holding the checkpoint's tensors under their new names, plus the family's
+mask id, logit shift and block size. Each family's module says which reference code it was checked against.
+
+A family is one small module: a :class:`Family` whose ``convert`` maps the published config to a transformers config
+(refusing, by name, any setting decodekit does not implement) and names each transformers parameter's source
+tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from decodekit.errors import ConfigError, ModelNotFoundError, UnsupportedModelError
+
+__all__ = ["FAMILIES", "Checkpoint", "Family", "family_of", "read_checkpoint"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One published DLM layout.
+
+    Attributes:
+        name: the family's name in messages (``"LLaDA"``).
+        model_types: ``config.json``'s ``model_type`` values that name it (compared case-insensitively).
+        architectures: ``config.json``'s ``architectures`` entries that name it.
+        convert: ``config -> (transformers config, {transformers parameter name: checkpoint tensor name})``;
+            raises :class:`~decodekit.errors.UnsupportedModelError` naming the setting it does not implement.
+        mask_token_id: ``config -> the mask token's id``.
+        shift_logits: slot ``j``'s logits are read at position ``j - 1`` (AR-initialised families).
+        block_length: ``config -> the block size it was trained with`` (None: bidirectional).
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    architectures: tuple[str, ...]
+    convert: Callable[[dict[str, Any]], tuple[Any, dict[str, str]]]
+    mask_token_id: Callable[[dict[str, Any]], int]
+    shift_logits: bool
+    block_length: Callable[[dict[str, Any]], int | None] = lambda config: None
+
+
+@dataclass
+class Checkpoint:
+    """What :func:`read_checkpoint` built: the transformers model and tokenizer, and the family's DLM settings."""
+
+    family: Family
+    model: torch.nn.Module
+    tokenizer: Any
+    mask_token_id: int
+    shift_logits: bool
+    block_length: int | None
+
+
+def _families() -> list[Family]:
+    from decodekit.dlm.families.llada import LLADA
+
+    return [LLADA]
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any] | None:
+    """``path/config.json`` as a dict, or None when ``path`` is not a directory holding one."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        return json.loads(config.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{config} is not readable JSON ({error}); is the checkpoint complete?") from error
+
+
+def family_of(path: str | os.PathLike) -> Family | None:
+    """The published DLM family the directory ``path`` holds, or None (no ``config.json``, or another model: a
+    transformers checkpoint that :func:`decodekit.load_model` reads itself)."""
+    config = read_config(path)
+    if config is None:
+        return None
+    model_type = str(config.get("model_type", "")).lower()
+    architectures = set(config.get("architectures") or ())
+    for family in _families():
+        if model_type in {t.lower() for t in family.model_types} or architectures & set(family.architectures):
+            return family
+    return None
+
+
+def _weight_files(root: Path) -> tuple[list[Path], str]:
+    """The checkpoint's weight files (a single file or the shards an index names) and their format."""
+    for name, kind in (("model.safetensors", "safetensors"), ("pytorch_model.bin", "bin")):
+        index = root / f"{name}.index.json"
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            missing = [s for s in shards if not (root / s).is_file()]
+            if missing:
+                raise ModelNotFoundError(f"{index} names shards that are not in {root}: {missing[:3]}")
+            return [root / s for s in shards], kind
+        if (root / name).is_file():
+            return [root / name], kind
+    raise ModelNotFoundError(
+        f"no weights in {root}: expected model.safetensors, pytorch_model.bin, or the shards of a "
+        "model.safetensors.index.json / pytorch_model.bin.index.json"
+    )
+
+
+def _tensors(files: list[Path], kind: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of the weight files. ``.bin`` files are read with ``torch.load(weights_only=True)`` only: no
+    pickled code runs."""
+    if kind == "safetensors":
+        from safetensors import safe_open
+
+        for file in files:
+            with safe_open(str(file), "pt") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    yield key, f.get_tensor(key)
+        return
+    for file in files:
+        yield from torch.load(file, map_location="cpu", weights_only=True, mmap=True).items()
+
+
+def read_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Checkpoint:
+    """Build the model a published DLM checkpoint directory describes.
+
+    Args:
+        path: a local directory in the family's released layout (``config.json``, weights as one file or shards,
+            tokenizer files); code files in it are never imported.
+        dtype: the parameters' dtype (None: the checkpoint's own).
+
+    Raises:
+        ModelNotFoundError: no weights, a missing shard.
+        UnsupportedModelError: not a known family, or a setting its conversion does not implement (named).
+        ConfigError: a tensor missing from the weights, or of another shape than the config implies (named).
+    """
+    from transformers import AutoModelForCausalLM
+
+    root = Path(path)
+    family = family_of(root)
+    config = read_config(root)
+    if family is None or config is None:
+        known = ", ".join(f.name for f in _families())
+        raise UnsupportedModelError(f"{root} is not a checkpoint of a known diffusion-LM family ({known})")
+    hf_config, sources = family.convert(config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    wanted = {source: target for target, source in sources.items()}
+    found: dict[str, torch.Tensor] = {}
+    for key, tensor in _tensors(*_weight_files(root)):
+        if key in wanted:
+            found[wanted[key]] = tensor if dtype is None else tensor.to(dtype)
+    expected = dict(model.state_dict())
+    for target, source in sources.items():
+        if target not in found:
+            raise ConfigError(f"{family.name} checkpoint {root}: tensor {source!r} is missing from its weights")
+        if tuple(found[target].shape) != tuple(expected[target].shape):
+            raise ConfigError(
+                f"{family.name} checkpoint {root}: {source!r} has shape {tuple(found[target].shape)}, its config.json "
+                f"implies {tuple(expected[target].shape)}"
+            )
+    model.load_state_dict(found, strict=False, assign=True)
+    if getattr(hf_config, "tie_word_embeddings", False):
+        model.tie_weights()
+    _materialise_buffers(model, hf_config)
+    model.eval()
+    return Checkpoint(
+        family,
+        model,
+        _tokenizer(root, family),
+        family.mask_token_id(config),
+        family.shift_logits,
+        family.block_length(config),
+    )
+
+
+def _materialise_buffers(model: torch.nn.Module, hf_config: Any) -> None:
+    """Rebuild the modules whose buffers are computed, not stored (the rotary embedding's inverse frequencies), on
+    the CPU: built on the meta device they hold no values."""
+    for name, module in list(model.named_modules()):
+        if any(b.is_meta for b in module.buffers(recurse=False)):
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, attr, type(module)(config=hf_config))
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise ConfigError(f"no values for {left[:3]} after loading the checkpoint")
+
+
+def _tokenizer(root: Path, family: Family) -> Any:
+    """The checkpoint's tokenizer, from its own files (never with ``trust_remote_code``), or None without them."""
+    from transformers import AutoTokenizer
+
+    if not any((root / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # it reads config.json as a generic config: a warning about the unknown type
+    try:
+        return AutoTokenizer.from_pretrained(str(root), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError) as error:
+        raise ConfigError(
+            f"{family.name} checkpoint {root}: its tokenizer does not load without the repository's own code "
+            f"({error}); load one yourself and pass it to dk.dlm.load_model(..., tokenizer=...)"
+        ) from error
+    finally:
+        hf_logging.set_verbosity(verbosity)
