@@ -26,32 +26,24 @@ __all__ = ["LLADA"]
 
 MASK_TOKEN_ID = 126336  # LLaDA's [MASK] (``mask_token_id`` in every released config.json)
 
-# published setting -> the value decodekit implements (LLaDA-8B / 1.5 use these)
+# setting -> (the value decodekit implements, as LLaDA-8B / 1.5 set it; ModelConfig's default when a config.json
+# leaves the key out)
 REQUIRED = {
-    "block_type": "llama",
-    "activation_type": "silu",
-    "layer_norm_type": "rms",
-    "layer_norm_with_affine": True,
-    "rope": True,
-    "alibi": False,
-    "scale_logits": False,
-    "input_emb_norm": False,
-    "attention_layer_norm": False,
-    "block_group_size": 1,
-    "include_bias": False,
-    "include_qkv_bias": False,
-    "bias_for_layer_norm": False,
+    "block_type": ("llama", "sequential"),
+    "activation_type": ("silu", "swiglu"),
+    "layer_norm_type": ("rms", "default"),
+    "layer_norm_with_affine": (True, True),
+    "rope": (True, False),
+    "alibi": (False, False),
+    "scale_logits": (False, False),
+    "input_emb_norm": (False, False),
+    "attention_layer_norm": (False, False),
+    "block_group_size": (1, 1),
+    "include_bias": (False, False),
+    "include_qkv_bias": (False, False),
+    "bias_for_layer_norm": (False, None),  # None: follows include_bias
 }
-DEFAULTS = {  # ModelConfig's own defaults, for keys a config.json may leave out
-    "layer_norm_with_affine": True,
-    "alibi": False,
-    "scale_logits": False,
-    "input_emb_norm": False,
-    "attention_layer_norm": False,
-    "block_group_size": 1,
-    "include_bias": False,
-    "include_qkv_bias": False,
-    "bias_for_layer_norm": None,
+DEFAULTS = {
     "rope_theta": 10000.0,
     "rms_norm_eps": 1e-5,
     "max_sequence_length": 1024,
@@ -76,10 +68,10 @@ def convert(config: dict[str, Any]) -> tuple[Any, dict[str, str]]:
     """LLaDA's ``config.json`` -> a ``LlamaConfig`` and ``{Llama parameter: LLaDA tensor}``."""
     from transformers import LlamaConfig
 
-    get = {**DEFAULTS, **config}.get
-    for key, want in REQUIRED.items():
+    get = {**DEFAULTS, **{key: default for key, (_, default) in REQUIRED.items()}, **config}.get
+    for key, (want, _) in REQUIRED.items():
         have = get(key)
-        if key == "bias_for_layer_norm" and have is None:  # None: follows include_bias (False above)
+        if key == "bias_for_layer_norm" and have is None:  # follows include_bias, False above
             continue
         if have != want:
             raise UnsupportedModelError(
