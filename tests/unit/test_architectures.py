@@ -76,15 +76,20 @@ def draft_copy(model_type: str, variant: str | None) -> torch.nn.Module:
     on 30-90% of the reference tokens (teacher-forced, transformers' own forward): the first noise scale that
     does, or the one closest to 60%."""
     target, refs = tiny_model(model_type, variant), reference(model_type, variant)
-    inputs = [torch.tensor([p + list(r[:-1])]) for p, r in zip(PROMPTS, refs)]
+    rows = [p + list(r[:-1]) for p, r in zip(PROMPTS, refs)]  # one right-padded batch: causal rows ignore the pad
+    ids = torch.tensor([row + [0] * (max(map(len, rows)) - len(row)) for row in rows])
+    mask = torch.tensor([[1] * len(row) + [0] * (ids.shape[1] - len(row)) for row in rows])
+    scored = torch.zeros_like(ids, dtype=torch.bool)  # the positions that predict a reference token
+    for b, (row, prompt) in enumerate(zip(rows, PROMPTS)):
+        scored[b, len(prompt) - 1 : len(row)] = True
     with torch.no_grad():
-        want = [target(x).logits[0, len(p) - 1 :].argmax(-1) for x, p in zip(inputs, PROMPTS)]
+        want = target(ids, attention_mask=mask).logits.argmax(-1)[scored]
     best, fresh = None, build_model(model_type, variant)
     for scale in (0.2, 0.1, 0.05, 0.5, 0.02, 0.01, 0.005, 0.002):
         draft = _perturbed(copy.deepcopy(fresh), scale)
         with torch.no_grad():
-            got = [draft(x).logits[0, len(p) - 1 :].argmax(-1) for x, p in zip(inputs, PROMPTS)]
-        agree = float(torch.cat([g == w for g, w in zip(got, want)]).float().mean())
+            got = draft(ids, attention_mask=mask).logits.argmax(-1)[scored]
+        agree = float((got == want).float().mean())
         if 0.3 <= agree <= 0.9:
             return draft
         if best is None or abs(agree - 0.6) < best[0]:
