@@ -71,37 +71,74 @@ LLADA_CONFIG = {
 }
 
 
-def llada_tensors(config: dict, seed: int = 4) -> dict[str, torch.Tensor]:
-    """Random weights under LLaDA's parameter names (``LLaDAModelLM``: ``model.transformer.*``), float32; norm weights
-    near 1 and output weights large enough that logits are peaked (distinct argmaxes). Seed 4: greedy generation
-    writes a dozen distinct tokens over two rows (seeds 0 and 1 write two to five)."""
+ROLES = ("attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down")  # a block's tensors, in drawing order
+# each family's tensor names: the model-level ones, then a block's ({i}: the block), by role
+LLADA_NAMES = {
+    "embed": "model.transformer.wte.weight",
+    "norm": "model.transformer.ln_f.weight",
+    "head": "model.transformer.ff_out.weight",
+    **dict(zip(ROLES, (f"model.transformer.blocks.{{i}}.{n}.weight" for n in (
+        "attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj", "up_proj", "ff_out")))),
+}  # fmt: skip
+DREAM_NAMES = {
+    "embed": "model.embed_tokens.weight",
+    "norm": "model.norm.weight",
+    "head": "lm_head.weight",
+    **dict(zip(ROLES, (f"model.layers.{{i}}.{n}.weight" for n in (
+        "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")))),
+}  # fmt: skip
+
+
+def llada_dims(config: dict) -> dict:
+    """LLaDA's config.json keys as the shared decoder's sizes."""
+    return dict(d=config["d_model"], heads=config["n_heads"], kv=config["n_kv_heads"], mlp=config["mlp_hidden_size"],
+                vocab=config["embedding_size"], layers=config["n_layers"], eps=config["rms_norm_eps"],
+                theta=config["rope_theta"], tied=config["weight_tying"], bias=False)  # fmt: skip
+
+
+def dream_dims(config: dict) -> dict:
+    """Dream's config.json keys as the shared decoder's sizes (biases on q / k / v)."""
+    return dict(d=config["hidden_size"], heads=config["num_attention_heads"], kv=config["num_key_value_heads"],
+                mlp=config["intermediate_size"], vocab=config["vocab_size"], layers=config["num_hidden_layers"],
+                eps=config["rms_norm_eps"], theta=config["rope_theta"], tied=config["tie_word_embeddings"],
+                bias=True)  # fmt: skip
+
+
+def random_tensors(names: dict, dims: dict, seed: int) -> dict[str, torch.Tensor]:
+    """Random float32 weights under a family's ``names``: norm weights near 1, output weights large enough that
+    logits are peaked (distinct argmaxes); with ``dims["bias"]`` q / k / v biases, each drawn after its weight."""
     gen = torch.Generator().manual_seed(seed)
-    d, heads, kv = config["d_model"], config["n_heads"], config["n_kv_heads"]
-    hd, mlp, vocab = d // heads, config["mlp_hidden_size"], config["embedding_size"]
+    d, hd, kv = dims["d"], dims["d"] // dims["heads"], dims["kv"]
 
     def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
         return torch.randn(*shape, generator=gen) * scale / math.sqrt(shape[-1])
 
-    def norm() -> torch.Tensor:
-        return 1 + 0.1 * torch.randn(d, generator=gen)
-
-    t = {"model.transformer.wte.weight": torch.randn(vocab, d, generator=gen), "model.transformer.ln_f.weight": norm()}
-    if not config["weight_tying"]:
-        t["model.transformer.ff_out.weight"] = rand(vocab, d, scale=8.0)
-    for i in range(config["n_layers"]):
-        b = f"model.transformer.blocks.{i}."
-        t |= {
-            b + "attn_norm.weight": norm(),
-            b + "q_proj.weight": rand(d, d, scale=2.0),
-            b + "k_proj.weight": rand(kv * hd, d, scale=2.0),
-            b + "v_proj.weight": rand(kv * hd, d),
-            b + "attn_out.weight": rand(d, d),
-            b + "ff_norm.weight": norm(),
-            b + "ff_proj.weight": rand(mlp, d),
-            b + "up_proj.weight": rand(mlp, d),
-            b + "ff_out.weight": rand(d, mlp),
-        }
+    shapes = {"q": (d, d, 2.0), "k": (kv * hd, d, 2.0), "v": (kv * hd, d, 1.0), "o": (d, d, 1.0),
+              "gate": (dims["mlp"], d, 1.0), "up": (dims["mlp"], d, 1.0), "down": (d, dims["mlp"], 1.0)}  # fmt: skip
+    t = {
+        names["embed"]: torch.randn(dims["vocab"], d, generator=gen),
+        names["norm"]: 1 + 0.1 * torch.randn(d, generator=gen),
+    }
+    if not dims["tied"]:
+        t[names["head"]] = rand(dims["vocab"], d, scale=8.0)
+    for i in range(dims["layers"]):
+        for role in ROLES:
+            name = names[role].format(i=i)
+            if role.endswith("norm"):
+                t[name] = 1 + 0.1 * torch.randn(d, generator=gen)
+                continue
+            rows, cols, scale = shapes[role]
+            t[name] = rand(rows, cols, scale=scale)
+            if dims["bias"] and role in "qkv":
+                t[name.removesuffix("weight") + "bias"] = 0.1 * torch.randn(rows, generator=gen)
     return t
+
+
+def llada_tensors(config: dict, seed: int = 4) -> dict[str, torch.Tensor]:
+    """LLaDA's weights (``LLaDAModelLM``: ``model.transformer.*``). Seed 4: greedy generation writes a dozen
+    distinct tokens over two rows (seeds 0 and 1 write two to five)."""
+    return random_tensors(LLADA_NAMES, llada_dims(config), seed)
 
 
 def save_tokenizer(path: Path, vocab: int) -> None:
@@ -144,6 +181,14 @@ def write_llada(path: Path, config: dict | None = None, layout: str = "safetenso
     return tensors
 
 
+def _rotary(theta: float, head_dim: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sin, cos [1, 1, length, head_dim]`` of rotate-half rotary embeddings at positions ``0 .. length-1``."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)
+    angles = torch.outer(torch.arange(length, dtype=torch.float), inv)
+    angles = torch.cat((angles, angles), -1)
+    return angles.sin()[None, None], angles.cos()[None, None]
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
@@ -155,29 +200,124 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def llada_forward(tensors: dict, config: dict, ids: torch.Tensor, causal: bool = False) -> torch.Tensor:
-    """``ids [B, L]`` -> logits ``[B, L, V]``: ``LLaDAModel.forward`` with ``LLaDALlamaBlock``s and no cache
-    (``modeling_llada.py``): positions ``0 .. L-1``, rotary on float32 q/k (``rope_full_precision``), K/V heads
-    repeated for grouped queries, attention with no mask (``causal=True``: a deliberately wrong variant)."""
-    t = {k.removeprefix("model.transformer."): v for k, v in tensors.items()}
-    d, heads, kv, eps = config["d_model"], config["n_heads"], config["n_kv_heads"], config["rms_norm_eps"]
+def decoder_forward(tensors: dict, names: dict, dims: dict, ids: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """``ids [B, L]`` -> logits ``[B, L, V]`` (unshifted), the forward both references compute with no cache: RMS
+    norms (float32, scaled after casting back), rotary embeddings on q / k in float32 at positions ``0 .. L-1``,
+    K/V heads repeated for grouped queries, attention with no mask (``causal=True``: a deliberately wrong variant),
+    a SiLU-gated MLP, the final norm and the output layer (or the tied embedding)."""
+    d, heads, kv, eps = dims["d"], dims["heads"], dims["kv"], dims["eps"]
     hd, (batch, length) = d // heads, ids.shape
-    inv = 1.0 / config["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float) / hd)
-    angles = torch.outer(torch.arange(length, dtype=torch.float), inv)
-    angles = torch.cat((angles, angles), -1)
-    sin, cos = angles.sin()[None, None], angles.cos()[None, None]
-    x = F.embedding(ids, t["wte.weight"])
-    for i in range(config["n_layers"]):
-        b = {k.removeprefix(f"blocks.{i}."): v for k, v in t.items() if k.startswith(f"blocks.{i}.")}
-        h = _rms(x, b["attn_norm.weight"], eps)
-        q = (h @ b["q_proj.weight"].T).view(batch, length, heads, hd).transpose(1, 2)
-        k = (h @ b["k_proj.weight"].T).view(batch, length, kv, hd).transpose(1, 2)
-        v = (h @ b["v_proj.weight"].T).view(batch, length, kv, hd).transpose(1, 2)
+    sin, cos = _rotary(dims["theta"], hd, length)
+
+    def linear(name: str, x: torch.Tensor) -> torch.Tensor:
+        bias = tensors.get(name.removesuffix("weight") + "bias")
+        return F.linear(x, tensors[name], bias)
+
+    x = F.embedding(ids, tensors[names["embed"]])
+    for i in range(dims["layers"]):
+        n = {role: names[role].format(i=i) for role in ROLES}
+        h = _rms(x, tensors[n["attn_norm"]], eps)
+        q, k, v = (linear(n[r], h).view(batch, length, c, hd).transpose(1, 2) for r, c in zip("qkv", (heads, kv, kv)))
         q, k = (u.float() * cos + _rotate_half(u.float()) * sin for u in (q, k))
         k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        x = x + att.transpose(1, 2).reshape(batch, length, d) @ b["attn_out.weight"].T
-        h = _rms(x, b["ff_norm.weight"], eps)
-        x = x + (F.silu(h @ b["ff_proj.weight"].T) * (h @ b["up_proj.weight"].T)) @ b["ff_out.weight"].T
-    x = _rms(x, t["ln_f.weight"], eps)
-    return x @ (t["wte.weight"] if config["weight_tying"] else t["ff_out.weight"]).T
+        x = x + linear(n["o"], att.transpose(1, 2).reshape(batch, length, d))
+        h = _rms(x, tensors[n["mlp_norm"]], eps)
+        x = x + linear(n["down"], F.silu(linear(n["gate"], h)) * linear(n["up"], h))
+    x = _rms(x, tensors[names["norm"]], eps)
+    return x @ tensors[names["embed"] if dims["tied"] else names["head"]].T
+
+
+def llada_forward(tensors: dict, config: dict, ids: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """``LLaDAModel.forward`` with ``LLaDALlamaBlock``s and no cache (``modeling_llada.py``; rotary in float32 as
+    ``rope_full_precision`` asks)."""
+    return decoder_forward(tensors, LLADA_NAMES, llada_dims(config), ids, causal)
+
+
+# Dream-v0-Instruct-7B's config.json, every key as released, sizes shrunk (2 layers, hidden 32, 4 heads of 8, GQA 2)
+DREAM_CONFIG = {
+    "architectures": ["DreamModel"],
+    "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+    "bos_token_id": 261,
+    "eos_token_id": 261,
+    "hidden_act": "silu",
+    "hidden_size": 32,
+    "initializer_range": 0.02,
+    "intermediate_size": 48,
+    "mask_token_id": 262,
+    "max_position_embeddings": 256,
+    "max_window_layers": 2,
+    "model_type": "Dream",
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "pad_token_id": 261,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "sliding_window": 256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "transformers_version": "4.46.2",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 320,
+}
+
+
+def dream_tensors(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Dream's weights (``DreamModel``: Qwen2's names, biases on q / k / v)."""
+    return random_tensors(DREAM_NAMES, dream_dims(config), seed)
+
+
+def save_dream_tokenizer(path: Path) -> None:
+    """Dream's tokenizer files: a byte-level BPE (``vocab.json``: the 256 byte symbols and 5 merges, ids 0-260;
+    ``merges.txt``), ``<|endoftext|>`` (261) and ``<|mask|>`` (262) as added tokens, and a
+    ``tokenizer_config.json`` naming the repository's own ``DreamTokenizer`` class (whose file is poisoned)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]  # byte-level BPE's symbols: these move past 255
+    symbols = {b: chr(b) for b in printable} | {b: chr(256 + n) for n, b in enumerate(others)}
+    vocab = {symbols[b]: b for b in range(256)}
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("d", "e"), ("de", "f")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    (path / "vocab.json").write_text(json.dumps(vocab))
+    (path / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    special = {"261": "<|endoftext|>", "262": "<|mask|>"}  # right after the BPE vocabulary, as in Qwen2's
+    added = {i: {"content": c, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                 "special": True} for i, c in special.items()}  # fmt: skip
+    tokenizer_config = {
+        "added_tokens_decoder": added,
+        "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
+        "bos_token": None,
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "mask_token": "<|mask|>",
+        "model_max_length": 256,
+        "tokenizer_class": "DreamTokenizer",
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    (path / "tokenization_dream.py").write_text(POISON)
+
+
+def write_dream(path: Path, config: dict | None = None, seed: int = 0) -> dict:
+    """A Dream checkpoint directory: ``config.json``, ``model.safetensors``, the tokenizer files, and poisoned
+    ``modeling_dream.py`` / ``configuration_dream.py`` / ``generation_utils.py``. Returns the tensors written."""
+    from safetensors.torch import save_file
+
+    config = config or DREAM_CONFIG
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    for code in ("modeling_dream.py", "configuration_dream.py", "generation_utils.py"):
+        (path / code).write_text(POISON)
+    tensors = dream_tensors(config, seed)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    save_dream_tokenizer(path)
+    return tensors
+
+
+def dream_forward(tensors: dict, config: dict, ids: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """``DreamModel.forward`` with SDPA attention and no cache (``modeling_dream.py``: default rotary, cos / sin in
+    float32, applied to the float32 q / k here as there; ``is_causal=False``)."""
+    return decoder_forward(tensors, DREAM_NAMES, dream_dims(config), ids, causal)

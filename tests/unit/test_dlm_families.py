@@ -4,9 +4,11 @@ code: the same logits, the reference ``generate``'s tokens at temperature 0, eve
 clear error for what decodekit does not implement. The checkpoints' own code files raise when imported.
 
 LLaDA: ``llada_forward`` transcribes ``modeling_llada.py`` (NVlabs/Fast-dLLM @ 24cc59e, the non-cached forward of
-LLaDA's release); on these checkpoints it gave exactly that file's logits (checked once with the file at hand; it is
-not installed here). LLaDA's ``generate`` (low-confidence remasking, float64 confidences) is
-``test_dlm_reference.fast_dllm`` without a cache.
+LLaDA's release); on these checkpoints it gave exactly that file's logits (difference 0.0 in float32, checked once
+with the file at hand; it is not installed here). LLaDA's ``generate`` (low-confidence remasking, float64 confidences) is
+``test_dlm_reference.fast_dllm`` without a cache. Dream: ``dream_forward`` transcribes ``modeling_dream.py`` (the
+same commit; SDPA attention, no cache), checked the same way; its ``diffusion_generate`` schedule is not compared
+(no decodekit rule implements it yet).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 import decodekit as dk
 from decodekit.errors import ConfigError, ModelNotFoundError, UnsupportedModelError
 from tests.unit.dlm_common import MASK
-from tests.unit.dlm_families import LLADA_CONFIG, llada_forward, write_llada
+from tests.unit.dlm_families import DREAM_CONFIG, LLADA_CONFIG, dream_forward, llada_forward, write_dream, write_llada
 from tests.unit.test_dlm_reference import fast_dllm
 
 ROWS = [[5, 9, 14, 2, 77, 40, 3], [33, 7, 100]]  # a ragged batch: decodekit pads, the reference runs each row alone
@@ -123,4 +125,40 @@ def test_llada_without_weights_says_what_it_looked_for(tmp_path):
     write_llada(tmp_path, LLADA_CONFIG)
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(ModelNotFoundError, match="expected model.safetensors, pytorch_model.bin"):
+        dk.dlm.load_model(str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def dream(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dream")
+    tensors = write_dream(path)
+    return path, tensors, dk.dlm.load_model(str(path))
+
+
+def test_dream_reads_as_the_reference_computes_with_shifted_slots(dream):
+    """Slot ``j``'s logits are the reference's output at position ``j - 1``; the tokenizer is Dream's BPE read
+    without its own class."""
+    _, tensors, dlm = dream
+    assert (dlm.mask_token_id, dlm.shift_logits, dlm.block_length) == (262, True, None)
+    assert dlm.tokenizer.convert_ids_to_tokens(262) == "<|mask|>" and dlm.tokenizer("def the")["input_ids"] == [
+        260,
+        258,
+    ]
+    rows = [[5, 9, 14, 2, 77, 40, 3], [33, 7, 100]]
+    width = max(map(len, rows))
+    canvas = torch.full((2, width), 262)
+    for b, row in enumerate(rows):
+        canvas[b, : len(row)] = torch.tensor(row)
+    lengths = torch.tensor([len(r) for r in rows])
+    logits, _ = dlm.forward(canvas, lengths, torch.ones_like(lengths), width - 1)  # slots 1.. of each row
+    for b, row in enumerate(rows):
+        want = dream_forward(tensors, DREAM_CONFIG, torch.tensor([row]))[0, : len(row) - 1]
+        torch.testing.assert_close(logits[b, : len(row) - 1], want, atol=1e-4, rtol=1e-5)
+        causal = dream_forward(tensors, DREAM_CONFIG, torch.tensor([row]), causal=True)[0, : len(row) - 1]
+        assert not torch.allclose(logits[b, : len(row) - 1], causal, atol=1e-2)
+
+
+def test_dream_refuses_a_sliding_window(tmp_path):
+    write_dream(tmp_path, DREAM_CONFIG | {"use_sliding_window": True})
+    with pytest.raises(UnsupportedModelError, match="Dream checkpoint with use_sliding_window=True"):
         dk.dlm.load_model(str(tmp_path))

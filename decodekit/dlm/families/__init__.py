@@ -2,9 +2,9 @@
 
 A released DLM repository ships its own modeling code (``modeling_llada.py``, ``modeling_dream.py``, ...) next to
 its weights; decodekit never imports it. :func:`read_checkpoint` reads the directory's ``config.json``, recognises
-the family by its ``model_type`` / ``architectures`` (:data:`FAMILIES`), and builds decodekit's own equivalent: a
-transformers decoder (Llama for LLaDA) holding the checkpoint's tensors under their new names, plus the family's
-mask id, logit shift and block size. Each family's module says which reference code it was checked against.
+the family by its ``model_type`` / ``architectures``, and builds decodekit's own equivalent: a transformers decoder
+(Llama for LLaDA, Qwen2 for Dream) holding the checkpoint's tensors under their new names, plus the family's mask id,
+logit shift and block size. Each family's module says which reference code it was checked against.
 
 A family is one small module: a :class:`Family` whose ``convert`` maps the published config to a transformers config
 (refusing, by name, any setting decodekit does not implement) and names each transformers parameter's source
@@ -24,7 +24,7 @@ import torch
 
 from decodekit.errors import ConfigError, ModelNotFoundError, UnsupportedModelError
 
-__all__ = ["FAMILIES", "Checkpoint", "Family", "family_of", "read_checkpoint"]
+__all__ = ["Checkpoint", "Family", "family_of", "read_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class Family:
         mask_token_id: ``config -> the mask token's id``.
         shift_logits: slot ``j``'s logits are read at position ``j - 1`` (AR-initialised families).
         block_length: ``config -> the block size it was trained with`` (None: bidirectional).
+        tokenizer: ``directory -> tokenizer`` for a checkpoint whose tokenizer files name a class of its own code
+            (Dream's ``DreamTokenizer``): tried when transformers' ``AutoTokenizer`` cannot load them.
     """
 
     name: str
@@ -49,6 +51,7 @@ class Family:
     mask_token_id: Callable[[dict[str, Any]], int]
     shift_logits: bool
     block_length: Callable[[dict[str, Any]], int | None] = lambda config: None
+    tokenizer: Callable[[Path], Any] | None = None
 
 
 @dataclass
@@ -64,9 +67,10 @@ class Checkpoint:
 
 
 def _families() -> list[Family]:
+    from decodekit.dlm.families.dream import DREAM
     from decodekit.dlm.families.llada import LLADA
 
-    return [LLADA]
+    return [LLADA, DREAM]
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -192,18 +196,29 @@ def _materialise_buffers(model: torch.nn.Module, hf_config: Any) -> None:
         raise ConfigError(f"no values for {left[:3]} after loading the checkpoint")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def _tokenizer(root: Path, family: Family) -> Any:
     """The checkpoint's tokenizer, from its own files (never with ``trust_remote_code``), or None without them."""
-    from transformers import AutoTokenizer
+    import warnings
 
-    if not any((root / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    if not any((root / f).is_file() for f in TOKENIZER_FILES):
+        return None
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # it reads config.json as a generic config: a warning about the unknown type
+    hf_logging.set_verbosity_error()  # it reads config.json as a generic config: warnings about the family's keys
     try:
-        return AutoTokenizer.from_pretrained(str(root), local_files_only=True, trust_remote_code=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            try:
+                return AutoTokenizer.from_pretrained(str(root), local_files_only=True, trust_remote_code=False)
+            except (OSError, ValueError):
+                if family.tokenizer is None:
+                    raise
+                return family.tokenizer(root)
     except (OSError, ValueError) as error:
         raise ConfigError(
             f"{family.name} checkpoint {root}: its tokenizer does not load without the repository's own code "
