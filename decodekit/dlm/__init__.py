@@ -10,6 +10,7 @@ from decodekit.dlm.drafts import SpiffyDrafts, calibrate_graph, canvas_cost
 from decodekit.dlm.generate import DLMOutput, generate
 from decodekit.dlm.model import DLMModel, load_model
 from decodekit.dlm.rules import (
+    DreamRule,
     EoTStop,
     FactorRule,
     LLaDARule,
@@ -35,6 +36,7 @@ __all__ = [
     "DLMOutput",
     "DLMState",
     "EoTStop",
+    "DreamRule",
     "FactorRule",
     "LLaDARule",
     "LocalLeapRule",

@@ -321,3 +321,34 @@ def dream_forward(tensors: dict, config: dict, ids: torch.Tensor, causal: bool =
     """``DreamModel.forward`` with SDPA attention and no cache (``modeling_dream.py``: default rotary, cos / sin in
     float32, applied to the float32 q / k here as there; ``is_causal=False``)."""
     return decoder_forward(tensors, DREAM_NAMES, dream_dims(config), ids, causal)
+
+
+def dream_generate(forward, prompt: list[int], gen_length: int, steps: int, alg: str, mask: int, eps: float = 1e-3):
+    """Dream's ``diffusion_generate`` at temperature 0 (``generation_utils.py``, ``_sample``; ``alg`` one of
+    ``maskgit_plus``, ``topk_margin``, ``entropy``, ``alg_temp`` None), one row: each step runs the whole canvas,
+    shifts the logits one slot right (slot 0 keeps its own), scores the masked slots' argmax proposals, and commits
+    the ``int(n (1 - s / t))`` most confident (all at the last step) on ``t = linspace(1, eps, steps + 1)``. Returns
+    the generated tokens and the forwards taken (steps that commit nothing included, as there)."""
+    x = torch.tensor([prompt + [mask] * gen_length])
+    grid = torch.linspace(1, eps, steps + 1)
+    for i in range(steps):
+        masked = x == mask
+        logits = forward(x)
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        probs = torch.softmax(logits[masked], dim=-1)
+        confidence, proposed = probs.max(dim=-1)
+        if alg == "topk_margin":
+            top = torch.sort(probs, dim=-1, descending=True).values
+            confidence = top[:, 0] - top[:, 1]
+        elif alg == "entropy":
+            confidence = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
+        n = masked.sum() / masked.shape[0]
+        count = int(n * (1 - grid[i + 1] / grid[i])) if i < steps - 1 else int(n)
+        full = torch.full(x.shape, -torch.inf)
+        full[masked] = confidence
+        if count > 0:
+            chosen = torch.topk(full, count).indices
+            filled = torch.full_like(x, mask)
+            filled[masked] = proposed
+            x[0, chosen[0]] = filled[0, chosen[0]]
+    return x[0, len(prompt) :].tolist(), steps

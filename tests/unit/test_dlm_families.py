@@ -5,10 +5,11 @@ clear error for what decodekit does not implement. The checkpoints' own code fil
 
 LLaDA: ``llada_forward`` transcribes ``modeling_llada.py`` (NVlabs/Fast-dLLM @ 24cc59e, the non-cached forward of
 LLaDA's release); on these checkpoints it gave exactly that file's logits (difference 0.0 in float32, checked once
-with the file at hand; it is not installed here). LLaDA's ``generate`` (low-confidence remasking, float64 confidences) is
-``test_dlm_reference.fast_dllm`` without a cache. Dream: ``dream_forward`` transcribes ``modeling_dream.py`` (the
-same commit; SDPA attention, no cache), checked the same way; its ``diffusion_generate`` schedule is not compared
-(no decodekit rule implements it yet).
+with the file at hand; it is not installed here). LLaDA's ``generate`` (low-confidence remasking, float64
+confidences) is ``test_dlm_reference.fast_dllm`` without a cache. Dream: ``dream_forward`` transcribes
+``modeling_dream.py`` (the same commit; SDPA attention, no cache), checked the same way; ``dream_generate``
+transcribes ``diffusion_generate``'s ``_sample`` (``generation_utils.py``, the same commit) for its deterministic
+algorithms, compared with ``DreamRule``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ import torch
 import decodekit as dk
 from decodekit.errors import ConfigError, ModelNotFoundError, UnsupportedModelError
 from tests.unit.dlm_common import MASK
-from tests.unit.dlm_families import DREAM_CONFIG, LLADA_CONFIG, dream_forward, llada_forward, write_dream, write_llada
+from tests.unit.dlm_families import (
+    DREAM_CONFIG,
+    LLADA_CONFIG,
+    dream_forward,
+    dream_generate,
+    llada_forward,
+    write_dream,
+    write_llada,
+)
 from tests.unit.test_dlm_reference import fast_dllm
 
 ROWS = [[5, 9, 14, 2, 77, 40, 3], [33, 7, 100]]  # a ragged batch: decodekit pads, the reference runs each row alone
@@ -162,3 +171,19 @@ def test_dream_refuses_a_sliding_window(tmp_path):
     write_dream(tmp_path, DREAM_CONFIG | {"use_sliding_window": True})
     with pytest.raises(UnsupportedModelError, match="Dream checkpoint with use_sliding_window=True"):
         dk.dlm.load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy"])
+@pytest.mark.parametrize(("gen", "steps"), [(12, 12), (16, 6)])
+def test_dream_generates_the_references_tokens(dream, alg, gen, steps):
+    """``diffusion_generate`` at temperature 0 on the reference forward, and ``DreamRule`` on the checkpoint decodekit
+    read (one block, as Dream samples): the same tokens; decodekit skips the steps that commit nothing."""
+    _, tensors, dlm = dream
+    settings = dict(gen_length=gen, block_length=gen, steps=steps)
+    llada_differs = False
+    for prompt in ([5, 9, 14, 2, 77, 40, 3], [33, 7, 100]):
+        want, forwards = dream_generate(lambda x: dream_forward(tensors, DREAM_CONFIG, x), prompt, gen, steps, alg, 262)
+        out = dk.dlm.generate(dlm, [prompt], rule=dk.build("dlm_rule", "dream", alg=alg), **settings)
+        assert out.sequences[0] == want and out.stats.nfe <= forwards
+        llada_differs |= dk.dlm.generate(dlm, [prompt], **settings).sequences[0] != want
+    assert llada_differs  # the comparison sees the schedule: LLaDA's rule commits other slots

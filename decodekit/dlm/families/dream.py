@@ -10,9 +10,10 @@ read with transformers' ``Qwen2Tokenizer`` when no other class loads it.
 
 Checked against the reference: ``tests/unit/test_dlm_families.py`` compares logits with a port of
 ``modeling_dream.py`` as NVlabs/Fast-dLLM vendors it (@ 24cc59e; the port gave that file's logits on the tiny
-checkpoints, max difference below 1e-5 in float32). Not yet compared: ``diffusion_generate``'s own step schedule
-(``alg="origin"`` draws which slots to commit with ``torch.rand``; ``maskgit_plus`` / ``entropy`` commit
-``int(n (1 - s / t))`` slots a step on a ``linspace(1, eps)`` time grid), which no decodekit rule implements yet.
+checkpoints, exactly in float32), and its ``diffusion_generate`` at temperature 0 with
+:class:`~decodekit.dlm.DreamRule` (``alg`` ``maskgit_plus``, ``topk_margin``, ``entropy``) with a port of its
+``_sample``: the same tokens. Its default ``alg="origin"`` draws the slots to commit with ``torch.rand`` and is not
+implemented.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Unmasking rules for :func:`decodekit.dlm.generate` (one file each, registered as ``dlm_rule``)."""
 
+from decodekit.dlm.rules.dream import DreamRule
 from decodekit.dlm.rules.eot_stop import EoTStop
 from decodekit.dlm.rules.factor import FactorRule
 from decodekit.dlm.rules.llada import LLaDARule
@@ -8,4 +9,13 @@ from decodekit.dlm.rules.prophet import ProphetRule
 from decodekit.dlm.rules.random_order import RandomOrderRule
 from decodekit.dlm.rules.threshold import ThresholdRule
 
-__all__ = ["EoTStop", "FactorRule", "LLaDARule", "LocalLeapRule", "ProphetRule", "RandomOrderRule", "ThresholdRule"]
+__all__ = [
+    "DreamRule",
+    "EoTStop",
+    "FactorRule",
+    "LLaDARule",
+    "LocalLeapRule",
+    "ProphetRule",
+    "RandomOrderRule",
+    "ThresholdRule",
+]
