@@ -17,9 +17,9 @@ from decodekit.train.dlm_adapter import masked_diffusion_loss, train
 
 pytestmark = pytest.mark.slow
 # the benchmark's runs on short prompts (a 48-token stdlib chunk, synthetic items after one solved example) with
-# SmolLM2 cut to 8 layers as the model (smollm2_cut): what the tests check is the report, and a SmolLM2 forward costs
-# about its prompt's length and its depth
-SHORT = dict(task="stdlib", max_prompt_tokens=48, synthetic_shots=1, progress=False)  # + scorer=the shared SmolLM2
+# SmolLM2 cut to 8 layers as the model and as the autoregressive scorer (smollm2_cut): what the tests check is the
+# report, and a SmolLM2 forward costs about its prompt's length and its depth
+SHORT = dict(task="stdlib", max_prompt_tokens=48, synthetic_shots=1, progress=False)  # + scorer=the cut
 
 
 def test_the_corpus_is_not_a_benchmark_source():
@@ -122,9 +122,9 @@ def test_loss_masks_never_the_first_token():
     assert float(loss) == pytest.approx(0.0, abs=1e-6)
 
 
-def test_dlm_bench_reports_speed_next_to_quality(tmp_path, smollm2, smollm2_cut):
+def test_dlm_bench_reports_speed_next_to_quality(tmp_path, smollm2_cut):
     """The benchmark on a real model (an untrained wrapping of SmolLM2 cut to 8 layers stands in for the adapter; the
-    full SmolLM2 scores): every method's row, the base sampler agreeing with itself, a threshold rule taking fewer
+    cut scores too): every method's row, the base sampler agreeing with itself, a threshold rule taking fewer
     forwards; the synthetic table has every method (and the autoregressive reference) on every task."""
     from decodekit.dlm.bench import run
 
@@ -135,7 +135,7 @@ def test_dlm_bench_reports_speed_next_to_quality(tmp_path, smollm2, smollm2_cut)
         "dual": {"rule": rule, "cache": dk.dlm.DualCache(), "uncached": "threshold"},
         "disabled": None,  # methods.<name>=null in the recipe: no row
     }
-    kwargs = dict(SHORT, scorer=smollm2, num_prompts=1, gen_lengths=[8], block_length=4, synthetic=1)
+    kwargs = dict(SHORT, scorer=smollm2_cut, num_prompts=1, gen_lengths=[8], block_length=4, synthetic=1)
     kwargs["synthetic_length"] = 4
     table = run(tmp_path, model=m, methods=methods, **kwargs)
     report = json.loads((tmp_path / "results.json").read_text())
@@ -153,7 +153,7 @@ def test_dlm_bench_reports_speed_next_to_quality(tmp_path, smollm2, smollm2_cut)
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in synthetic.values()) and "**Synthetic tasks**" in table
 
 
-def test_dlm_bench_lists_what_a_block_causal_model_refuses(tmp_path, smollm2, smollm2_cut):
+def test_dlm_bench_lists_what_a_block_causal_model_refuses(tmp_path, smollm2_cut):
     """A block-causal model runs its base block-causally and the exact cache agrees with it; a bidirectional cache
     is listed with the model's reason instead of run."""
     from decodekit.dlm.bench import run
@@ -164,7 +164,7 @@ def test_dlm_bench_lists_what_a_block_causal_model_refuses(tmp_path, smollm2, sm
         "base_again": {"rule": None, "cache": None},
         "dual": {"rule": None, "cache": dk.dlm.DualCache()},
     }
-    kwargs = dict(SHORT, scorer=smollm2, num_prompts=1, gen_lengths=[8], block_length=4, synthetic=0)
+    kwargs = dict(SHORT, scorer=smollm2_cut, num_prompts=1, gen_lengths=[8], block_length=4, synthetic=0)
     table = run(tmp_path, model=m, methods=methods, **kwargs)
     report = json.loads((tmp_path / "results.json").read_text())
     rows = {r["method"]: r for r in report["methods"]}
@@ -173,13 +173,13 @@ def test_dlm_bench_lists_what_a_block_causal_model_refuses(tmp_path, smollm2, sm
     assert "DualCache attends bidirectionally" in report["refused"]["dual"] and "`dual` not run" in table
 
 
-def test_dlm_bench_base_may_run_with_an_exact_cache(tmp_path, smollm2, smollm2_cut):
+def test_dlm_bench_base_may_run_with_an_exact_cache(tmp_path, smollm2_cut):
     """On a block-causal model the base may use the exact block-causal cache (the G = 256 protocol): the uncached
     base, run as a method, agrees with it token for token; a base with another rule is refused before any call."""
     from decodekit.dlm.bench import run
 
     m = dk.dlm.load_model(dk.load_model(smollm2_cut), mask_token_id=16, shift_logits=True, block_length=4)
-    kwargs = dict(SHORT, scorer=smollm2, num_prompts=1, gen_lengths=[8], block_length=4, synthetic=0)
+    kwargs = dict(SHORT, scorer=smollm2_cut, num_prompts=1, gen_lengths=[8], block_length=4, synthetic=0)
     base = {"rule": None, "cache": dk.dlm.BlockCausalCache()}
     run(tmp_path, model=m, methods={"recompute": {"rule": None, "cache": None}}, base=base, **kwargs)
     rows = {r["method"]: r for r in json.loads((tmp_path / "results.json").read_text())["methods"]}
