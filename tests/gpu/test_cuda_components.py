@@ -114,7 +114,8 @@ def test_every_verifier_samples_on_cuda(verifier, ragged_prompts):
 
 def dlm_methods() -> dict[str, dict]:
     """name -> generate kwargs: every rule uncached, every cache and schedule under the threshold rule, drafts."""
-    methods = {name: {"rule": dk.build("dlm_rule", name)} for name in ("llada", "threshold", "factor", "local_leap")}
+    rules = ("llada", "threshold", "factor", "local_leap", "dream")
+    methods = {name: {"rule": dk.build("dlm_rule", name)} for name in rules}
     methods["prophet"] = {"rule": dk.build("dlm_rule", "prophet")}
     for cache in ("prefix", "dual", "dkv", "block_causal"):
         methods[cache] = {"rule": dk.dlm.ThresholdRule(0.5), "cache": dk.build("dlm_cache", cache)}
@@ -151,3 +152,24 @@ def test_dlm_sampling_on_cuda_is_seeded(name):
 
     first = run()
     assert first == run() and all(MASK not in row for row in first)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_released_checkpoints_on_cuda_equal_cpu(tmp_path, family):
+    """A LLaDA and a Dream checkpoint in their released layouts (tests/unit/dlm_families.py), read onto the GPU in
+    float32: the same greedy tokens as on the CPU, with the family's own rule and with Fast-dLLM's dual cache."""
+    from tests.unit.dlm_families import write_dream, write_llada
+
+    (write_llada if family == "llada" else write_dream)(tmp_path)
+    cpu, gpu = dk.dlm.load_model(str(tmp_path)), dk.dlm.load_model(str(tmp_path), device="cuda")
+    assert next(gpu.lm.hf.parameters()).is_cuda
+    rule = "llada" if family == "llada" else "dream"
+    for kwargs in ({"rule": rule}, {"rule": "threshold", "cache": "dual"}):
+
+        def run(m, kwargs=kwargs):
+            built = {k: dk.build(f"dlm_{k}", v) for k, v in kwargs.items()}
+            return dk.dlm.generate(
+                m, PROMPTS, gen_length=8, block_length=8 if family == "dream" else 4, steps=8, **built
+            )
+
+        assert run(gpu).sequences == run(cpu).sequences, kwargs
