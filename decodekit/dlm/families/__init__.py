@@ -87,7 +87,11 @@ def read_config(path: str | os.PathLike) -> dict[str, Any] | None:
 def family_of(path: str | os.PathLike) -> Family | None:
     """The published DLM family the directory ``path`` holds, or None (no ``config.json``, or another model: a
     transformers checkpoint that :func:`decodekit.load_model` reads itself)."""
-    config = read_config(path)
+    return _family(read_config(path))
+
+
+def _family(config: dict[str, Any] | None) -> Family | None:
+    """The family a ``config.json``'s ``model_type`` / ``architectures`` name, or None."""
     if config is None:
         return None
     model_type = str(config.get("model_type", "")).lower()
@@ -147,8 +151,8 @@ def read_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -
     from transformers import AutoModelForCausalLM
 
     root = Path(path)
-    family = family_of(root)
     config = read_config(root)
+    family = _family(config)
     if family is None or config is None:
         known = ", ".join(f.name for f in _families())
         raise UnsupportedModelError(f"{root} is not a checkpoint of a known diffusion-LM family ({known})")

@@ -10,8 +10,8 @@ checkpoint's tensors load into ``LlamaForCausalLM`` renamed; attention is made b
 
 Checked against the reference: ``tests/unit/test_dlm_families.py`` compares logits and LLaDA's low-confidence
 ``generate`` (temperature 0) with a port of ``modeling_llada.py`` as NVlabs/Fast-dLLM vendors it (@ 24cc59e, whose
-non-cached forward is LLaDA's own) on tiny random checkpoints written in this layout; the port itself was checked
-against that file on those checkpoints (max |logit difference| below 1e-5 in float32). Settings the released models
+non-cached forward is LLaDA's own) on tiny random checkpoints written in this layout; the port itself gave that
+file's logits exactly on those checkpoints (float32; decodekit's are within 2e-5 of them). Settings the released models
 do not use (other block types, ALiBi, biases, logit scaling, grouped blocks, ...) are refused by name.
 """
 

@@ -20,17 +20,15 @@ def dream_counts(masked: list[int], steps: int, eps: float) -> torch.Tensor:
     there; a step whose count is 0 changes nothing at temperature 0, so it is dropped (the reference spends a forward
     on it). Rows shorter than ``K`` are padded with zeros."""
     grid = torch.linspace(1, eps, steps + 1)
-    rows = []
-    for n in masked:
-        counts, left = [], n
-        for i in range(steps):
-            take = left if i == steps - 1 else int(torch.tensor(float(left)) * (1 - grid[i + 1] / grid[i]))
-            if take:
-                counts.append(take)
-                left -= take
-        rows.append(counts)
-    width = max(1, *(len(r) for r in rows))
-    return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long)
+    ratio = 1 - grid[1:] / grid[:-1]  # [steps] float32, the share of the masked slots step i commits
+    left = torch.tensor(masked, dtype=torch.long)
+    counts = torch.zeros(len(masked), steps, dtype=torch.long)
+    for i in range(steps):  # the reference's int(): truncation of a float32 product
+        counts[:, i] = left if i == steps - 1 else (left.float() * ratio[i]).long()
+        left = left - counts[:, i]
+    order = (counts == 0).to(torch.int8).sort(dim=1, stable=True).indices  # each row's nonzero steps first
+    counts = counts.gather(1, order)
+    return counts[:, : max(1, int((counts > 0).sum(1).max()))]
 
 
 @register("dlm_rule", "dream")
