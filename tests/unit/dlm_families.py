@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tests.word_tokenizer import save_word_tokenizer
+
 POISON = 'raise RuntimeError("decodekit imported code shipped with a checkpoint")\n'
 
 # LLaDA-8B-Instruct's config.json, every key as released, sizes shrunk (tiny: 2 blocks, d 32, 4 heads of 8, GQA 2)
@@ -141,17 +143,6 @@ def llada_tensors(config: dict, seed: int = 4) -> dict[str, torch.Tensor]:
     return random_tensors(LLADA_NAMES, llada_dims(config), seed)
 
 
-def save_tokenizer(path: Path, vocab: int) -> None:
-    """A word-level tokenizer over ``vocab`` ids (``w0 .. w{vocab-1}``), as ``save_pretrained`` writes it."""
-    import tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = {f"w{i}": i for i in range(vocab)}
-    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="w0"))
-    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0").save_pretrained(path)
-
-
 def write_llada(path: Path, config: dict | None = None, layout: str = "safetensors", seed: int = 4) -> dict:
     """A LLaDA checkpoint directory: ``config.json``, the weights (``layout``: ``"safetensors"`` one file,
     ``"shards"`` two safetensors shards and their index, ``"bin"`` ``pytorch_model.bin``), tokenizer files, and
@@ -177,7 +168,7 @@ def write_llada(path: Path, config: dict | None = None, layout: str = "safetenso
             weight_map |= dict.fromkeys(keys, file)
         index = {"metadata": {"total_size": sum(t.numel() * 4 for t in tensors.values())}, "weight_map": weight_map}
         (path / "model.safetensors.index.json").write_text(json.dumps(index))
-    save_tokenizer(path, config["vocab_size"])
+    save_word_tokenizer(path, [f"w{i}" for i in range(config["vocab_size"])])
     return tensors
 
 

@@ -23,6 +23,7 @@ from decodekit.bench.distributed import World, _warn_single_cpu_launch, current_
 from decodekit.bench.methods import Method
 from decodekit.errors import ConfigError
 from decodekit.models.tiny import perturbed, tiny_llama
+from tests.word_tokenizer import save_word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,14 +39,8 @@ main(sys.argv[1:])
 
 def save_tiny(path: Path, model: torch.nn.Module) -> Path:
     """``model`` and a word-level tokenizer (ids below the tiny vocabulary), ready for ``load_model(path)``."""
-    import tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     words = ["[UNK]", "<s>", "def", "return", "self", "if", "else", "for", "in", "import", "not", "None"]
-    words += list("()[]:,.=+-*'\"")
-    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", bos_token="<s>").save_pretrained(path)
+    save_word_tokenizer(path, words + list("()[]:,.=+-*'\""), bos_token="<s>")
     model.save_pretrained(path)
     return path
 

@@ -14,6 +14,7 @@ algorithms, compared with ``DreamRule``.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -44,20 +45,21 @@ def llada(tmp_path_factory):
     return path, tensors, dk.dlm.load_model(str(path))
 
 
-def canvas_logits(dlm, rows: list[list[int]]) -> list[torch.Tensor]:
-    """decodekit's logits at every position of each row, the rows in one padded batch: ``[L_b, V]`` per row."""
+def canvas_logits(dlm, rows: list[list[int]], start: int = 0) -> list[torch.Tensor]:
+    """decodekit's logits for slots ``start ..`` of each row (slot ``j`` at position ``j``, or ``j - 1`` on a shifted
+    model), the rows in one padded batch: ``[L_b - start, V]`` per row."""
     width = max(map(len, rows))
-    canvas = torch.full((len(rows), width), MASK)
+    canvas = torch.full((len(rows), width), dlm.mask_token_id)
     for b, row in enumerate(rows):
         canvas[b, : len(row)] = torch.tensor(row)
     lengths = torch.tensor([len(r) for r in rows])
-    logits, _ = dlm.forward(canvas, lengths, torch.zeros_like(lengths), width)
-    return [logits[b, : len(row)] for b, row in enumerate(rows)]
+    logits, _ = dlm.forward(canvas, lengths, torch.full_like(lengths, start), width - start)
+    return [logits[b, : len(row) - start] for b, row in enumerate(rows)]
 
 
 def test_llada_reads_as_the_reference_computes(llada):
     path, tensors, dlm = llada
-    assert (dlm.mask_token_id, dlm.shift_logits, dlm.block_length) == (127, False, None)
+    assert (dlm.mask_token_id, dlm.shift_logits, dlm.block_length) == (MASK, False, None)  # 127, the ports' mask
     assert dlm.vocab_size == LLADA_CONFIG["embedding_size"] and dlm.tokenizer.convert_ids_to_tokens(5) == "w5"
     for row, got in zip(ROWS, canvas_logits(dlm, ROWS)):
         want = llada_forward(tensors, LLADA_CONFIG, torch.tensor([row]))[0]
@@ -125,7 +127,7 @@ def test_llada_arguments_replace_the_checkpoints_settings(llada):
 )
 def test_llada_refuses_what_it_cannot_run(tmp_path, edit, error, match):
     write_llada(tmp_path, LLADA_CONFIG)
-    (tmp_path / "config.json").write_text(__import__("json").dumps(LLADA_CONFIG | edit))
+    (tmp_path / "config.json").write_text(json.dumps(LLADA_CONFIG | edit))
     with pytest.raises(error, match=match):
         dk.dlm.load_model(str(tmp_path))
 
@@ -149,22 +151,13 @@ def test_dream_reads_as_the_reference_computes_with_shifted_slots(dream):
     without its own class."""
     _, tensors, dlm = dream
     assert (dlm.mask_token_id, dlm.shift_logits, dlm.block_length) == (262, True, None)
-    assert dlm.tokenizer.convert_ids_to_tokens(262) == "<|mask|>" and dlm.tokenizer("def the")["input_ids"] == [
-        260,
-        258,
-    ]
-    rows = [[5, 9, 14, 2, 77, 40, 3], [33, 7, 100]]
-    width = max(map(len, rows))
-    canvas = torch.full((2, width), 262)
-    for b, row in enumerate(rows):
-        canvas[b, : len(row)] = torch.tensor(row)
-    lengths = torch.tensor([len(r) for r in rows])
-    logits, _ = dlm.forward(canvas, lengths, torch.ones_like(lengths), width - 1)  # slots 1.. of each row
-    for b, row in enumerate(rows):
+    assert dlm.tokenizer.convert_ids_to_tokens(262) == "<|mask|>"
+    assert dlm.tokenizer("def the")["input_ids"] == [260, 258]  # the merges: "def", " the"
+    for row, got in zip(ROWS, canvas_logits(dlm, ROWS, start=1)):  # slots 1.. read positions 0..
         want = dream_forward(tensors, DREAM_CONFIG, torch.tensor([row]))[0, : len(row) - 1]
-        torch.testing.assert_close(logits[b, : len(row) - 1], want, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
         causal = dream_forward(tensors, DREAM_CONFIG, torch.tensor([row]), causal=True)[0, : len(row) - 1]
-        assert not torch.allclose(logits[b, : len(row) - 1], causal, atol=1e-2)
+        assert not torch.allclose(got, causal, atol=1e-2)
 
 
 def test_dream_refuses_a_sliding_window(tmp_path):
@@ -181,7 +174,7 @@ def test_dream_generates_the_references_tokens(dream, alg, gen, steps):
     _, tensors, dlm = dream
     settings = dict(gen_length=gen, block_length=gen, steps=steps)
     llada_differs = False
-    for prompt in ([5, 9, 14, 2, 77, 40, 3], [33, 7, 100]):
+    for prompt in ROWS:
         want, forwards = dream_generate(lambda x: dream_forward(tensors, DREAM_CONFIG, x), prompt, gen, steps, alg, 262)
         out = dk.dlm.generate(dlm, [prompt], rule=dk.build("dlm_rule", "dream", alg=alg), **settings)
         assert out.sequences[0] == want and out.stats.nfe <= forwards
