@@ -38,7 +38,7 @@ from decodekit.dlm.components import check_commit, check_finite, check_logits, c
 from decodekit.dlm.lookahead import NextBlock, lookahead_block
 from decodekit.dlm.model import DLMModel, load_model
 from decodekit.dlm.parts import Parts, resolve_parts
-from decodekit.dlm.state import DLMState, Proposal, output_at, propose, restrict
+from decodekit.dlm.state import DLMState, Proposal, carry_tails, output_at, propose, restrict
 from decodekit.errors import ConfigError, ConfigTypeError, ContextLengthError, NoProgressError
 from decodekit.metrics import DLMStats
 from decodekit.prompts import prompt_ids
@@ -134,8 +134,13 @@ def generate(
         )
     _check_context(dlm, rows, gen_length)
     seed = check_seed(seed, len(rows))
+    heads, tails, region = rows, None, gen_length
+    if dlm.block_length is not None and dlm.block_grid == "absolute":  # the prompts' tails open the first block
+        heads, tails = carry_tails(rows, block_length)
+        region += block_length if any(tails) else 0  # one more block: a row's last one ends past gen_length
+        steps = steps // num_blocks * (region // block_length)
     state = DLMState.from_prompts(
-        rows, gen_length, dlm.mask_token_id, steps, make_generator(seed, dlm.device), dlm.device
+        heads, region, dlm.mask_token_id, steps, make_generator(seed, dlm.device), dlm.device, filled=tails
     )
     state.block_length, state.eos_token_ids = block_length, tuple(getattr(dlm.lm, "eos_token_ids", ()))
     stats = DLMStats(row_nfe=state.row_forwards, tokens=len(rows) * gen_length)
@@ -149,6 +154,8 @@ def generate(
         stats.block_steps.append(max(stats.row_block_steps[-1]))  # the row that took the most
         stats.nfe += forwards
     tokens = state.tokens.tolist()
+    if tails is not None:
+        tokens = [t[len(tail) : len(tail) + gen_length] for t, tail in zip(tokens, tails)]
     stats.cache_forwards = getattr(cache, "forwards", 0)
     stats.wall_time_s = time.perf_counter() - start
     return DLMOutput(tokens, stats)

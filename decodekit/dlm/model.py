@@ -8,10 +8,12 @@ from typing import Any
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.checks import check_bool, check_int, check_model_spec
+from decodekit.checks import check_bool, check_choice, check_int, check_model_spec
 from decodekit.errors import ConfigError, ConfigTypeError, UnsupportedModelError
 from decodekit.masks import bidirectional_mask, block_causal_mask, staged_layout
 from decodekit.models.base import LanguageModel
+
+BLOCK_GRIDS = ("generation", "absolute")
 
 
 class DLMModel:
@@ -31,13 +33,24 @@ class DLMModel:
             (block diffusion: SDAR, BD3-LM, Fast-dLLM v2): :func:`~decodekit.dlm.generate` then attends block-causally
             (its default cache is ``Recompute(block_causal=True)``) and refuses another block length or a
             bidirectional cache strategy.
+        block_grid: where a block-causal model's blocks lie: ``"generation"`` = counted from each row's generation
+            start (the zoo's block-causal DLMs, BD3-LM's samplers); ``"absolute"`` = on the position grid from 0, as
+            SDAR and Fast-dLLM v2 were trained and sample: block ``k`` covers positions ``[kL, (k + 1)L)``, so a
+            prompt's last ``P mod L`` tokens share the first block with the generation
+            (:func:`~decodekit.dlm.generate` places them there as committed slots).
     """
 
     def __init__(
-        self, lm: LanguageModel, mask_token_id: int, shift_logits: bool = False, block_length: int | None = None
+        self,
+        lm: LanguageModel,
+        mask_token_id: int,
+        shift_logits: bool = False,
+        block_length: int | None = None,
+        block_grid: str = "generation",
     ) -> None:
         self.lm = lm
         self.block_length = check_int("block_length", block_length, low=1, optional=True)
+        self.block_grid = check_choice("block_grid", block_grid, BLOCK_GRIDS)
         self.vocab_size = int(lm.vocab_size)
         self.mask_token_id = check_int(
             "mask_token_id", mask_token_id, low=0, high=self.vocab_size - 1, hint=" (an id inside the vocabulary)"
@@ -60,6 +73,8 @@ class DLMModel:
 
     def __repr__(self) -> str:
         block = "" if self.block_length is None else f", block_length={self.block_length}"
+        if self.block_length is not None and self.block_grid != "generation":
+            block += f", block_grid={self.block_grid!r}"
         return f"DLMModel({self.lm!r}, mask_token_id={self.mask_token_id}, shift_logits={self.shift_logits}{block})"
 
     @torch.no_grad()
@@ -98,6 +113,7 @@ class DLMModel:
         else:
             mask, positions = block_causal_mask(keys, block_causal, origin=starts)
         at = starts[:, None] + torch.arange(width, device=canvas.device) - int(self.shift_logits)
+        at = at.clamp(min=0)  # shifted slot 0 at position 0: a prompt token on an absolute grid, its logits unused
         return self.lm.forward(canvas, positions, mask, cache, logits_at=at).logits.float(), cache
 
 
@@ -143,6 +159,7 @@ def load_model(
             spec.mask_token_id if mask_token_id is None else mask_token_id,
             spec.shift_logits if shift_logits is None else shift_logits,
             spec.block_length if block_length is None else block_length,
+            spec.block_grid,
         )
     from decodekit.dlm.zoo import DLM_ZOO, check_dlm_name, load_zoo_dlm
 
@@ -198,4 +215,5 @@ def _published(
         checkpoint.mask_token_id if mask_token_id is None else mask_token_id,
         checkpoint.shift_logits if shift_logits is None else shift_logits,
         checkpoint.block_length if block_length is None else block_length,
+        checkpoint.family.block_grid,
     )

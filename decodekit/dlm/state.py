@@ -78,10 +78,21 @@ class DLMState:
 
     @classmethod
     def from_prompts(
-        cls, rows: list[list[int]], gen_length: int, mask_token_id: int, total_steps: int, generator: Generator, device
+        cls,
+        rows: list[list[int]],
+        gen_length: int,
+        mask_token_id: int,
+        total_steps: int,
+        generator: Generator,
+        device,
+        filled: list[list[int]] | None = None,
     ) -> DLMState:
+        """The canvas for ``rows`` with ``gen_length`` masked slots each; ``filled[b]``, if given, already committed
+        in row ``b``'s first slots (a prompt's tail on an absolute block grid: :func:`carry_tails`)."""
         width = max(map(len, rows)) + gen_length
         canvas, starts = pad_rows(rows, width, fill=mask_token_id)
+        for b, tail in enumerate(filled or ()):
+            canvas[b, int(starts[b]) : int(starts[b]) + len(tail)] = torch.tensor(tail, dtype=canvas.dtype)
         state = cls(
             canvas.to(device),
             (starts + gen_length).to(device),
@@ -148,6 +159,15 @@ class DLMState:
         """Write ``tokens [B, G]`` into the slots where ``slots [B, G]`` (bool) is True."""
         index = self.slots
         self.canvas.scatter_(1, index, torch.where(slots, tokens, self.canvas.gather(1, index)))
+
+
+def carry_tails(rows: list[list[int]], block_length: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Each prompt split at the last multiple of ``block_length``: ``(heads, tails)``. On an absolute block grid
+    (SDAR, Fast-dLLM v2: block ``k`` holds positions ``[kL, (k + 1)L)``) the tail shares the first block with the
+    generation, so the sampler lays it out as that block's first, already committed slots; every position is
+    unchanged."""
+    cut = [len(r) - len(r) % block_length for r in rows]
+    return [r[:c] for r, c in zip(rows, cut)], [r[c:] for r, c in zip(rows, cut)]
 
 
 class SlotLogits(NamedTuple):

@@ -154,22 +154,30 @@ def test_dlm_sampling_on_cuda_is_seeded(name):
     assert first == run() and all(MASK not in row for row in first)
 
 
-@pytest.mark.parametrize("family", ["llada", "dream"])
-def test_released_checkpoints_on_cuda_equal_cpu(tmp_path, family):
-    """A LLaDA and a Dream checkpoint in their released layouts (tests/unit/dlm_families.py), read onto the GPU in
-    float32: the same greedy tokens as on the CPU, with the family's own rule and with Fast-dLLM's dual cache."""
-    from tests.unit.dlm_families import write_dream, write_llada
+# family -> (block length, the runs compared: each a {part: registry name})
+RELEASED = {
+    "llada": (4, ({"rule": "llada"}, {"rule": "threshold", "cache": "dual"})),
+    "dream": (8, ({"rule": "dream"}, {"rule": "threshold", "cache": "dual"})),
+    "sdar": (4, ({"rule": "sdar"}, {"rule": "sdar", "cache": "block_causal"})),
+    "fast_dllm_v2": (8, ({"rule": "fast_dllm_v2"}, {"rule": "fast_dllm_v2", "cache": "block_causal"})),
+}
 
-    (write_llada if family == "llada" else write_dream)(tmp_path)
+
+@pytest.mark.parametrize("family", list(RELEASED))
+def test_released_checkpoints_on_cuda_equal_cpu(tmp_path, family):
+    """Each released-layout checkpoint (tests/unit/dlm_families.py), read onto the GPU in float32: the same greedy
+    tokens as on the CPU, with the family's own rule and with a cache (Fast-dLLM's dual cache on the bidirectional
+    families, the exact block cache on the block-causal ones, whose prompts' tails open the first block)."""
+    import tests.unit.dlm_families as families
+
+    getattr(families, f"write_{family}")(tmp_path)
     cpu, gpu = dk.dlm.load_model(str(tmp_path)), dk.dlm.load_model(str(tmp_path), device="cuda")
     assert next(gpu.lm.hf.parameters()).is_cuda
-    rule = "llada" if family == "llada" else "dream"
-    for kwargs in ({"rule": rule}, {"rule": "threshold", "cache": "dual"}):
+    block, runs = RELEASED[family]
+    for kwargs in runs:
 
         def run(m, kwargs=kwargs):
             built = {k: dk.build(f"dlm_{k}", v) for k, v in kwargs.items()}
-            return dk.dlm.generate(
-                m, PROMPTS, gen_length=8, block_length=8 if family == "dream" else 4, steps=8, **built
-            )
+            return dk.dlm.generate(m, PROMPTS, gen_length=8, block_length=block, steps=8, **built)
 
         assert run(gpu).sequences == run(cpu).sequences, kwargs

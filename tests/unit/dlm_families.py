@@ -134,6 +134,9 @@ def random_tensors(names: dict, dims: dict, seed: int) -> dict[str, torch.Tensor
             t[name] = rand(rows, cols, scale=scale)
             if dims["bias"] and role in "qkv":
                 t[name.removesuffix("weight") + "bias"] = 0.1 * torch.randn(rows, generator=gen)
+        for role in ("q_norm", "k_norm"):  # Qwen3's per-head norms (SDAR): drawn after the block, when named
+            if role in names:
+                t[names[role].format(i=i)] = 1 + 0.1 * torch.randn(hd, generator=gen)
     return t
 
 
@@ -191,11 +194,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def decoder_forward(tensors: dict, names: dict, dims: dict, ids: torch.Tensor, causal: bool = False) -> torch.Tensor:
-    """``ids [B, L]`` -> logits ``[B, L, V]`` (unshifted), the forward both references compute with no cache: RMS
-    norms (float32, scaled after casting back), rotary embeddings on q / k in float32 at positions ``0 .. L-1``,
-    K/V heads repeated for grouped queries, attention with no mask (``causal=True``: a deliberately wrong variant),
-    a SiLU-gated MLP, the final norm and the output layer (or the tied embedding)."""
+def decoder_forward(
+    tensors: dict, names: dict, dims: dict, ids: torch.Tensor, causal: bool = False, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``ids [B, L]`` -> logits ``[B, L, V]`` (unshifted), the forward every reference computes with no cache: RMS
+    norms (float32, scaled after casting back), per-head RMS norms on q / k where the family names them (Qwen3),
+    rotary embeddings on q / k in float32 at positions ``0 .. L-1``, K/V heads repeated for grouped queries,
+    attention under ``mask [L, L]`` (True: may attend; None: no mask; ``causal=True``: a deliberately wrong
+    variant), a SiLU-gated MLP, the final norm and the output layer (or the tied embedding)."""
     d, heads, kv, eps = dims["d"], dims["heads"], dims["kv"], dims["eps"]
     hd, (batch, length) = d // heads, ids.shape
     sin, cos = _rotary(dims["theta"], hd, length)
@@ -208,10 +214,13 @@ def decoder_forward(tensors: dict, names: dict, dims: dict, ids: torch.Tensor, c
     for i in range(dims["layers"]):
         n = {role: names[role].format(i=i) for role in ROLES}
         h = _rms(x, tensors[n["attn_norm"]], eps)
-        q, k, v = (linear(n[r], h).view(batch, length, c, hd).transpose(1, 2) for r, c in zip("qkv", (heads, kv, kv)))
+        q, k, v = (linear(n[r], h).view(batch, length, c, hd) for r, c in zip("qkv", (heads, kv, kv)))
+        if "q_norm" in names:
+            q, k = (_rms(u, tensors[names[r].format(i=i)], eps) for u, r in ((q, "q_norm"), (k, "k_norm")))
+        q, k, v = (u.transpose(1, 2) for u in (q, k, v))
         q, k = (u.float() * cos + _rotate_half(u.float()) * sin for u in (q, k))
         k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
         x = x + linear(n["o"], att.transpose(1, 2).reshape(batch, length, d))
         h = _rms(x, tensors[n["mlp_norm"]], eps)
         x = x + linear(n["down"], F.silu(linear(n["gate"], h)) * linear(n["up"], h))
@@ -343,3 +352,224 @@ def dream_generate(forward, prompt: list[int], gen_length: int, steps: int, alg:
             filled[masked] = proposed
             x[0, chosen[0]] = filled[0, chosen[0]]
     return x[0, len(prompt) :].tolist(), steps
+
+
+def block_mask(length: int, block: int) -> torch.Tensor:
+    """``[L, L]`` bool: the block-causal mask SDAR's ``generate.py`` and Fast-dLLM v2's ``eval_block_diff_mask`` build
+    on the absolute grid: query ``i`` sees key ``j`` iff ``j // block <= i // block``."""
+    blocks = torch.arange(length) // block
+    return blocks[None, :] <= blocks[:, None]
+
+
+def qwen_dims(config: dict, bias: bool) -> dict:
+    """A Qwen2 / Qwen3 ``config.json``'s sizes for the shared decoder."""
+    return dict(d=config["hidden_size"], heads=config["num_attention_heads"], kv=config["num_key_value_heads"],
+                mlp=config["intermediate_size"], vocab=config["vocab_size"], layers=config["num_hidden_layers"],
+                eps=config["rms_norm_eps"], theta=config["rope_theta"], tied=config["tie_word_embeddings"],
+                bias=bias)  # fmt: skip
+
+
+def write_qwen_family(
+    path: Path, config: dict, names: dict, bias: bool, code: tuple[str, ...], seed: int, mask: int
+) -> dict:
+    """A Qwen-derived checkpoint directory: ``config.json``, ``model.safetensors`` (the ``mask`` token's output row
+    zeroed: a trained DLM never proposes it, and the references, unlike decodekit, would), poisoned ``code`` files.
+    Returns the tensors written."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    for file in code:
+        (path / file).write_text(POISON)
+    tensors = random_tensors(names, qwen_dims(config, bias), seed)
+    tensors["lm_head.weight"][mask] = 0
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    return tensors
+
+
+# SDAR-4B-Chat's config.json keys as released (Qwen3's, plus block_size / mask_token_id / fuse_cross_entropy), sizes
+# shrunk (2 layers, hidden 32, 4 heads of 8, GQA 2; blocks of 4)
+SDAR_CONFIG = {
+    "architectures": ["SDARForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "auto_map": {
+        "AutoConfig": "configuration_sdar.SDARConfig",
+        "AutoModel": "modeling_sdar.SDARModel",
+        "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM",
+    },  # fmt: skip
+    "block_size": 4,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "fuse_cross_entropy": True,
+    "head_dim": 8,
+    "hidden_act": "silu",
+    "hidden_size": 32,
+    "initializer_range": 0.02,
+    "intermediate_size": 48,
+    "mask_token_id": 127,
+    "max_position_embeddings": 256,
+    "max_window_layers": 2,
+    "model_type": "sdar",
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.52.4",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 128,
+}
+SDAR_NAMES = DREAM_NAMES | {r: f"model.layers.{{i}}.self_attn.{r}.weight" for r in ("q_norm", "k_norm")}
+
+
+def write_sdar(path: Path, config: dict | None = None, seed: int = 0) -> dict:
+    """An SDAR checkpoint directory: Qwen3's tensor names, a word tokenizer whose mask token is ``<|MASK|>``, and
+    poisoned ``modeling_sdar.py`` / ``configuration_sdar.py``."""
+    config = config or SDAR_CONFIG
+    code = ("modeling_sdar.py", "configuration_sdar.py")
+    tensors = write_qwen_family(path, config, SDAR_NAMES, False, code, seed, config["mask_token_id"])
+    words = [f"w{i}" for i in range(config["vocab_size"] - 1)] + ["<|MASK|>"]
+    save_word_tokenizer(path, words, mask_token="<|MASK|>")
+    return tensors
+
+
+def sdar_forward(tensors: dict, config: dict, ids: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """SDAR's forward as ``generate.py`` drives it, without a cache: Qwen3's decoder (q / k norms per head) under the
+    absolute block-causal mask it passes (``block_size`` blocks from position 0)."""
+    mask = None if causal else block_mask(ids.shape[1], config["block_size"])
+    return decoder_forward(tensors, SDAR_NAMES, qwen_dims(config, False), ids, causal, mask)
+
+
+def sdar_generate(forward, prompt: list[int], mask: int, gen_length: int, block: int, steps: int, strategy: str,
+                  threshold: float = 0.85, greedy: str = "top_k") -> list[int]:  # fmt: skip
+    """SDAR's ``block_diffusion_generate`` (JetAstra/SDAR ``generate.py`` @ c2041a8), one row, with each block's
+    forward recomputed over the canvas so far (the same K/V the reference keeps: nothing before a block sees it).
+    ``greedy="top_k"``: its sampler at ``top_k=1`` (the argmax, probability 1); ``"argmax"``: the argmax and its
+    softmax probability (the one change: decodekit's temperature 0). Returns the first ``gen_length`` tokens."""
+    length = len(prompt)
+    blocks = -(-(length + gen_length) // block)
+    x = torch.full((blocks * block,), mask)
+    x[:length] = torch.tensor(prompt)
+    counts = [block // steps + (i < block % steps) for i in range(steps)]
+    for b in range(length // block, blocks):
+        lo, hi = b * block, (b + 1) * block
+        for step in range(steps + 1):
+            masked = x[lo:hi] == mask
+            if not masked.any():
+                break
+            logits = forward(x[None, :hi])[0, lo:hi]
+            probs = logits.softmax(-1)
+            x0 = probs.argmax(-1)
+            x0_p = torch.ones(block) if greedy == "top_k" else probs.gather(-1, x0[:, None])[:, 0]
+            n = counts[step]
+            transfer = torch.zeros(block, dtype=torch.bool)
+            confidence = torch.where(masked, x0_p, -torch.inf)
+            if strategy == "sequential":
+                first = int(masked.nonzero()[0])
+                transfer[first : first + n] = True
+            elif strategy == "low_confidence_static":
+                transfer[torch.topk(confidence, n).indices] = True
+            else:
+                sure = confidence > threshold
+                if sure.sum() >= n:
+                    transfer = sure
+                else:
+                    transfer[torch.topk(confidence, n).indices] = True
+            x[lo:hi] = torch.where(transfer, x0, x[lo:hi])
+    return x[length : length + gen_length].tolist()
+
+
+# Fast_dLLM_v2_7B's config.json keys as released (Qwen2.5's, plus bd_size; no mask id: the tokenizer's |<MASK>|),
+# sizes shrunk (2 layers, hidden 32, 4 heads of 8, GQA 2; blocks of 8)
+FAST_DLLM_V2_CONFIG = {
+    "architectures": ["Fast_dLLM_QwenForCausalLM"],
+    "attention_dropout": 0.0,
+    "auto_map": {
+        "AutoConfig": "configuration.Fast_dLLM_QwenConfig",
+        "AutoModel": "modeling.Fast_dLLM_QwenModel",
+        "AutoModelForCausalLM": "modeling.Fast_dLLM_QwenForCausalLM",
+    },  # fmt: skip
+    "bd_size": 8,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 32,
+    "initializer_range": 0.02,
+    "intermediate_size": 48,
+    "layer_types": ["full_attention", "full_attention"],
+    "max_position_embeddings": 256,
+    "max_window_layers": 2,
+    "model_type": "Fast_dLLM_Qwen",
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.53.1",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 128,
+}
+FAST_DLLM_V2_MASK = 125  # where the word tokenizer puts |<MASK>|
+
+
+def write_fast_dllm_v2(path: Path, config: dict | None = None, seed: int = 0) -> dict:
+    """A Fast-dLLM v2 checkpoint directory: Qwen2's tensor names, a word tokenizer holding ``|<MASK>|`` (id 125),
+    and poisoned ``modeling.py`` / ``configuration.py``."""
+    config = config or FAST_DLLM_V2_CONFIG
+    code = ("modeling.py", "configuration.py")
+    tensors = write_qwen_family(path, config, DREAM_NAMES, True, code, seed, FAST_DLLM_V2_MASK)
+    words = [f"w{i}" for i in range(config["vocab_size"])]
+    words[FAST_DLLM_V2_MASK] = "|<MASK>|"
+    save_word_tokenizer(path, words)
+    return tensors
+
+
+def fast_dllm_v2_forward(tensors: dict, config: dict, ids: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """Fast-dLLM v2's inference forward without a cache (``modeling.py``: Qwen2's decoder under
+    ``eval_block_diff_mask``, query block >= key block, blocks of ``bd_size``), unshifted."""
+    mask = None if causal else block_mask(ids.shape[1], config["bd_size"])
+    return decoder_forward(tensors, DREAM_NAMES, qwen_dims(config, True), ids, causal, mask)
+
+
+def fast_dllm_v2_generate(forward, prompt: list[int], mask: int, gen_length: int, block: int, small: int,
+                          threshold: float) -> list[int]:  # fmt: skip
+    """Fast-dLLM v2's ``generate`` at temperature 0 without its sub-block cache (``modeling.py`` of the copy named
+    in ``decodekit.dlm.families.fast_dllm_v2``), one row, every forward recomputed over the canvas so far (the K/V
+    it caches: block-causal, nothing earlier sees a later block): a prompt of whole blocks (longer than one) gets
+    its next token from the prefill's last output; each block is padded with masks to its end and decoded in
+    sub-blocks of ``small`` (logits shifted one slot right, the first keeping its own; every masked slot of the
+    sub-block above ``threshold`` and always the most probable); a finished block's last output gives the next
+    block's first token. No stop token. Returns the first ``gen_length`` tokens."""
+    x = torch.tensor(prompt)
+    if len(x) > block and len(x) % block == 0:
+        x = torch.cat([x, forward(x[None])[0, -1:].argmax(-1)])
+    while len(x) < len(prompt) + gen_length:
+        xt = torch.cat([x, torch.full((block - len(x) % block,), mask)])
+        for start in range(0, block, small):
+            while True:
+                sub = xt[-block:][start : start + small]
+                open_ = sub == mask
+                if not open_.any():
+                    break
+                logits = forward(xt[None])[0, -block:]
+                logits = torch.cat([logits[:1], logits[:-1]])[start : start + small]
+                probs = logits.softmax(-1)
+                x1 = probs.argmax(-1)
+                p = torch.where(open_, probs.gather(-1, x1[:, None])[:, 0], -torch.inf)
+                take = p > threshold
+                take[p.argmax()] = True
+                take &= open_
+                xt[len(xt) - block + start : len(xt) - block + start + small] = torch.where(take, x1, sub)
+        x = torch.cat([xt, forward(xt[None])[0, -1:].argmax(-1)])
+    return x[len(prompt) : len(prompt) + gen_length].tolist()

@@ -9,7 +9,11 @@ with the file at hand; it is not installed here). LLaDA's ``generate`` (low-conf
 confidences) is ``test_dlm_reference.fast_dllm`` without a cache. Dream: ``dream_forward`` transcribes
 ``modeling_dream.py`` (the same commit; SDPA attention, no cache), checked the same way; ``dream_generate``
 transcribes ``diffusion_generate``'s ``_sample`` (``generation_utils.py``, the same commit) for its deterministic
-algorithms, compared with ``DreamRule``.
+algorithms, compared with ``DreamRule``. SDAR and Fast-dLLM v2 (block-causal on the absolute grid): ``sdar_forward`` /
+``fast_dllm_v2_forward`` are the forwards their ``generate`` drives (Qwen3 / Qwen2 under the mask they build; their
+modeling files are published beside the weights only: SDAR's ``generate.py`` @ JetAstra/SDAR c2041a8 and a public
+copy of Fast-dLLM v2's ``modeling.py``, Satgoy152/DualDiffusion @ 1aeb3d4), and ``sdar_generate`` /
+``fast_dllm_v2_generate`` their ``generate`` loops, compared with ``SDARRule`` / ``FastDLLMv2Rule``.
 """
 
 from __future__ import annotations
@@ -25,12 +29,21 @@ from decodekit.errors import ConfigError, ModelNotFoundError, UnsupportedModelEr
 from tests.unit.dlm_common import MASK
 from tests.unit.dlm_families import (
     DREAM_CONFIG,
+    FAST_DLLM_V2_CONFIG,
+    FAST_DLLM_V2_MASK,
     LLADA_CONFIG,
+    SDAR_CONFIG,
     dream_forward,
     dream_generate,
+    fast_dllm_v2_forward,
+    fast_dllm_v2_generate,
     llada_forward,
+    sdar_forward,
+    sdar_generate,
     write_dream,
+    write_fast_dllm_v2,
     write_llada,
+    write_sdar,
 )
 from tests.unit.test_dlm_reference import fast_dllm
 
@@ -162,7 +175,7 @@ def test_dream_reads_as_the_reference_computes_with_shifted_slots(dream):
 
 def test_dream_refuses_a_sliding_window(tmp_path):
     write_dream(tmp_path, DREAM_CONFIG | {"use_sliding_window": True})
-    with pytest.raises(UnsupportedModelError, match="Dream checkpoint with use_sliding_window=True"):
+    with pytest.raises(UnsupportedModelError, match="Dream checkpoint with sliding-window layers"):
         dk.dlm.load_model(str(tmp_path))
 
 
@@ -180,3 +193,116 @@ def test_dream_generates_the_references_tokens(dream, alg, gen, steps):
         assert out.sequences[0] == want and out.stats.nfe <= forwards
         llada_differs |= dk.dlm.generate(dlm, [prompt], **settings).sequences[0] != want
     assert llada_differs  # the comparison sees the schedule: LLaDA's rule commits other slots
+
+
+# prompts around SDAR's blocks of 4 and Fast-dLLM v2's of 8: shorter than a block, a tail of 3 (7 % 4, 11 % 8), and
+# whole blocks (16: the first generated block opens on an empty slot)
+BLOCK_ROWS = [[5, 9, 14, 2, 77, 40, 3], [33, 7, 100], [3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8],
+              [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sdar(tmp_path_factory):
+    """An SDAR checkpoint (seed 7: its greedy outputs hold a dozen distinct tokens) and the model read from it."""
+    path = tmp_path_factory.mktemp("sdar")
+    tensors = write_sdar(path, seed=7)
+    return path, tensors, dk.dlm.load_model(str(path))
+
+
+@pytest.fixture(scope="module")
+def fast_dllm_v2(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fast_dllm_v2")
+    tensors = write_fast_dllm_v2(path)
+    return path, tensors, dk.dlm.load_model(str(path))
+
+
+# family -> (config, reference forward, mask id, mask token, shift, block length)
+BLOCK_FAMILIES = {
+    "sdar": (SDAR_CONFIG, sdar_forward, 127, "<|MASK|>", False, 4),
+    "fast_dllm_v2": (FAST_DLLM_V2_CONFIG, fast_dllm_v2_forward, FAST_DLLM_V2_MASK, "|<MASK>|", True, 8),
+}
+
+
+@pytest.mark.parametrize("family", list(BLOCK_FAMILIES))
+def test_block_causal_families_read_as_the_references_compute(family, request):
+    """Settings from the checkpoint (block size, absolute grid, mask id from the config or the tokenizer, shift);
+    the logits of a canvas whose generation starts on a block boundary equal the reference forward under its
+    block-causal mask (slot ``j`` at position ``j - 1`` when shifted), and not the same forward without the mask."""
+    _, tensors, dlm = request.getfixturevalue(family)
+    config, forward, mask, mask_token, shift, block = BLOCK_FAMILIES[family]
+    assert (dlm.mask_token_id, dlm.shift_logits, dlm.block_length, dlm.block_grid) == (mask, shift, block, "absolute")
+    assert dlm.tokenizer.convert_ids_to_tokens(mask) == mask_token
+    ids = torch.tensor([BLOCK_ROWS[2] + BLOCK_ROWS[3]])  # 27 tokens
+    length, shift = ids.shape[1], int(shift)
+    got, _ = dlm.forward(ids, torch.tensor([length]), torch.tensor([block]), length - block, block_causal=block)
+    want = forward(tensors, config, ids)[0, block - shift : length - shift]
+    torch.testing.assert_close(got[0], want, atol=1e-4, rtol=1e-5)
+    causal = forward(tensors, config, ids, causal=True)[0, block - shift : length - shift]
+    assert not torch.allclose(got[0], causal, atol=1e-2)
+
+
+def test_sdar_generates_the_references_tokens(sdar):
+    """``block_diffusion_generate`` (its greedy ``top_k=1`` with the sequential strategy; the confidence strategies
+    with the argmax and its probability, one commit a step) and ``SDARRule``: the same tokens on every prompt shape,
+    uncached and with the exact block cache. Counted from the generation start instead (the grid decodekit's own
+    block-causal models use), the tokens differ: the comparison sees the grid."""
+    _, tensors, dlm = sdar
+    forward = lambda x: sdar_forward(tensors, SDAR_CONFIG, x)  # noqa: E731
+    shifted_grid = dk.dlm.DLMModel(dlm.lm, dlm.mask_token_id, block_length=4)
+    grid_differs = False
+    for strategy, steps, greedy in [("sequential", 2, "top_k"), ("low_confidence_dynamic", 4, "argmax"),
+                                    ("low_confidence_static", 4, "argmax")]:  # fmt: skip
+        want = [sdar_generate(forward, row, 127, 12, 4, steps, strategy, greedy=greedy) for row in BLOCK_ROWS]
+        rule = dk.build("dlm_rule", "sdar", strategy=strategy)
+        settings = dict(gen_length=12, block_length=4, steps=3 * steps, rule=rule)
+        for cache in (None, dk.build("dlm_cache", "block_causal")):
+            assert dk.dlm.generate(dlm, BLOCK_ROWS, cache=cache, **settings).sequences == want, (strategy, cache)
+        grid_differs |= dk.dlm.generate(shifted_grid, BLOCK_ROWS, **settings).sequences != want
+    assert grid_differs
+
+
+def test_fast_dllm_v2_generates_the_references_tokens(fast_dllm_v2):
+    """Fast-dLLM v2's ``generate`` (temperature 0, no sub-block cache) and ``FastDLLMv2Rule``: the same tokens on
+    every prompt shape (a whole-block prompt's first token by the AR step), uncached and with the exact block cache;
+    Fast-dLLM's block-wide threshold rule gives other tokens."""
+    _, tensors, dlm = fast_dllm_v2
+    forward = lambda x: fast_dllm_v2_forward(tensors, FAST_DLLM_V2_CONFIG, x)  # noqa: E731
+    threshold_differs = False
+    for threshold, small in [(0.9, 8), (0.3, 2), (1.0, 4)]:
+        want = [fast_dllm_v2_generate(forward, row, FAST_DLLM_V2_MASK, 16, 8, small, threshold) for row in BLOCK_ROWS]
+        rule = dk.build("dlm_rule", "fast_dllm_v2", threshold=threshold, sub_block=small)
+        for cache in (None, dk.build("dlm_cache", "block_causal")):
+            out = dk.dlm.generate(dlm, BLOCK_ROWS, gen_length=16, block_length=8, steps=16, rule=rule, cache=cache)
+            assert out.sequences == want, (threshold, small, cache)
+        plain = dk.dlm.generate(dlm, BLOCK_ROWS, gen_length=16, block_length=8, rule=dk.dlm.ThresholdRule(threshold))
+        threshold_differs |= plain.sequences != want
+    assert threshold_differs
+
+
+@pytest.mark.parametrize("rule", ["llada", "prophet", "sdar", "fast_dllm_v2"])
+def test_every_rule_runs_on_the_absolute_grid_cached_or_not(fast_dllm_v2, rule):
+    """On a shifted absolute-grid model (ragged prompts, tails carried into the first block): every rule fills every
+    slot; the exact block cache gives the recompute's tokens, sampling with per-row seeds too; self-speculative drafts
+    leave the output as it is."""
+    dlm = fast_dllm_v2[2]
+    settings = dict(gen_length=16, block_length=8, steps=8, temperature=0.7, seed=[3, 4, 5, 6])
+    full, cached, drafted = (
+        dk.dlm.generate(dlm, BLOCK_ROWS, rule=dk.build("dlm_rule", rule), **settings, **extra)
+        for extra in ({}, {"cache": dk.dlm.BlockCausalCache()}, {"draft": dk.dlm.SpiffyDrafts()})
+    )
+    assert all(len(row) == 16 and FAST_DLLM_V2_MASK not in row for row in full.sequences)
+    assert cached.sequences == full.sequences and drafted.sequences == full.sequences
+
+
+@pytest.mark.parametrize(
+    ("write", "edit", "match"),
+    [
+        (write_sdar, {"architectures": ["SDARMoeForCausalLM"], "num_experts": 8}, "SDAR MoE checkpoint"),
+        (write_fast_dllm_v2, {"layer_types": ["full_attention", "sliding_attention"]}, "Fast-dLLM v2 checkpoint with "
+         "sliding-window layers"),
+    ],
+)  # fmt: skip
+def test_block_causal_families_refuse_what_they_cannot_run(tmp_path, write, edit, match):
+    write(tmp_path, BLOCK_FAMILIES[write.__name__.removeprefix("write_")][0] | edit)
+    with pytest.raises(UnsupportedModelError, match=match):
+        dk.dlm.load_model(str(tmp_path))

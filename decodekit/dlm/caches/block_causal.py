@@ -26,9 +26,9 @@ class BlockCausalCache:
     previous block's last position, computed when that block is stored (as Fast-dLLM v2 does).
 
     Faithfulness: SDAR's ``block_diffusion_generate`` caching (prompt and finished blocks stored, the block run
-    ephemerally), with blocks counted from each row's generation start rather than on an absolute grid; SDAR runs a
-    separate ``store_kv`` forward per finished block, which here shares the next step's forward (as BD3-LM's
-    sampler does).
+    ephemerally), on either block grid (:class:`~decodekit.dlm.DLMModel`'s ``block_grid``: SDAR's own is the
+    absolute one); SDAR runs a separate ``store_kv`` forward per finished block, which here shares the next step's
+    forward (as BD3-LM's sampler does): the same logits, one forward fewer per block.
     """
 
     fixed_blocks = True  # reads state.block: every row in the same block
@@ -40,7 +40,7 @@ class BlockCausalCache:
         self.last: torch.Tensor | None = None  # [B, V] the output at each row's last stored position
 
     def begin(self, state: DLMState) -> None:
-        self.cache = None
+        self.cache, self.last = None, None
 
     def logits(self, dlm: DLMModel, state: DLMState) -> SlotLogits:
         """The current block's logits only (:class:`~decodekit.dlm.state.SlotLogits`)."""
@@ -89,6 +89,8 @@ class BlockCausalCache:
         out = dlm.lm.forward(tokens, positions, mask, self.cache, logits_at=at).logits.float()
         if last:
             self.last, out = out[:, 0], out[:, 1:]
+        elif shift and self.last is None:  # nothing stored yet: every first slot holds a prompt token (absolute grid)
+            self.last = out.new_zeros(out.shape[0], out.shape[-1])
         if pending:
             self.cache.keep(count, host_counts=counts)
         fresh = out.unflatten(1, (n, width - shift)).transpose(0, 1)  # [N, B, W - shift, V]

@@ -2,9 +2,10 @@
 
 A released DLM repository ships its own modeling code (``modeling_llada.py``, ``modeling_dream.py``, ...) next to
 its weights; decodekit never imports it. :func:`read_checkpoint` reads the directory's ``config.json``, recognises
-the family by its ``model_type`` / ``architectures``, and builds decodekit's own equivalent: a transformers decoder
-(Llama for LLaDA, Qwen2 for Dream) holding the checkpoint's tensors under their new names, plus the family's mask id,
-logit shift and block size. Each family's module says which reference code it was checked against.
+the family by its ``model_type`` / ``architectures``, and builds decodekit's own equivalent: a transformers
+decoder (Llama for LLaDA; Qwen2 for Dream and Fast-dLLM v2; Qwen3 for SDAR) holding the checkpoint's tensors under
+their new names, plus the family's mask id, logit shift, block size and block grid. Each family's module says which
+reference code it was checked against.
 
 A family is one small module: a :class:`Family` whose ``convert`` maps the published config to a transformers config
 (refusing, by name, any setting decodekit does not implement) and names each transformers parameter's source
@@ -37,9 +38,11 @@ class Family:
         architectures: ``config.json``'s ``architectures`` entries that name it.
         convert: ``config -> (transformers config, {transformers parameter name: checkpoint tensor name})``;
             raises :class:`~decodekit.errors.UnsupportedModelError` naming the setting it does not implement.
-        mask_token_id: ``config -> the mask token's id``.
+        mask_token_id: ``(config, tokenizer) -> the mask token's id`` (the tokenizer may be None).
         shift_logits: slot ``j``'s logits are read at position ``j - 1`` (AR-initialised families).
         block_length: ``config -> the block size it was trained with`` (None: bidirectional).
+        block_grid: where its blocks lie (:class:`~decodekit.dlm.DLMModel`'s ``block_grid``): ``"absolute"`` for
+            SDAR and Fast-dLLM v2.
         tokenizer: ``directory -> tokenizer`` for a checkpoint whose tokenizer files name a class of its own code
             (Dream's ``DreamTokenizer``): tried when transformers' ``AutoTokenizer`` cannot load them.
     """
@@ -48,9 +51,10 @@ class Family:
     model_types: tuple[str, ...]
     architectures: tuple[str, ...]
     convert: Callable[[dict[str, Any]], tuple[Any, dict[str, str]]]
-    mask_token_id: Callable[[dict[str, Any]], int]
+    mask_token_id: Callable[[dict[str, Any], Any], int]
     shift_logits: bool
     block_length: Callable[[dict[str, Any]], int | None] = lambda config: None
+    block_grid: str = "generation"
     tokenizer: Callable[[Path], Any] | None = None
 
 
@@ -68,9 +72,11 @@ class Checkpoint:
 
 def _families() -> list[Family]:
     from decodekit.dlm.families.dream import DREAM
+    from decodekit.dlm.families.fast_dllm_v2 import FAST_DLLM_V2
     from decodekit.dlm.families.llada import LLADA
+    from decodekit.dlm.families.sdar import SDAR
 
-    return [LLADA, DREAM]
+    return [LLADA, DREAM, SDAR, FAST_DLLM_V2]
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -178,11 +184,12 @@ def read_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -
         model.tie_weights()
     _materialise_buffers(model, hf_config)
     model.eval()
+    tokenizer = _tokenizer(root, family)
     return Checkpoint(
         family,
         model,
-        _tokenizer(root, family),
-        family.mask_token_id(config),
+        tokenizer,
+        family.mask_token_id(config, tokenizer),
         family.shift_logits,
         family.block_length(config),
     )

@@ -21,63 +21,16 @@ from __future__ import annotations
 from typing import Any
 
 from decodekit.dlm.families import Family
-from decodekit.errors import UnsupportedModelError
+from decodekit.dlm.families.qwen import convert_qwen
 
 __all__ = ["DREAM"]
 
 MASK_TOKEN_ID = 151666  # Dream's <|mask|> (``mask_token_id`` in the released config.json)
-LAYER = [
-    *(f"self_attn.{p}_proj.{w}" for p in "qkv" for w in ("weight", "bias")),
-    "self_attn.o_proj.weight",
-    *(f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
-    "input_layernorm.weight",
-    "post_attention_layernorm.weight",
-]
-KEYS = (  # DreamConfig's own keys that mean the same in Qwen2Config
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "max_position_embeddings",
-    "rms_norm_eps",
-    "tie_word_embeddings",
-    "eos_token_id",
-    "pad_token_id",
-    "bos_token_id",
-)
 
 
 def convert(config: dict[str, Any]) -> tuple[Any, dict[str, str]]:
     """Dream's ``config.json`` -> a ``Qwen2Config`` and ``{Qwen2 parameter: Dream tensor}`` (the same names)."""
-    from transformers import Qwen2Config
-
-    if config.get("use_sliding_window"):
-        raise UnsupportedModelError(
-            "Dream checkpoint with use_sliding_window=True: a diffusion LM attends over the whole canvas; decodekit "
-            "runs Dream's released layout (use_sliding_window=False)"
-        )
-    if config.get("hidden_act", "silu") != "silu":
-        raise UnsupportedModelError(f"Dream checkpoint with hidden_act={config['hidden_act']!r}: Dream uses 'silu'")
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
-        if key not in config:
-            raise UnsupportedModelError(f"Dream config.json has no {key!r}: is this a Dream checkpoint?")
-    scaling = dict(config.get("rope_scaling") or {})  # transformers 5 calls it rope_parameters, with the theta
-    rope_type = scaling.pop("rope_type", scaling.pop("type", "default"))  # "type": the older spelling
-    rope = {**scaling, "rope_type": rope_type, "rope_theta": config.get("rope_theta", 10000.0)}
-    hf_config = Qwen2Config(
-        **{key: config[key] for key in KEYS if key in config},
-        rope_parameters=rope,
-        hidden_act="silu",
-        use_sliding_window=False,
-    )
-    sources = {name: name for name in ("model.embed_tokens.weight", "model.norm.weight")}
-    if not hf_config.tie_word_embeddings:
-        sources["lm_head.weight"] = "lm_head.weight"
-    for i in range(hf_config.num_hidden_layers):
-        sources |= {f"model.layers.{i}.{name}": f"model.layers.{i}.{name}" for name in LAYER}
-    return hf_config, sources
+    return convert_qwen(config, "Dream")
 
 
 def tokenizer(root: Any) -> Any:
@@ -93,7 +46,7 @@ DREAM = Family(
     model_types=("Dream",),
     architectures=("DreamModel",),
     convert=convert,
-    mask_token_id=lambda config: int(config.get("mask_token_id") or MASK_TOKEN_ID),
+    mask_token_id=lambda config, tokenizer: int(config.get("mask_token_id") or MASK_TOKEN_ID),
     shift_logits=True,
     tokenizer=tokenizer,
 )

@@ -118,6 +118,6 @@ LLADA = Family(
     model_types=("llada",),
     architectures=("LLaDAModelLM",),
     convert=convert,
-    mask_token_id=lambda config: int(config.get("mask_token_id") or MASK_TOKEN_ID),
+    mask_token_id=lambda config, tokenizer: int(config.get("mask_token_id") or MASK_TOKEN_ID),
     shift_logits=False,
 )
