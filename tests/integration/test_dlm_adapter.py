@@ -153,37 +153,28 @@ def test_dlm_bench_reports_speed_next_to_quality(tmp_path, smollm2_cut):
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in synthetic.values()) and "**Synthetic tasks**" in table
 
 
-def test_dlm_bench_lists_what_a_block_causal_model_refuses(tmp_path, smollm2_cut):
-    """A block-causal model runs its base block-causally and the exact cache agrees with it; a bidirectional cache
-    is listed with the model's reason instead of run."""
-    from decodekit.dlm.bench import run
-
-    m = dk.dlm.load_model(dk.load_model(smollm2_cut), mask_token_id=16, shift_logits=True, block_length=4)
-    methods = {
-        "block_causal": {"rule": None, "cache": dk.dlm.BlockCausalCache(), "uncached": "base_again"},
-        "base_again": {"rule": None, "cache": None},
-        "dual": {"rule": None, "cache": dk.dlm.DualCache()},
-    }
-    kwargs = dict(SHORT, scorer=smollm2_cut, num_prompts=1, gen_lengths=[8], block_length=4, synthetic=0)
-    table = run(tmp_path, model=m, methods=methods, **kwargs)
-    report = json.loads((tmp_path / "results.json").read_text())
-    rows = {r["method"]: r for r in report["methods"]}
-    assert set(rows) == {"base", "block_causal", "base_again"}
-    assert rows["block_causal"]["vs_uncached"] == 1.0 and rows["block_causal"]["agreement"] == 1.0
-    assert "DualCache attends bidirectionally" in report["refused"]["dual"] and "`dual` not run" in table
-
-
-def test_dlm_bench_base_may_run_with_an_exact_cache(tmp_path, smollm2_cut):
+def test_dlm_bench_on_a_block_causal_model_runs_its_base_with_the_exact_cache_and_lists_refusals(tmp_path, smollm2_cut):
     """On a block-causal model the base may use the exact block-causal cache (the G = 256 protocol): the uncached
-    base, run as a method, agrees with it token for token; a base with another rule is refused before any call."""
+    base, run as a method, agrees with it token for token, and so does the cache measured against it; a
+    bidirectional cache is listed with the model's reason instead of run; a base with another rule, or one the model
+    cannot run, is refused before any call."""
     from decodekit.dlm.bench import run
 
     m = dk.dlm.load_model(dk.load_model(smollm2_cut), mask_token_id=16, shift_logits=True, block_length=4)
     kwargs = dict(SHORT, scorer=smollm2_cut, num_prompts=1, gen_lengths=[8], block_length=4, synthetic=0)
     base = {"rule": None, "cache": dk.dlm.BlockCausalCache()}
-    run(tmp_path, model=m, methods={"recompute": {"rule": None, "cache": None}}, base=base, **kwargs)
-    rows = {r["method"]: r for r in json.loads((tmp_path / "results.json").read_text())["methods"]}
+    methods = {
+        "recompute": {"rule": None, "cache": None},
+        "block_causal": {"rule": None, "cache": dk.dlm.BlockCausalCache(), "uncached": "recompute"},
+        "dual": {"rule": None, "cache": dk.dlm.DualCache()},
+    }
+    table = run(tmp_path, model=m, methods=methods, base=base, **kwargs)
+    report = json.loads((tmp_path / "results.json").read_text())
+    rows = {r["method"]: r for r in report["methods"]}
+    assert set(rows) == {"base", "recompute", "block_causal"}
     assert rows["recompute"]["agreement"] == 1.0 and rows["base"]["nfe"] == rows["recompute"]["nfe"] == 8
+    assert rows["block_causal"]["vs_uncached"] == 1.0 and rows["block_causal"]["agreement"] == 1.0
+    assert "DualCache attends bidirectionally" in report["refused"]["dual"] and "`dual` not run" in table
     with pytest.raises(ConfigError, match="base must be LLaDA's rule"):
         run(tmp_path, model=m, methods={}, base={"rule": dk.dlm.ThresholdRule(0.9)}, **kwargs)
     with pytest.raises(ConfigError, match="base sampler cannot run on this model"):

@@ -41,20 +41,21 @@ def test_smoke_run_writes_a_head_that_names_its_layers_and_resumes(smoke_run, sm
     assert resumed["steps"] == summary["steps"] * 3 // 2
 
 
-def test_online_states_train_like_the_cached_ones_within_a_time_budget(tmp_path, monkeypatch, smollm2_cut):
-    """``online`` (the GPU path: the target runs on each batch, nothing cached) starts where the cached path starts;
-    a time budget fixes the step count after the timed probe steps (3 here instead of the recipes' 10, to save
-    online steps)."""
+def test_online_states_train_like_the_cached_ones_within_a_time_budget(smoke_run, tmp_path, monkeypatch, smollm2_cut):
+    """``online`` (the GPU path: the target runs on each batch, nothing cached) on the smoke run's data starts where
+    the smoke run's cached states started (the same sequences, split and initial head), and caches nothing; a time
+    budget fixes the step count after the timed probe steps (3 here instead of the recipes' 10, to save online
+    steps)."""
     from decodekit.train import feature_heads
 
     monkeypatch.setattr(feature_heads, "BUDGET_PROBE", 3)
-    data = str(tmp_path / "data")
+    data = smoke_run[0] / "data"
+    files = {p.name: p.stat().st_mtime_ns for p in data.iterdir()}
     small = {**ONE_VOCAB, "base": smollm2_cut}
-    online = train(tmp_path / "online", epochs=100, online=True, time_budget_s=1e-3, data_dir=data, **small)
-    assert not list((tmp_path / "data").glob("layers_*.pt")) and not (tmp_path / "data" / "features.pt").exists()
+    online = train(tmp_path, epochs=100, online=True, time_budget_s=1e-3, data_dir=str(data), **small)
+    assert {p.name: p.stat().st_mtime_ns for p in data.iterdir()} == files  # read the sequences, wrote nothing
     assert online["steps"] == 3 + 3  # 2 warm-up steps, the timed ones, then one the budget allows
-    cached = train(tmp_path / "cached", epochs=1, data_dir=data, **small)
-    assert online["initial_val_loss"] == pytest.approx(cached["initial_val_loss"], rel=1e-3)
+    assert online["initial_val_loss"] == pytest.approx(smoke_run[1]["initial_val_loss"], rel=1e-3)
 
 
 def test_self_instruct_requests_join_the_data(smollm2, tmp_path):
