@@ -42,6 +42,7 @@ from decodekit.checks import check_bool, check_choice, check_float, check_int
 from decodekit.draft import Draft, DraftKind
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.eagle_head import DEFAULT_WEIGHTS, RETRAIN, EagleHead, default_weights, load_head
+from decodekit.drafters.eagle_release import is_release, load_release
 from decodekit.drafters.head_files import TrimmedHead, read_metadata
 from decodekit.drafters.staged import StagedTree, dynamic_tree
 from decodekit.errors import ConfigError
@@ -76,9 +77,10 @@ class EagleDrafter(SamplesLikeTheTarget):
     Host syncs: none of its own per round (one per draft step with a stop rule in a chain's budget).
 
     Args:
-        weights: a head file (:meth:`EagleHead.save`; an EAGLE-1 or an EAGLE-3 head, the file says which);
-            None = the head shipped for the zoo target ``smollm2-135m-instruct``. A head trained for another target
-            is refused when the call starts (before any forward: :meth:`check_model`).
+        weights: a head file (:meth:`EagleHead.save`; an EAGLE-1 or an EAGLE-3 head, the file says which), or a
+            released EAGLE-1/2 head's directory (:mod:`decodekit.drafters.eagle_release`); None = the head shipped
+            for the zoo target ``smollm2-135m-instruct``. A head trained for another target is refused when the
+            call starts (before any forward: :meth:`check_model`).
         temperature: the drafter's sampling temperature; None = the call's (which maximises acceptance).
         target: optionally the target (a :class:`LanguageModel`, transformers model or zoo name) to load the head
             for now, so a head that does not fit it is refused here rather than at the first call.
@@ -115,9 +117,11 @@ class EagleDrafter(SamplesLikeTheTarget):
         self.shape = shape
         self.top_k = check_int("top_k", top_k, low=1, optional=True, hint=" (children per expanded node)")
         self.weights = shipped_weights(self.default_file) if weights is None else Path(weights)
-        if not self.weights.is_file():
+        self.release = is_release(self.weights)  # the EAGLE authors' layout (decodekit.drafters.eagle_release)
+        if not self.release and not self.weights.is_file():
             raise ConfigError(
-                f"no EAGLE head at {self.weights}; train one with {self.retrain} and pass weights=<its file>"
+                f"no EAGLE head at {self.weights}; train one with {self.retrain} and pass weights=<its file>, or pass "
+                "a released EAGLE head's directory (config.json and pytorch_model.bin / model.safetensors)"
             )
         # an EAGLE-3 head reads the target's hidden states of these layers (its file says which), not the final ones
         self.hidden_layers = tuple(int(i) for i in read_metadata(self.weights).get("layers", ()))
@@ -146,7 +150,8 @@ class EagleDrafter(SamplesLikeTheTarget):
     def _load(self, target: LanguageModel) -> None:
         """Load the head for ``target`` (once per target object)."""
         if self._for != id(target):
-            self.head, self.metadata = load_head(self.weights, target, lean=self.lean, bf16=self.bf16)
+            load = load_release if self.release else load_head
+            self.head, self.metadata = load(self.weights, target, lean=self.lean, bf16=self.bf16)
             self._for = id(target)
             self.trimmed = TrimmedHead(target, self.head.vocab)  # type: ignore[union-attr]
         self.target = target

@@ -30,6 +30,7 @@ from decodekit.cache import KVCache
 from decodekit.checks import check_int
 from decodekit.draft import Draft, DraftKind
 from decodekit.drafters.head_files import TrimmedHead, load_tensors, read_head, save_head
+from decodekit.drafters.medusa_release import ReleasedMedusaHeads, load_release, release_file
 from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import match_kernels
 from decodekit.models.base import LanguageModel, ModelOutput
@@ -67,6 +68,10 @@ class MedusaHeads(nn.Module):
             nn.init.zeros_(block.bias)
         self.register_buffer("vocab", vocab.long())
 
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
     def forward(self, f: torch.Tensor) -> torch.Tensor:
         """``f [..., H]`` -> ``[..., K, H]``: each head's feature (read by the output head)."""
         return torch.stack([f + nn.functional.silu(block(f)) for block in self.blocks], -2)
@@ -96,7 +101,8 @@ class MedusaDrafter:
     Host syncs: none of its own.
 
     Args:
-        weights: a heads file (:meth:`MedusaHeads.save`); None = the heads shipped for ``smollm2-135m-instruct``.
+        weights: a heads file (:meth:`MedusaHeads.save`), or a Medusa-1 release directory (its own output layers:
+            :mod:`decodekit.drafters.medusa_release`); None = the heads shipped for ``smollm2-135m-instruct``.
         target: optionally the target to load the heads for now (a mismatch is refused here, not at the first call).
         template: None = chains; a :class:`~decodekit.trees.TreeTemplate` or a name in ``decodekit.trees.TEMPLATES``
             = trees (depth capped at the number of heads; give the policy a node budget).
@@ -111,9 +117,13 @@ class MedusaDrafter:
         self.template = template
         self._template = None if template is None else resolve_template(template)
         self.weights = default_weights() if weights is None else Path(weights)
-        if not self.weights.is_file():
-            raise ConfigError(f"no Medusa heads at {self.weights}; train them with {RETRAIN} and pass weights=")
-        self.heads: MedusaHeads | None = None
+        self.release = release_file(self.weights) is not None  # a Medusa-1 release (its own output layers)
+        if not self.release and not self.weights.is_file():
+            raise ConfigError(
+                f"no Medusa heads at {self.weights}; train them with {RETRAIN} and pass weights=, or pass a Medusa-1 "
+                "release directory (config.json and medusa_lm_head.pt / .safetensors)"
+            )
+        self.heads: MedusaHeads | ReleasedMedusaHeads | None = None
         self._for: int | None = None
         if target is not None:
             from decodekit.models import load_model
@@ -122,11 +132,16 @@ class MedusaDrafter:
 
     def _load(self, target: LanguageModel) -> None:
         if self._for != id(target):
-            self.heads = load_heads(self.weights, target)
             self._for = id(target)
-            self.trimmed = TrimmedHead(target, self.heads.vocab)
-            if self.trimmed.proj is None:
-                raise ConfigError(f"the medusa drafter needs a target with a linear output head; got {target!r}")
+            if self.release:
+                self.heads = load_release(self.weights, target)
+                self.scores, self.dtype = self.heads.scores, self.heads.out.dtype
+            else:
+                self.heads = load_heads(self.weights, target)
+                self.trimmed = TrimmedHead(target, self.heads.vocab)
+                if self.trimmed.proj is None:
+                    raise ConfigError(f"the medusa drafter needs a target with a linear output head; got {target!r}")
+                self.scores, self.dtype = self.trimmed.scores, self.trimmed.dtype
         self.target = target
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
@@ -138,11 +153,11 @@ class MedusaDrafter:
         self.f = prefill.last_hidden.gather(1, last[:, None, None].expand(-1, 1, prefill.last_hidden.shape[-1]))[:, 0]
 
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
-        k = min(budget.max_len, len(self.heads.blocks))  # type: ignore[union-attr]
+        k = min(budget.max_len, self.heads.num_heads)  # type: ignore[union-attr]
         if k == 0:
             return Draft.empty(state.batch_size, state.device)
-        h = self.heads(self.f.to(self.trimmed.dtype))[:, :k]  # type: ignore[misc]  # [B, k, H]
-        scores = self.trimmed.scores(h)  # [B, k, V_d]
+        h = self.heads(self.f.to(self.dtype))[:, :k]  # type: ignore[misc]  # [B, k, H]
+        scores = self.scores(h)  # [B, k, V_d]
         if self._template is not None:
             return self._tree(scores, budget)
         tokens = self.heads.vocab[scores.argmax(-1)]  # type: ignore[union-attr]

@@ -219,3 +219,44 @@ def test_tree_settings_are_checked(greedy_setup, ragged_prompts):
         EagleDrafter(path, shape="static")
     with pytest.raises(ConfigError, match="top_k is for shape='dynamic'"):
         EagleDrafter(path, top_k=3)
+
+
+@pytest.mark.parametrize("fmt", ["bin", "safetensors"])
+def test_a_released_eagle_head_drafts_as_its_authors_code(tmp_path, ragged_prompts, fmt):
+    """An EAGLE-1/2 head in its authors' release layout (``config.json``, ``pytorch_model.bin`` or
+    ``model.safetensors``: ``fc``, ``layers.0.*`` without an input norm, no final norm): the first round's chain is
+    the one a port of their head's forward drafts; greedy output equals plain decoding, chains and EAGLE-2 trees; a
+    release for another target is refused with both sizes; an EAGLE-3 release is refused by name."""
+    from tests.unit.eagle_release import first_draft, write_release
+
+    hf = tiny_llama(0)
+    lm = dk.load_model(hf)
+    tensors = write_release(tmp_path / "eagle", hf.config, fmt=fmt)
+    prompt = ragged_prompts[0]
+    drafter, seen = EagleDrafter(tmp_path / "eagle", target=lm), []
+    original = drafter.propose
+
+    def spy(state, budget):
+        draft = original(state, budget)
+        seen.append(draft.tokens[0].tolist())
+        return draft
+
+    drafter.propose = spy
+    dk.generate(lm, [prompt], drafter, policy=FixedLength(4), max_new_tokens=8, eos_token_id=())
+    assert seen[0] == first_draft(tensors, hf, prompt, 4)
+    plain = dk.generate(lm, ragged_prompts, max_new_tokens=24, eos_token_id=()).sequences
+    for shape, policy in (("chain", FixedLength(4)), ("dynamic", FixedLength(8))):
+        out = dk.generate(lm, ragged_prompts, EagleDrafter(tmp_path / "eagle", shape=shape), policy=policy,
+                          max_new_tokens=24, eos_token_id=())  # fmt: skip
+        assert out.sequences == plain and out.stats.drafted > 0, shape  # a random head: rejections, rollbacks
+    write_release(tmp_path / "wide", hf.config, fmt=fmt, hidden_size=2 * hf.config.hidden_size)
+    with pytest.raises(
+        ConfigError, match=rf"hidden size {2 * hf.config.hidden_size}.*hidden size {hf.config.hidden_size}"
+    ):
+        EagleDrafter(tmp_path / "wide", target=lm)
+    torch.save(
+        {"midlayer.hidden_norm.weight": torch.ones(4), "d2t": torch.zeros(4)}, tmp_path / "eagle" / "pytorch_model.bin"
+    )
+    (tmp_path / "eagle" / "model.safetensors").unlink(missing_ok=True)
+    with pytest.raises(ConfigError, match="EAGLE-3 release"):
+        EagleDrafter(tmp_path / "eagle", target=lm)

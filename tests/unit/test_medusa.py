@@ -128,3 +128,81 @@ def test_tree_sampling_is_lossless(tmp_path_factory):
     counts, stats = sample_counts(lm, drafter, TraversalVerifier(), FixedLength(4, depth=2), "T0.7-p0.9", seed=32)
     assert_matches(lm.hf, counts, "T0.7-p0.9")
     assert stats.accepted > 0
+
+
+class ResBlock(torch.nn.Module):
+    """Medusa's ``ResBlock`` (``medusa/model/medusa_model.py``): ``x + SiLU(linear(x))``."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden, hidden)
+        self.act = torch.nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+def reference_medusa_head(hidden: int, vocab: int, heads: int, layers: int, seed: int) -> torch.nn.ModuleList:
+    """``MedusaModel.medusa_head`` as its authors build it: per head ``[ResBlock(H)] * layers`` (one block, repeated)
+    and an output layer ``H -> V`` without bias; random weights (the blocks large enough to move the argmax)."""
+    torch.manual_seed(seed)
+    module = torch.nn.ModuleList(
+        torch.nn.Sequential(*([ResBlock(hidden)] * layers), torch.nn.Linear(hidden, vocab, bias=False))
+        for _ in range(heads)
+    )
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.5)
+    return module
+
+
+def write_medusa_release(path, module: torch.nn.ModuleList, layers: int, fmt: str) -> None:
+    """A Medusa-1 release directory: ``config.json`` and ``medusa_lm_head.pt`` (``torch.save`` of the head's state, as
+    the authors' training script writes it) or ``medusa_lm_head.safetensors``."""
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = {"medusa_num_heads": len(module), "medusa_num_layers": layers, "base_model_name_or_path": "tiny"}
+    (path / "config.json").write_text(json.dumps(config))
+    state = module.state_dict()
+    if fmt == "pt":
+        torch.save(state, path / "medusa_lm_head.pt")
+    else:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path / "medusa_lm_head.safetensors"))
+
+
+@pytest.mark.parametrize(("layers", "fmt"), [(1, "safetensors"), (2, "pt")])
+def test_released_medusa_heads_draft_what_the_reference_heads_predict(tmp_path, ragged_prompts, layers, fmt):
+    """A Medusa-1 release (``medusa_lm_head.*`` + ``config.json``) for a tiny target: the first round's draft is each
+    reference head's argmax on the target's final hidden state at the last prompt token; greedy output equals plain
+    decoding, chains and trees; a head file for another target is refused with both shapes."""
+    lm = dk.load_model(tiny_llama(0))
+    hidden, vocab = lm.hf.config.hidden_size, lm.vocab_size
+    reference = reference_medusa_head(hidden, vocab, 3, layers, seed=layers)
+    write_medusa_release(tmp_path / "medusa", reference, layers, fmt)
+    prompt = ragged_prompts[0]
+    with torch.no_grad():
+        f = lm.hf.model(torch.tensor([prompt])).last_hidden_state[0, -1]
+        want = [int(head(f).argmax()) for head in reference]
+    first, seen = MedusaDrafter(tmp_path / "medusa", target=lm), []
+    original = first.propose
+
+    def spy(state, budget):
+        draft = original(state, budget)
+        seen.append(draft.tokens[0].tolist())
+        return draft
+
+    first.propose = spy
+    dk.generate(lm, [prompt], first, policy=FixedLength(3), max_new_tokens=8, eos_token_id=())
+    assert seen[0] == want
+    plain = dk.generate(lm, ragged_prompts, max_new_tokens=20, eos_token_id=()).sequences
+    for template, policy in ((None, FixedLength(3)), ("smollm2_8", FixedLength(8))):
+        drafter = MedusaDrafter(tmp_path / "medusa", target=lm, template=template)
+        out = dk.generate(lm, ragged_prompts, drafter, policy=policy, max_new_tokens=20, eos_token_id=())
+        assert out.sequences == plain and out.stats.drafted > 0
+    other = reference_medusa_head(hidden, vocab + 4, 3, layers, seed=0)
+    write_medusa_release(tmp_path / "other", other, layers, fmt)
+    with pytest.raises(ConfigError, match=rf"\({vocab + 4}, {hidden}\).*\({vocab}, {hidden}\)"):
+        MedusaDrafter(tmp_path / "other", target=lm)

@@ -1,0 +1,130 @@
+"""EAGLE-1 / EAGLE-2 heads as their authors release them (``yuhuili/EAGLE-LLaMA3-Instruct-8B``,
+``yuhuili/EAGLE-Vicuna-7B-v1.3``, ...): a directory holding ``config.json`` (the head's Llama config: the target's
+sizes, ``num_hidden_layers: 1``, optionally ``bias`` and ``qkv_bias``) and ``pytorch_model.bin`` or
+``model.safetensors`` with ``fc.weight`` / ``fc.bias`` (``[H, 2H]``: the token's embedding, then the feature) and
+``layers.0.*`` (one Llama decoder layer; the released head has no input norm on it), optionally ``embed_tokens.weight``
+(a copy of the target's, not used).
+
+The head runs as the authors' ``cnets1.Model`` computes it: ``fc([embed(x_{t+1}) ; f_t])``, the decoder layer
+without its input norm, no final norm, the target's own output head on the result (:class:`EagleHead` with those two
+norms as identities). ``tests/unit/test_eagle.py`` checks the first round's draft against a port of that module on
+a tiny target, and greedy output against plain decoding. ``.bin`` files are read with
+``torch.load(weights_only=True)``: no pickled code runs. EAGLE-3's release layout (``midlayer.*``, ``d2t`` / ``t2d``)
+is recognised and refused: decodekit's EAGLE-3 head has another architecture (issue 54, section 3).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from decodekit.drafters.eagle_head import EagleHead
+from decodekit.drafters.lean_layer import lean_layer
+from decodekit.errors import ConfigError
+from decodekit.kernels.cpu import match_kernels
+from decodekit.models.base import LanguageModel
+
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+WHAT = "a released EAGLE head"
+HINT = "pass the head released for this target (its config.json names the target's sizes)"
+
+
+def is_release(path: str | Path) -> bool:
+    """Whether ``path`` is a directory in the EAGLE authors' release layout (``config.json`` and a weights file)."""
+    path = Path(path)
+    return path.is_dir() and (path / "config.json").is_file() and any((path / w).is_file() for w in WEIGHTS)
+
+
+def read_tensors(root: Path) -> dict[str, torch.Tensor]:
+    """The release's tensors (``.bin`` through ``torch.load(weights_only=True)``)."""
+    file = next(root / w for w in WEIGHTS if (root / w).is_file())
+    if file.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(file))
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise ConfigError(f"{file} does not hold a state dict (got {type(state).__name__})")
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def load_release(
+    path: str | Path, target: LanguageModel, *, lean: bool = True, bf16: bool | None = None
+) -> tuple[EagleHead, dict[str, Any]]:
+    """The released EAGLE-1/2 head at ``path`` for ``target`` and its metadata (``{"release": "eagle"}`` and the
+    release's config).
+
+    Raises:
+        ConfigError: an EAGLE-3 release, a head whose config or tensors fit another target (the sizes named), a
+            tensor missing or of another shape.
+    """
+    root = Path(path)
+    config = json.loads((root / "config.json").read_text())
+    tensors = read_tensors(root)
+    if any(k.startswith("midlayer.") for k in tensors) or "d2t" in tensors:
+        raise ConfigError(
+            f"{root} is an EAGLE-3 release (midlayer.*, d2t): its head architecture (normed embedding and feature "
+            "concatenated into the attention input, its own output layer over a draft vocabulary) is not read yet; "
+            "EAGLE-1/2 releases and decodekit's own EAGLE-3 heads are"
+        )
+    hf_config = getattr(getattr(target, "hf", None), "config", None)
+    if hf_config is None:
+        raise ConfigError(f"the eagle drafter needs a transformers target (its config builds the head); got {target!r}")
+    sizes = {k: config.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads")}
+    theirs = {k: getattr(hf_config, k, None) for k in sizes}
+    if sizes["hidden_size"] != theirs["hidden_size"] or (config.get("vocab_size") or target.vocab_size) != (
+        target.vocab_size
+    ):
+        raise ConfigError(
+            f"the EAGLE head at {root} was released for another target: hidden size {sizes['hidden_size']}, "
+            f"vocabulary {config.get('vocab_size')}; the target has hidden size {theirs['hidden_size']}, vocabulary "
+            f"{target.vocab_size}; {HINT}"
+        )
+    head = EagleHead(_head_config(hf_config, config))
+    layer = head.decoder.layers[0]
+    layer.input_layernorm, head.decoder.norm = nn.Identity(), nn.Identity()  # the release has neither
+    state = {"fc.weight": tensors.get("fc.weight")}
+    state["fc.bias"] = tensors.get("fc.bias", torch.zeros(head.fc.out_features))  # bias=False: a zero bias
+    for key, value in tensors.items():
+        if key.startswith("layers.0."):
+            state["decoder." + key] = value
+    if getattr(layer.self_attn.o_proj, "bias", None) is not None and "decoder.layers.0.self_attn.o_proj.bias" not in (
+        state
+    ):
+        state["decoder.layers.0.self_attn.o_proj.bias"] = torch.zeros(head.fc.out_features)  # qkv_bias: none on o
+    state = {k: v for k, v in state.items() if v is not None} | {"vocab": head.vocab}
+    expected = {k: v for k, v in head.state_dict().items() if "embed_tokens" not in k}
+    problems = [f"{k.removeprefix('decoder.')!r} is missing" for k in expected if k not in state]
+    problems += [
+        f"{k.removeprefix('decoder.')!r} has shape {list(state[k].shape)}, this target's head needs {list(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    problems += [f"{k.removeprefix('decoder.')!r} is not part of an EAGLE-1 head" for k in state if k not in expected]
+    if problems:
+        raise ConfigError(f"{root} does not fit {WHAT} for this target: {'; '.join(problems[:4])}; {HINT}")
+    head.load_state_dict(state, strict=False)
+    head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
+    head = match_kernels(head, target, bf16=bf16)
+    head.lean = lean_layer(head.decoder) if lean else None
+    return head, {"release": "eagle", "config": config}
+
+
+def _head_config(target_config: Any, config: dict[str, Any]) -> Any:
+    """The target's config with the release's layer settings: its sizes, norm epsilon, RoPE base and biases
+    (``qkv_bias``: biases on q / k / v, held as Llama's ``attention_bias`` with a zero bias on o)."""
+    import copy
+
+    cfg = copy.deepcopy(target_config)
+    for key in ("intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps"):
+        if config.get(key) is not None:
+            setattr(cfg, key, config[key])
+    if config.get("rope_theta") is not None and isinstance(getattr(cfg, "rope_parameters", None), dict):
+        cfg.rope_parameters = {**cfg.rope_parameters, "rope_theta": config["rope_theta"]}
+    if config.get("qkv_bias"):
+        cfg.attention_bias = True
+    return cfg

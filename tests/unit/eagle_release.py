@@ -1,0 +1,113 @@
+"""A tiny EAGLE-1/2 head in its authors' release layout, and our port of their draft head's forward
+(SafeAILab/EAGLE ``eagle/model/cnets1.py``, ``Model.forward`` with one ``LlamaDecoderLayer`` of index 0; written
+here, not copied): ``fc([embed ; feature])``, the layer without an input norm (attention with rotate-half rotary
+embeddings at positions ``0 ..``, grouped K/V heads repeated, a causal mask; then the post-attention norm and the
+SiLU-gated MLP), no final norm; the target's output head reads the result."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+LAYER = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+         "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+
+
+def release_tensors(config: dict, seed: int) -> dict[str, torch.Tensor]:
+    """Random weights under the release's names, large enough that every part moves the drafts (a chain of
+    distinct tokens, which an input or a final norm the release does not have would change)."""
+    gen = torch.Generator().manual_seed(seed)
+    h, heads, kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    hd, mlp = h // heads, config["intermediate_size"]
+    shapes = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv * hd, h), "self_attn.v_proj": (kv * hd, h),
+              "self_attn.o_proj": (h, h), "mlp.gate_proj": (mlp, h), "mlp.up_proj": (mlp, h),
+              "mlp.down_proj": (h, mlp)}  # fmt: skip
+    t = {
+        "fc.weight": 3 * torch.randn(h, 2 * h, generator=gen) / math.sqrt(2 * h),
+        "fc.bias": torch.randn(h, generator=gen),
+        "layers.0.post_attention_layernorm.weight": 1 + 0.3 * torch.randn(h, generator=gen),
+    }
+    for name in LAYER:
+        rows, cols = shapes[name]
+        t[f"layers.0.{name}.weight"] = 2 * torch.randn(rows, cols, generator=gen) / math.sqrt(cols)
+    return t
+
+
+def write_release(path: Path, target_config, seed: int = 0, fmt: str = "bin", **edits) -> dict[str, torch.Tensor]:
+    """An EAGLE-1 release directory for a target with ``target_config``: the head's ``config.json`` (Llama keys,
+    one layer, ``bias``) and ``pytorch_model.bin`` (``fmt="bin"``) or ``model.safetensors``, plus the target's
+    embedding as ``embed_tokens.weight`` as some releases carry it. ``edits`` change the config."""
+    config = {
+        "architectures": ["LlamaForCausalLM"], "bias": True, "hidden_act": "silu",
+        "hidden_size": target_config.hidden_size, "intermediate_size": target_config.intermediate_size,
+        "max_position_embeddings": target_config.max_position_embeddings, "model_type": "llama",
+        "num_attention_heads": target_config.num_attention_heads, "num_hidden_layers": 1,
+        "num_key_value_heads": target_config.num_key_value_heads, "pretraining_tp": 1,
+        "rms_norm_eps": target_config.rms_norm_eps, "rope_scaling": None,
+        "rope_theta": target_config.rope_parameters["rope_theta"], "tie_word_embeddings": False,
+        "torch_dtype": "float16", "vocab_size": target_config.vocab_size, **edits,
+    }  # fmt: skip
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    tensors = release_tensors(config, seed)
+    stored = {**tensors, "embed_tokens.weight": torch.zeros(config["vocab_size"], config["hidden_size"])}
+    if fmt == "bin":
+        torch.save(stored, path / "pytorch_model.bin")
+    else:
+        from safetensors.torch import save_file
+
+        save_file(stored, str(path / "model.safetensors"))
+    return tensors
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.unflatten(-1, (2, -1)).unbind(-2)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+@torch.no_grad()
+def head_forward(t: dict, config, embeds: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+    """``cnets1.Model.forward`` without a cache: ``embeds`` / ``feats [1, N, H]`` (token ``x_{i+1}``'s embedding
+    beside feature ``f_i``) -> ``[1, N, H]``."""
+    h, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+    hd, n = h // heads, embeds.shape[1]
+    x = F.linear(torch.cat([embeds, feats], -1), t["fc.weight"], t["fc.bias"])
+    w = {name: t[f"layers.0.{name}.weight"] for name in LAYER}
+    q = F.linear(x, w["self_attn.q_proj"]).view(1, n, heads, hd).transpose(1, 2)
+    k = F.linear(x, w["self_attn.k_proj"]).view(1, n, kv, hd).transpose(1, 2)
+    v = F.linear(x, w["self_attn.v_proj"]).view(1, n, kv, hd).transpose(1, 2)
+    inv = 1.0 / config.rope_parameters["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd)
+    angles = torch.outer(torch.arange(n).float(), inv)
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
+    att = torch.softmax((q @ k.transpose(2, 3)) / math.sqrt(hd) + torch.full((n, n), -torch.inf).triu(1), -1) @ v
+    x = x + F.linear(att.transpose(1, 2).reshape(1, n, h), w["self_attn.o_proj"])
+    y = _rms(x, t["layers.0.post_attention_layernorm.weight"], config.rms_norm_eps)
+    return x + F.linear(F.silu(F.linear(y, w["mlp.gate_proj"])) * F.linear(y, w["mlp.up_proj"]), w["mlp.down_proj"])
+
+
+@torch.no_grad()
+def first_draft(t: dict, hf_model, prompt: list[int], steps: int) -> list[int]:
+    """EAGLE's greedy chain after ``prompt``: the target's features of the prompt and its next token (the pending
+    one), the head run over ``(x_{i+1}, f_i)``, then ``steps`` times: the argmax of the target's output head on the
+    head's last output, fed back with that output as its feature (recomputed, not cached: the same values)."""
+    out = hf_model.model(torch.tensor([prompt]))
+    feats = out.last_hidden_state
+    pending = int(hf_model.lm_head(feats[0, -1]).argmax())
+    tokens, drafted = prompt[1:] + [pending], []
+    embed = hf_model.model.embed_tokens
+    for _ in range(steps):
+        g = head_forward(t, hf_model.config, embed(torch.tensor([tokens])), feats)[0, -1]
+        drafted.append(int(hf_model.lm_head(g).argmax()))
+        tokens, feats = tokens + [drafted[-1]], torch.cat([feats, g[None, None]], 1)
+    return drafted
