@@ -16,7 +16,8 @@ the head keeps EAGLE-1's input, ``fc([embed ; feature])`` into one decoder layer
 positions in training are the ones it drafts at (``t + j`` for step ``j``); the draft vocabulary reuses the target's
 output rows for the trimmed ids (EAGLE-3 trains its own draft ``lm_head``). Drafting, trees and losslessness are
 :class:`~decodekit.drafters.eagle.EagleDrafter`'s: this class only points at the EAGLE-3 head shipped for the zoo
-target.
+target. A head released by the EAGLE authors (``weights=`` its directory) runs in its own architecture
+(:mod:`decodekit.drafters.eagle3_release`).
 """
 
 from __future__ import annotations

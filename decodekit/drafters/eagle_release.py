@@ -9,8 +9,8 @@ The head runs as the authors' ``cnets1.Model`` computes it: ``fc([embed(x_{t+1})
 without its input norm, no final norm, the target's own output head on the result (:class:`EagleHead` with those two
 norms as identities). ``tests/unit/test_eagle.py`` checks the first round's draft against a port of that module on
 a tiny target, and greedy output against plain decoding. ``.bin`` files are read with
-``torch.load(weights_only=True)``: no pickled code runs. EAGLE-3's release layout (``midlayer.*``, ``d2t`` / ``t2d``)
-is recognised and refused: decodekit's EAGLE-3 head has another architecture (issue 54, section 3).
+``torch.load(weights_only=True)``: no pickled code runs. An EAGLE-3 release (``midlayer.*``, ``d2t``) in the same
+directory layout is read as :class:`~decodekit.drafters.eagle3_release.Eagle3ReleaseHead`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from decodekit.drafters.eagle3_release import build_release3, capture_layers
 from decodekit.drafters.eagle_head import EagleHead
 from decodekit.drafters.lean_layer import lean_layer
 from decodekit.errors import ConfigError
@@ -54,26 +55,24 @@ def read_tensors(root: Path) -> dict[str, torch.Tensor]:
 
 def load_release(
     path: str | Path, target: LanguageModel, *, lean: bool = True, bf16: bool | None = None
-) -> tuple[EagleHead, dict[str, Any]]:
-    """The released EAGLE-1/2 head at ``path`` for ``target`` and its metadata (``{"release": "eagle"}`` and the
-    release's config).
+) -> tuple[Any, dict[str, Any]]:
+    """The released EAGLE head at ``path`` for ``target`` and its metadata: ``{"release": "eagle" | "eagle3",
+    "config": ...}``, and for EAGLE-3 the target ``layers`` it reads.
 
     Raises:
-        ConfigError: an EAGLE-3 release, a head whose config or tensors fit another target (the sizes named), a
-            tensor missing or of another shape.
+        ConfigError: a head whose config or tensors fit another target (the sizes named), a tensor missing or of
+            another shape.
     """
     root = Path(path)
     config = json.loads((root / "config.json").read_text())
     tensors = read_tensors(root)
-    if any(k.startswith("midlayer.") for k in tensors) or "d2t" in tensors:
-        raise ConfigError(
-            f"{root} is an EAGLE-3 release (midlayer.*, d2t): its head architecture (normed embedding and feature "
-            "concatenated into the attention input, its own output layer over a draft vocabulary) is not read yet; "
-            "EAGLE-1/2 releases and decodekit's own EAGLE-3 heads are"
-        )
     hf_config = getattr(getattr(target, "hf", None), "config", None)
     if hf_config is None:
         raise ConfigError(f"the eagle drafter needs a transformers target (its config builds the head); got {target!r}")
+    if any(k.startswith("midlayer.") for k in tensors) or "d2t" in tensors:  # EAGLE-3's layout
+        head3 = build_release3(root, config, tensors, target)
+        head3 = head3.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
+        return head3, {"release": "eagle3", "config": config, "layers": list(capture_layers(target.num_layers))}
     sizes = {k: config.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads")}
     theirs = {k: getattr(hf_config, k, None) for k in sizes}
     if sizes["hidden_size"] != theirs["hidden_size"] or (config.get("vocab_size") or target.vocab_size) != (

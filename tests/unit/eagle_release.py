@@ -111,3 +111,88 @@ def first_draft(t: dict, hf_model, prompt: list[int], steps: int) -> list[int]:
         drafted.append(int(hf_model.lm_head(g).argmax()))
         tokens, feats = tokens + [drafted[-1]], torch.cat([feats, g[None, None]], 1)
     return drafted
+
+
+# EAGLE-3 (``eagle/model/cnets.py``: ``Model`` with ``LlamaDecoderLayeremb``)
+LAYER3 = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+          "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+
+
+def write_release3(path: Path, target_config, draft_ids: list[int], seed: int = 0, **edits) -> dict[str, torch.Tensor]:
+    """An EAGLE-3 release directory for a target with ``target_config``: ``config.json`` (Llama keys, one layer,
+    ``draft_vocab_size``) and ``pytorch_model.bin`` with ``fc`` (``[H, 3H]``), ``midlayer.*`` (q / k / v reading
+    ``2H``), ``norm``, ``lm_head`` over the draft vocabulary ``draft_ids`` (ascending target ids) and ``d2t`` / ``t2d``
+    as the authors store them. Random weights large enough that every part moves the drafts."""
+    h, heads, kv = target_config.hidden_size, target_config.num_attention_heads, target_config.num_key_value_heads
+    hd, mlp, vd = h // heads, target_config.intermediate_size, len(draft_ids)
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": vd, "hidden_act": "silu",
+        "hidden_size": h, "intermediate_size": mlp, "max_position_embeddings": 256, "model_type": "llama",
+        "num_attention_heads": heads, "num_hidden_layers": 1, "num_key_value_heads": kv,
+        "rms_norm_eps": target_config.rms_norm_eps, "rope_scaling": None,
+        "rope_theta": target_config.rope_parameters["rope_theta"], "tie_word_embeddings": False,
+        "torch_dtype": "float16", "vocab_size": target_config.vocab_size, **edits,
+    }  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"self_attn.q_proj": (h, 2 * h), "self_attn.k_proj": (kv * hd, 2 * h),
+              "self_attn.v_proj": (kv * hd, 2 * h), "self_attn.o_proj": (h, h), "mlp.gate_proj": (mlp, h),
+              "mlp.up_proj": (mlp, h), "mlp.down_proj": (h, mlp)}  # fmt: skip
+    t = {"fc.weight": 2 * torch.randn(h, 3 * h, generator=gen) / math.sqrt(3 * h),
+         "norm.weight": 1 + 0.3 * torch.randn(h, generator=gen),
+         "lm_head.weight": 3 * torch.randn(vd, h, generator=gen) / math.sqrt(h)}  # fmt: skip
+    for norm in ("hidden_norm", "input_layernorm", "post_attention_layernorm"):
+        t[f"midlayer.{norm}.weight"] = 1 + 0.3 * torch.randn(h, generator=gen)
+    for name in LAYER3:
+        rows, cols = shapes[name]
+        t[f"midlayer.{name}.weight"] = 2 * torch.randn(rows, cols, generator=gen) / math.sqrt(cols)
+    ids = torch.tensor(draft_ids)
+    t["d2t"] = ids - torch.arange(vd)
+    t["t2d"] = torch.zeros(config["vocab_size"], dtype=torch.bool).index_fill_(0, ids, True)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    torch.save(t, path / "pytorch_model.bin")
+    return t
+
+
+@torch.no_grad()
+def head3_forward(t: dict, config, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """``cnets.Model.forward`` without a cache: ``hidden`` ``[1, N, 3H]`` (the target's fused layers, put through
+    ``fc``) or ``[1, N, H]`` (the head's own outputs) beside ``embeds [1, N, H]`` -> the midlayer's output."""
+    h, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+    hd, n, eps = h // heads, embeds.shape[1], config.rms_norm_eps
+    if hidden.shape[-1] != h:
+        hidden = F.linear(hidden, t["fc.weight"])
+    w = {name: t[f"midlayer.{name}.weight"] for name in LAYER3}
+    x = torch.cat([_rms(embeds, t["midlayer.input_layernorm.weight"], eps),
+                   _rms(hidden, t["midlayer.hidden_norm.weight"], eps)], -1)  # fmt: skip
+    q = F.linear(x, w["self_attn.q_proj"]).view(1, n, heads, hd).transpose(1, 2)
+    k = F.linear(x, w["self_attn.k_proj"]).view(1, n, kv, hd).transpose(1, 2)
+    v = F.linear(x, w["self_attn.v_proj"]).view(1, n, kv, hd).transpose(1, 2)
+    inv = 1.0 / config.rope_parameters["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd)
+    angles = torch.outer(torch.arange(n).float(), inv)
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
+    att = torch.softmax((q @ k.transpose(2, 3)) / math.sqrt(hd) + torch.full((n, n), -torch.inf).triu(1), -1) @ v
+    out = hidden + F.linear(att.transpose(1, 2).reshape(1, n, h), w["self_attn.o_proj"])
+    y = _rms(out, t["midlayer.post_attention_layernorm.weight"], eps)
+    return out + F.linear(F.silu(F.linear(y, w["mlp.gate_proj"])) * F.linear(y, w["mlp.up_proj"]), w["mlp.down_proj"])
+
+
+@torch.no_grad()
+def first_draft3(t: dict, hf_model, prompt: list[int], steps: int) -> list[int]:
+    """EAGLE-3's greedy chain after ``prompt``: the target's hidden states entering layers ``2, L // 2, L - 3``
+    (concatenated in that order), its next token; the head over ``(x_{i+1}, u_i)``, then ``steps`` times the argmax
+    of ``lm_head(norm(g))`` mapped to a target id by ``d2t``, fed back with ``g`` (recomputed, not cached)."""
+    layers = hf_model.config.num_hidden_layers
+    out = hf_model.model(torch.tensor([prompt]), output_hidden_states=True)
+    hidden = torch.cat([out.hidden_states[i] for i in (2, layers // 2, layers - 3)], -1)
+    pending = int(hf_model.lm_head(out.last_hidden_state[0, -1]).argmax())
+    tokens, drafted, embed = prompt[1:] + [pending], [], hf_model.model.embed_tokens
+    for _ in range(steps):
+        g = head3_forward(t, hf_model.config, embed(torch.tensor([tokens])), hidden)[0, -1]
+        d = int(F.linear(_rms(g, t["norm.weight"], hf_model.config.rms_norm_eps), t["lm_head.weight"]).argmax())
+        drafted.append(d + int(t["d2t"][d]))
+        own = hidden if hidden.shape[-1] == g.shape[-1] else F.linear(hidden, t["fc.weight"])
+        tokens, hidden = tokens + [drafted[-1]], torch.cat([own, g[None, None]], 1)
+    return drafted

@@ -226,7 +226,7 @@ def test_a_released_eagle_head_drafts_as_its_authors_code(tmp_path, ragged_promp
     """An EAGLE-1/2 head in its authors' release layout (``config.json``, ``pytorch_model.bin`` or
     ``model.safetensors``: ``fc``, ``layers.0.*`` without an input norm, no final norm): the first round's chain is
     the one a port of their head's forward drafts; greedy output equals plain decoding, chains and EAGLE-2 trees; a
-    release for another target is refused with both sizes; an EAGLE-3 release is refused by name."""
+    release for another target is refused with both sizes."""
     from tests.unit.eagle_release import first_draft, write_release
 
     hf = tiny_llama(0)
@@ -254,9 +254,37 @@ def test_a_released_eagle_head_drafts_as_its_authors_code(tmp_path, ragged_promp
         ConfigError, match=rf"hidden size {2 * hf.config.hidden_size}.*hidden size {hf.config.hidden_size}"
     ):
         EagleDrafter(tmp_path / "wide", target=lm)
-    torch.save(
-        {"midlayer.hidden_norm.weight": torch.ones(4), "d2t": torch.zeros(4)}, tmp_path / "eagle" / "pytorch_model.bin"
-    )
-    (tmp_path / "eagle" / "model.safetensors").unlink(missing_ok=True)
-    with pytest.raises(ConfigError, match="EAGLE-3 release"):
-        EagleDrafter(tmp_path / "eagle", target=lm)
+
+
+def test_a_released_eagle3_head_drafts_as_its_authors_code(tmp_path, ragged_prompts):
+    """An EAGLE-3 release (``midlayer.*`` reading ``[norm(embed) ; norm(u)]``, its own ``lm_head`` over a draft
+    vocabulary mapped by ``d2t``; ``fc`` fusing the states entering layers 2, 4, 5 of 8) for a tiny 8-layer target:
+    the first round's chain is the one a port of their head drafts; greedy output equals plain decoding, chains and
+    trees; a head for another target is refused with both sizes."""
+    from tests.unit.eagle_release import first_draft3, write_release3
+
+    hf = tiny_llama(0, layers=8)
+    lm = dk.load_model(hf)
+    draft_ids = list(range(0, lm.vocab_size, 2))  # half the vocabulary: d2t moves every draft id
+    tensors = write_release3(tmp_path / "eagle3", hf.config, draft_ids)
+    prompt = ragged_prompts[0]
+    drafter, seen = dk.build("drafter", "eagle3", weights=str(tmp_path / "eagle3"), target=lm), []
+    assert drafter.hidden_layers == (2, 4, 5)
+    original = drafter.propose
+
+    def spy(state, budget):
+        draft = original(state, budget)
+        seen.append(draft.tokens[0].tolist())
+        return draft
+
+    drafter.propose = spy
+    dk.generate(lm, [prompt], drafter, policy=FixedLength(4), max_new_tokens=8, eos_token_id=())
+    assert seen[0] == first_draft3(tensors, hf, prompt, 4) and all(t % 2 == 0 for t in seen[0])
+    plain = dk.generate(lm, ragged_prompts, max_new_tokens=24, eos_token_id=()).sequences
+    for shape, policy in (("chain", FixedLength(4)), ("dynamic", FixedLength(8))):
+        heads = dk.build("drafter", "eagle3", weights=str(tmp_path / "eagle3"), shape=shape)
+        out = dk.generate(lm, ragged_prompts, heads, policy=policy, max_new_tokens=24, eos_token_id=())
+        assert out.sequences == plain and out.stats.drafted > 0, shape
+    write_release3(tmp_path / "other", hf.config, draft_ids, vocab_size=2 * lm.vocab_size)
+    with pytest.raises(ConfigError, match=rf"vocabulary {2 * lm.vocab_size}.*vocabulary {lm.vocab_size}"):
+        dk.build("drafter", "eagle3", weights=str(tmp_path / "other"), target=lm)

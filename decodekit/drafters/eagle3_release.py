@@ -1,0 +1,152 @@
+"""EAGLE-3 heads as their authors release them (``yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`` and the like): a directory
+holding ``config.json`` (the head's Llama config: the target's sizes, ``num_hidden_layers: 1``, ``draft_vocab_size``,
+optionally ``target_hidden_size``) and ``pytorch_model.bin`` or ``model.safetensors`` with ``fc.weight``
+(``[H, 3H_t]``: the target's three layers fused), ``midlayer.*`` (the decoder layer), ``norm.weight``,
+``lm_head.weight`` (``[V_d, H]``, its own output layer over the draft vocabulary) and ``d2t`` (draft id ``d`` is
+target id ``d + d2t[d]``).
+
+:class:`Eagle3ReleaseHead` computes what the authors' ``cnets.Model`` does (SafeAILab/EAGLE ``eagle/model/cnets.py``,
+``LlamaDecoderLayeremb``): the attention input is ``[input_layernorm(embed(x_{t+1})) ; hidden_norm(u_t)]`` (``2H``
+wide), the residual is ``u_t`` itself, then the post-attention norm and the MLP; the draft logits are
+``lm_head(norm(g))``, and at draft positions the head reads its own (un-normed) output ``g``. ``u_t`` fuses the
+target's hidden states entering layers ``2, L // 2, L - 3`` (decodekit's ``hidden_layers`` of the same numbers: the
+output of layer ``i`` is the input of layer ``i + 1``). ``tests/unit/test_eagle.py`` checks the first round's draft
+against a port of that module and greedy output against plain decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from decodekit.cache import KVCache
+from decodekit.errors import ConfigError
+from decodekit.models.base import LanguageModel
+
+# the release's tensor -> Eagle3ReleaseHead's
+NAMES = {
+    "fc.weight": "fuse.weight",
+    "norm.weight": "norm.weight",
+    "lm_head.weight": "lm_head.weight",
+    "midlayer.hidden_norm.weight": "hidden_norm.weight",
+    "midlayer.input_layernorm.weight": "input_norm.weight",
+    "midlayer.post_attention_layernorm.weight": "post_norm.weight",
+    **{f"midlayer.self_attn.{p}.weight": f"{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
+    **{f"midlayer.mlp.{p}.weight": f"{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")},
+}
+
+
+def capture_layers(num_layers: int) -> tuple[int, ...]:
+    """The target layers an EAGLE-3 release reads, as ``hidden_layers``: those whose input the authors' target
+    keeps (``2, L // 2, L - 3``)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+class Eagle3ReleaseHead(nn.Module):
+    """The released EAGLE-3 draft head (module docstring).
+
+    Args:
+        config: the head's transformers ``LlamaConfig`` (sizes, norm epsilon, RoPE).
+        draft_vocab: ``V_d``; taps_width: the fused features' width (``3 H_t``).
+    """
+
+    def __init__(self, config: Any, draft_vocab: int, taps_width: int) -> None:
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+        h, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or h // heads
+        eps = config.rms_norm_eps
+        self.fuse = nn.Linear(taps_width, h, bias=False)
+        self.fc = self.fuse  # the drafter reads the head's dtype from ``fc``
+        self.hidden_norm, self.input_norm = LlamaRMSNorm(h, eps=eps), LlamaRMSNorm(h, eps=eps)
+        self.post_norm, self.norm = LlamaRMSNorm(h, eps=eps), LlamaRMSNorm(h, eps=eps)
+        self.q_proj = nn.Linear(2 * h, heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * h, kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * h, kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * self.head_dim, h, bias=False)
+        self.gate_proj = nn.Linear(h, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(h, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, h, bias=False)
+        self.lm_head = nn.Linear(h, draft_vocab, bias=False)
+        self.rotary = LlamaRotaryEmbedding(config=config)
+        self.register_buffer("vocab", torch.arange(draft_vocab))  # target ids: set from d2t by the loader
+        self.lean = None
+
+    def forward(
+        self, embeds: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: KVCache
+    ) -> torch.Tensor:
+        """``embeds [B, N, H]`` (of ``x_{t+1}``), ``feats [B, N, H]`` (``u_t`` or the head's own output) ->
+        ``g [B, N, H]``, attending to ``cache`` (layer 0) under ``mask [B, 1, N, S]`` at ``positions [B, N]``."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        batch, num, _ = embeds.shape
+        x = torch.cat([self.input_norm(embeds), self.hidden_norm(feats)], -1)
+        q, k, v = (p(x).view(batch, num, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj,
+                                                                                       self.v_proj))  # fmt: skip
+        cos, sin = self.rotary(x, positions)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys, values = cache.update(k, v, 0)
+        group = q.shape[1] // keys.shape[1]
+        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.head_dim**-0.5)
+        h = feats + self.o_proj(out.transpose(1, 2).reshape(batch, num, -1))
+        y = self.post_norm(h)
+        return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
+
+    def scores(self, g: torch.Tensor) -> torch.Tensor:
+        """``g [..., H]`` -> ``[..., V_d]`` float32: the head's own output layer on ``norm(g)``."""
+        return self.lm_head(self.norm(g)).float()
+
+
+class OwnLogits:
+    """Draft logits from the head's own output layer, at the target ids its draft vocabulary maps to (``-inf``
+    elsewhere: never drafted, ``q = 0``), the interface of :class:`~decodekit.drafters.head_files.TrimmedHead`."""
+
+    def __init__(self, head: Eagle3ReleaseHead, vocab_size: int) -> None:
+        self.head, self.vocab_size = head, vocab_size
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        full = torch.full((*g.shape[:-1], self.vocab_size), float("-inf"), device=g.device)
+        return full.index_copy_(full.dim() - 1, self.head.vocab, self.head.scores(g))
+
+
+def build_release3(
+    root: Any, config: dict[str, Any], tensors: dict[str, torch.Tensor], target: LanguageModel
+) -> Eagle3ReleaseHead:
+    """The head of an EAGLE-3 release for ``target``; refuses one for another target (sizes named)."""
+    hf_config = target.hf.config  # type: ignore[attr-defined]
+    target_hidden = int(config.get("target_hidden_size") or hf_config.hidden_size)
+    if target_hidden != hf_config.hidden_size or int(config.get("vocab_size", target.vocab_size)) != target.vocab_size:
+        raise ConfigError(
+            f"the EAGLE-3 head at {root} was released for another target: hidden size {target_hidden}, vocabulary "
+            f"{config.get('vocab_size')}; the target has hidden size {hf_config.hidden_size}, vocabulary "
+            f"{target.vocab_size}; pass the head released for this target"
+        )
+    if "d2t" not in tensors or "lm_head.weight" not in tensors:
+        raise ConfigError(f"{root} lacks {'d2t' if 'd2t' not in tensors else 'lm_head.weight'}: not an EAGLE-3 head")
+    from transformers import LlamaConfig
+
+    settings = {
+        k: v for k, v in config.items() if k not in ("architectures", "model_type", "rope_scaling", "rope_theta")
+    }
+    scaling = dict(config.get("rope_scaling") or {})  # transformers 5: rope_parameters, the theta inside
+    rope_type = scaling.pop("rope_type", scaling.pop("type", "default"))
+    cfg = LlamaConfig(**settings, rope_parameters={**scaling, "rope_type": rope_type,
+                                                   "rope_theta": config.get("rope_theta", 10000.0)})  # fmt: skip
+    head = Eagle3ReleaseHead(cfg, int(tensors["lm_head.weight"].shape[0]), 3 * target_hidden)
+    expected = head.state_dict()
+    problems = [f"{src!r} is missing" for src in NAMES if src not in tensors]
+    problems += [
+        f"{src!r} has shape {list(tensors[src].shape)}, this target's head needs {list(expected[dst].shape)}"
+        for src, dst in NAMES.items()
+        if src in tensors and tensors[src].shape != expected[dst].shape
+    ]
+    if problems:
+        raise ConfigError(f"{root} does not fit a released EAGLE-3 head for this target: {'; '.join(problems[:4])}")
+    head.load_state_dict({dst: tensors[src] for src, dst in NAMES.items()}, strict=False)
+    head.vocab = torch.arange(head.lm_head.out_features) + tensors["d2t"].long()
+    return head
