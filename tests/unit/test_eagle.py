@@ -31,9 +31,17 @@ def sequences(lm: dk.LanguageModel, n: int, length: int, seed: int) -> list[list
     return [p + s for p, s in zip(prompts, out.sequences)]
 
 
-def train_head(lm: dk.LanguageModel, steps: int, vocab: torch.Tensor | None = None, seed: int = 0) -> EagleHead:
-    """A head trained with :func:`decodekit.train.eagle.head_loss` on the target's own samples."""
-    data = target_features(lm, sequences(lm, 96, 40, seed), seq_len=48, batch_size=32, progress=False)
+def own_samples(lm: dk.LanguageModel, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The target's features of 96 of its own 40-token samples: the heads' training data."""
+    return target_features(lm, sequences(lm, 96, 40, seed), seq_len=48, batch_size=32, progress=False)
+
+
+def train_head(
+    lm: dk.LanguageModel, steps: int, vocab: torch.Tensor | None = None, seed: int = 0, data: dict | None = None
+) -> EagleHead:
+    """A head trained with :func:`decodekit.train.eagle.head_loss` on the target's own samples (``data``:
+    :func:`own_samples`, computed once by a caller that trains several heads)."""
+    data = own_samples(lm, seed) if data is None else data
     torch.manual_seed(seed)
     head = EagleHead(lm.hf.config, vocab)
     head.init_from(lm)
@@ -75,11 +83,11 @@ def test_training_fits_its_data():
     """The recipe's loss trains the head (on a random tiny target only the training data can be fitted; the
     held-out agreement of the real recipe is tests/integration/test_eagle_recipe.py's)."""
     lm = dk.load_model(tiny_llama(3))
-    data = target_features(lm, sequences(lm, 96, 40, seed=0), seq_len=48, batch_size=32, progress=False)
+    data = own_samples(lm)
     batch = (data["tokens"][:32], data["feats"][:32], data["lengths"][:32], torch.zeros(32, dtype=torch.long))
     stats = []
     for steps in (0, 150):
-        head = train_head(lm, steps, seed=0)
+        head = train_head(lm, steps, seed=0, data=data)
         with torch.no_grad():
             loss, numbers = head_loss(head, lm.embed, lm.lm_head.weight, *batch, 0.0, 1.0)
         stats.append((float(loss), numbers["acc"]))

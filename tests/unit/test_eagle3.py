@@ -39,10 +39,18 @@ def fused_head(lm: dk.LanguageModel, seed: int = 0, vocab: torch.Tensor | None =
     return head
 
 
-def train_fused(lm: dk.LanguageModel, steps: int, vocab: torch.Tensor | None = None, seed: int = 0) -> EagleHead:
-    """A fused head trained with :func:`ttt_loss` (3 steps) on the target's own samples."""
+def fused_data(lm: dk.LanguageModel, seed: int = 0) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The target's own samples as training data, and their states at ``LAYERS``."""
     data = target_features(lm, sequences(lm, 96, 40, seed), seq_len=48, batch_size=32, progress=False)
-    taps = layer_states(lm, data["tokens"], LAYERS)
+    return data, layer_states(lm, data["tokens"], LAYERS)
+
+
+def train_fused(
+    lm: dk.LanguageModel, steps: int, vocab: torch.Tensor | None = None, seed: int = 0, data: tuple | None = None
+) -> EagleHead:
+    """A fused head trained with :func:`ttt_loss` (3 steps) on the target's own samples (``data``: those of
+    :func:`fused_data`, computed once by a caller that trains several heads)."""
+    data, taps = fused_data(lm, seed) if data is None else data
     head = fused_head(lm, seed, vocab)
     fit_fuse(head, taps, data["feats"].float(), data["lengths"])
     w_d = lm.lm_head.weight[head.vocab].detach()
@@ -140,13 +148,12 @@ def test_fuse_fit_recovers_a_linear_map():
 def test_training_fits_its_data_at_every_step():
     """The loss trains every unrolled step, the later ones reading the head's own outputs."""
     lm = dk.load_model(tiny_llama(3))
-    data = target_features(lm, sequences(lm, 96, 40, seed=0), seq_len=48, batch_size=32, progress=False)
-    data = {k: v[:32] for k, v in data.items()}  # training rows: a random tiny target generalises little
-    taps = layer_states(lm, data["tokens"], LAYERS)
+    full = fused_data(lm, seed=0)
+    data, taps = {k: v[:32] for k, v in full[0].items()}, full[1][:32]  # training rows: it generalises little
     batch = (data["tokens"], taps, data["feats"], data["lengths"], torch.zeros(32, dtype=torch.long))
     numbers = []
     for steps in (0, 150):
-        head = train_fused(lm, steps, seed=0)
+        head = train_fused(lm, steps, seed=0, data=full)
         with torch.no_grad():
             numbers.append(ttt_loss(head, lm.embed, lm.lm_head.weight, *batch, 3, 0.8))
     (before, b), (after, a) = numbers

@@ -17,17 +17,18 @@ from decodekit.errors import ConfigError
 from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.train.exit_head import exit_loss, exit_states
-from decodekit.train.feature_data import target_features
 from decodekit.verifiers import RejectionVerifier
 from tests.conftest import assert_greedy_twice
-from tests.unit.test_eagle import sequences
+from tests.unit.test_eagle import own_samples
 from tests.unit.test_lossless import MisreportsQ, assert_detected, assert_matches, sample_counts
 
 
-def train_exit(lm: dk.LanguageModel, layer: int, steps: int, vocab: torch.Tensor | None = None) -> ExitHead:
+def train_exit(
+    lm: dk.LanguageModel, layer: int, steps: int, vocab: torch.Tensor | None = None, data: dict | None = None
+) -> ExitHead:
     """An exit head on layer ``layer`` trained with :func:`decodekit.train.exit_head.exit_loss` on the target's
-    own samples."""
-    data = target_features(lm, sequences(lm, 96, 40, 0), seq_len=48, batch_size=32, progress=False)
+    own samples (``data``: :func:`~tests.unit.test_eagle.own_samples`, computed once for several heads)."""
+    data = own_samples(lm) if data is None else data
     torch.manual_seed(0)
     vocab = torch.arange(lm.vocab_size) if vocab is None else vocab
     head = ExitHead(lm.hf.config.hidden_size, 64, layer, vocab)
@@ -59,8 +60,9 @@ def deep(tmp_path_factory):
 @pytest.fixture(scope="module")
 def small_vocab(tmp_path_factory):
     lm = dk.load_model(tiny_llama(0, vocab=8, hidden=32, layers=3, init=0.3))
-    full = save(tmp_path_factory, lm, train_exit(lm, 1, 60), "tiny8")
-    trimmed = save(tmp_path_factory, lm, train_exit(lm, 1, 60, torch.tensor([1, 2, 4, 6, 7])), "tiny8_trim")
+    data = own_samples(lm)
+    full = save(tmp_path_factory, lm, train_exit(lm, 1, 60, data=data), "tiny8")
+    trimmed = save(tmp_path_factory, lm, train_exit(lm, 1, 60, torch.tensor([1, 2, 4, 6, 7]), data), "tiny8_trim")
     return lm, full, trimmed
 
 
@@ -68,11 +70,11 @@ def test_training_raises_agreement_with_the_target():
     """The recipe's loss trains the head: lower loss and higher top-1 agreement than the untrained exit (on a
     random tiny target, on the training data)."""
     lm = dk.load_model(tiny_llama(3, layers=4))
-    data = target_features(lm, sequences(lm, 96, 40, 0), seq_len=48, batch_size=32, progress=False)
+    data = own_samples(lm)
     tokens, feats, lengths = data["tokens"][:32], data["feats"][:32], data["lengths"][:32]
     stats = []
     for steps in (0, 150):
-        head = train_exit(lm, 1, steps)
+        head = train_exit(lm, 1, steps, data=data)
         with torch.no_grad():
             n = exit_states(lm, tokens, 1)
             loss, numbers = exit_loss(head, n, lm.lm_head.weight, feats, lengths, torch.zeros_like(lengths))
