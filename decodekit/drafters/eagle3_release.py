@@ -39,6 +39,33 @@ NAMES = {
 }
 
 
+DROPPED = ("architectures", "model_type", "rope_scaling", "rope_theta", "norm_before_residual", "target_hidden_size")
+
+
+def speculators_eagle3(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[dict, dict, list | None]:
+    """A vLLM ``speculators`` EAGLE-3 checkpoint (``speculators_model_type: eagle3``) as the authors' layout: its
+    ``transformer_layer_config`` with the head's own keys, ``layers.0.*`` renamed ``midlayer.*``, and the target
+    layers it names (``eagle_aux_hidden_state_layer_ids``; None: the authors' default).
+
+    Raises:
+        ConfigError: a normalisation variant this head does not implement (``norm_before_fc``, ``fc_norm``,
+            ``norm_output``), named.
+    """
+    variants = [key for key in ("norm_before_fc", "fc_norm", "norm_output") if config.get(key)]
+    if variants:
+        raise ConfigError(
+            f"speculators EAGLE-3 head with {', '.join(f'{k}=True' for k in variants)}: not implemented (decodekit "
+            "reads the EAGLE-3 head with norm_before_residual either way, and no other normalisation)"
+        )
+    layer = dict(config.get("transformer_layer_config") or {})
+    merged = {**layer, **{k: config[k] for k in ("draft_vocab_size", "norm_before_residual", "target_hidden_size")
+                          if config.get(k) is not None}}  # fmt: skip
+    merged["vocab_size"] = layer.get("vocab_size")
+    renamed = {("midlayer." + k.removeprefix("layers.0.")) if k.startswith("layers.0.") else k: v
+               for k, v in tensors.items()}  # fmt: skip
+    return merged, renamed, config.get("eagle_aux_hidden_state_layer_ids")
+
+
 def capture_layers(num_layers: int) -> tuple[int, ...]:
     """The target layers an EAGLE-3 release reads, as ``hidden_layers``: those whose input the authors' target
     keeps (``2, L // 2, L - 3``)."""
@@ -51,10 +78,13 @@ class Eagle3ReleaseHead(nn.Module):
     Args:
         config: the head's transformers ``LlamaConfig`` (sizes, norm epsilon, RoPE).
         draft_vocab: ``V_d``; taps_width: the fused features' width (``3 H_t``).
+        norm_before_residual: the residual around the attention is ``hidden_norm(u)`` instead of ``u`` (a
+            ``speculators`` head's ``norm_before_residual``, SpecForge's default).
     """
 
-    def __init__(self, config: Any, draft_vocab: int, taps_width: int) -> None:
+    def __init__(self, config: Any, draft_vocab: int, taps_width: int, norm_before_residual: bool = False) -> None:
         super().__init__()
+        self.norm_before_residual = norm_before_residual  # speculators' flag: the residual is hidden_norm(u)
         from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
         h, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
@@ -84,7 +114,8 @@ class Eagle3ReleaseHead(nn.Module):
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         batch, num, _ = embeds.shape
-        x = torch.cat([self.input_norm(embeds), self.hidden_norm(feats)], -1)
+        normed = self.hidden_norm(feats)
+        x = torch.cat([self.input_norm(embeds), normed], -1)
         q, k, v = (p(x).view(batch, num, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj,
                                                                                        self.v_proj))  # fmt: skip
         cos, sin = self.rotary(x, positions)
@@ -93,7 +124,8 @@ class Eagle3ReleaseHead(nn.Module):
         group = q.shape[1] // keys.shape[1]
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.head_dim**-0.5)
-        h = feats + self.o_proj(out.transpose(1, 2).reshape(batch, num, -1))
+        residual = normed if self.norm_before_residual else feats
+        h = residual + self.o_proj(out.transpose(1, 2).reshape(batch, num, -1))
         y = self.post_norm(h)
         return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
 
@@ -126,18 +158,21 @@ def build_release3(
             f"{config.get('vocab_size')}; the target has hidden size {hf_config.hidden_size}, vocabulary "
             f"{target.vocab_size}; pass the head released for this target"
         )
-    if "d2t" not in tensors or "lm_head.weight" not in tensors:
-        raise ConfigError(f"{root} lacks {'d2t' if 'd2t' not in tensors else 'lm_head.weight'}: not an EAGLE-3 head")
+    if "lm_head.weight" not in tensors:
+        raise ConfigError(f"{root} lacks 'lm_head.weight': not an EAGLE-3 head")
+    if "d2t" not in tensors:  # no draft vocabulary map: the draft vocabulary is the target's
+        if tensors["lm_head.weight"].shape[0] != target.vocab_size:
+            raise ConfigError(f"{root} lacks 'd2t', and its draft vocabulary is not the target's: not an EAGLE-3 head")
+        tensors = {**tensors, "d2t": torch.zeros(target.vocab_size, dtype=torch.long)}
     from transformers import LlamaConfig
 
-    settings = {
-        k: v for k, v in config.items() if k not in ("architectures", "model_type", "rope_scaling", "rope_theta")
-    }
+    settings = {k: v for k, v in config.items() if k not in DROPPED}
     scaling = dict(config.get("rope_scaling") or {})  # transformers 5: rope_parameters, the theta inside
     rope_type = scaling.pop("rope_type", scaling.pop("type", "default"))
     cfg = LlamaConfig(**settings, rope_parameters={**scaling, "rope_type": rope_type,
                                                    "rope_theta": config.get("rope_theta", 10000.0)})  # fmt: skip
-    head = Eagle3ReleaseHead(cfg, int(tensors["lm_head.weight"].shape[0]), 3 * target_hidden)
+    before = bool(config.get("norm_before_residual", False))
+    head = Eagle3ReleaseHead(cfg, int(tensors["lm_head.weight"].shape[0]), 3 * target_hidden, before)
     expected = head.state_dict()
     problems = [f"{src!r} is missing" for src in NAMES if src not in tensors]
     problems += [

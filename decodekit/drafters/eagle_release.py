@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from decodekit.drafters.eagle3_release import build_release3, capture_layers
+from decodekit.drafters.eagle3_release import build_release3, capture_layers, speculators_eagle3
 from decodekit.drafters.eagle_head import EagleHead
 from decodekit.drafters.lean_layer import lean_layer
 from decodekit.errors import ConfigError
@@ -69,10 +69,20 @@ def load_release(
     hf_config = getattr(getattr(target, "hf", None), "config", None)
     if hf_config is None:
         raise ConfigError(f"the eagle drafter needs a transformers target (its config builds the head); got {target!r}")
+    kind = config.get("speculators_model_type")
+    layers = None
+    if kind == "eagle3":  # vLLM speculators' EAGLE-3: the authors' head under other names
+        config, tensors, layers = speculators_eagle3(config, tensors)
+    elif kind is not None:
+        raise ConfigError(
+            f"{root} is a speculators {kind!r} checkpoint: decodekit reads speculators' EAGLE-3 heads and the EAGLE "
+            "authors' own EAGLE-1/2 and EAGLE-3 releases"
+        )
     if any(k.startswith("midlayer.") for k in tensors) or "d2t" in tensors:  # EAGLE-3's layout
         head3 = build_release3(root, config, tensors, target)
         head3 = head3.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
-        return head3, {"release": "eagle3", "config": config, "layers": list(capture_layers(target.num_layers))}
+        layers = list(layers or capture_layers(target.num_layers))
+        return head3, {"release": "eagle3", "config": config, "layers": layers}
     sizes = {k: config.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads")}
     theirs = {k: getattr(hf_config, k, None) for k in sizes}
     if sizes["hidden_size"] != theirs["hidden_size"] or (config.get("vocab_size") or target.vocab_size) != (

@@ -155,9 +155,10 @@ def write_release3(path: Path, target_config, draft_ids: list[int], seed: int = 
 
 
 @torch.no_grad()
-def head3_forward(t: dict, config, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+def head3_forward(t: dict, config, embeds: torch.Tensor, hidden: torch.Tensor, before: bool = False) -> torch.Tensor:
     """``cnets.Model.forward`` without a cache: ``hidden`` ``[1, N, 3H]`` (the target's fused layers, put through
-    ``fc``) or ``[1, N, H]`` (the head's own outputs) beside ``embeds [1, N, H]`` -> the midlayer's output."""
+    ``fc``) or ``[1, N, H]`` (the head's own outputs) beside ``embeds [1, N, H]`` -> the midlayer's output
+    (``before``: speculators' ``norm_before_residual``, the residual taken after ``hidden_norm``)."""
     h, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
     hd, n, eps = h // heads, embeds.shape[1], config.rms_norm_eps
     if hidden.shape[-1] != h:
@@ -174,13 +175,14 @@ def head3_forward(t: dict, config, embeds: torch.Tensor, hidden: torch.Tensor) -
     q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
     k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
     att = torch.softmax((q @ k.transpose(2, 3)) / math.sqrt(hd) + torch.full((n, n), -torch.inf).triu(1), -1) @ v
-    out = hidden + F.linear(att.transpose(1, 2).reshape(1, n, h), w["self_attn.o_proj"])
+    residual = _rms(hidden, t["midlayer.hidden_norm.weight"], eps) if before else hidden
+    out = residual + F.linear(att.transpose(1, 2).reshape(1, n, h), w["self_attn.o_proj"])
     y = _rms(out, t["midlayer.post_attention_layernorm.weight"], eps)
     return out + F.linear(F.silu(F.linear(y, w["mlp.gate_proj"])) * F.linear(y, w["mlp.up_proj"]), w["mlp.down_proj"])
 
 
 @torch.no_grad()
-def first_draft3(t: dict, hf_model, prompt: list[int], steps: int) -> list[int]:
+def first_draft3(t: dict, hf_model, prompt: list[int], steps: int, before: bool = False) -> list[int]:
     """EAGLE-3's greedy chain after ``prompt``: the target's hidden states entering layers ``2, L // 2, L - 3``
     (concatenated in that order), its next token; the head over ``(x_{i+1}, u_i)``, then ``steps`` times the argmax
     of ``lm_head(norm(g))`` mapped to a target id by ``d2t``, fed back with ``g`` (recomputed, not cached)."""
@@ -190,9 +192,54 @@ def first_draft3(t: dict, hf_model, prompt: list[int], steps: int) -> list[int]:
     pending = int(hf_model.lm_head(out.last_hidden_state[0, -1]).argmax())
     tokens, drafted, embed = prompt[1:] + [pending], [], hf_model.model.embed_tokens
     for _ in range(steps):
-        g = head3_forward(t, hf_model.config, embed(torch.tensor([tokens])), hidden)[0, -1]
+        g = head3_forward(t, hf_model.config, embed(torch.tensor([tokens])), hidden, before)[0, -1]
         d = int(F.linear(_rms(g, t["norm.weight"], hf_model.config.rms_norm_eps), t["lm_head.weight"]).argmax())
         drafted.append(d + int(t["d2t"][d]))
         own = hidden if hidden.shape[-1] == g.shape[-1] else F.linear(hidden, t["fc.weight"])
         tokens, hidden = tokens + [drafted[-1]], torch.cat([own, g[None, None]], 1)
     return drafted
+
+
+def write_speculators(path: Path, target_config, tensors: dict, norm_before_residual: bool) -> None:
+    """The same EAGLE-3 head as vLLM's ``speculators`` saves it (``Eagle3Speculator.save_pretrained``):
+    ``config.json`` with ``speculators_model_type: eagle3``, the layer's Llama config under
+    ``transformer_layer_config``, ``draft_vocab_size``, ``norm_before_residual``, ``speculators_config``; and
+    ``model.safetensors`` with ``layers.0.*`` where the authors write ``midlayer.*``."""
+    from safetensors.torch import save_file
+
+    h = target_config.hidden_size
+    layer = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_act": "silu",
+        "hidden_size": h,
+        "intermediate_size": target_config.intermediate_size,
+        "max_position_embeddings": 256,
+        "model_type": "llama",
+        "num_attention_heads": target_config.num_attention_heads,
+        "num_hidden_layers": 1,
+        "num_key_value_heads": target_config.num_key_value_heads,
+        "rms_norm_eps": target_config.rms_norm_eps,
+        "rope_theta": target_config.rope_parameters["rope_theta"],
+        "vocab_size": target_config.vocab_size,
+    }
+    proposal = {"proposal_type": "greedy", "speculative_tokens": 3}
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": layer,
+        "draft_vocab_size": int(tensors["lm_head.weight"].shape[0]),
+        "norm_before_residual": norm_before_residual,
+        "target_hidden_size": None,
+        "eagle_aux_hidden_state_layer_ids": None,
+        "speculators_version": "0.3.0",
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [proposal],
+            "verifier": {"name_or_path": "tiny", "architectures": ["LlamaForCausalLM"]},
+        },
+    }
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    renamed = {k.replace("midlayer.", "layers.0."): v.contiguous() for k, v in tensors.items()}
+    save_file(renamed, str(path / "model.safetensors"))

@@ -296,3 +296,38 @@ def test_a_released_eagle3_head_drafts_as_its_authors_code(tmp_path, ragged_prom
     write_release3(tmp_path / "other", hf.config, draft_ids, vocab_size=2 * lm.vocab_size)
     with pytest.raises(ConfigError, match=rf"vocabulary {2 * lm.vocab_size}.*vocabulary {lm.vocab_size}"):
         dk.build("drafter", "eagle3", weights=str(tmp_path / "other"), target=lm)
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_a_speculators_eagle3_head_drafts_as_the_authors_head(tmp_path, ragged_prompts, before):
+    """The same EAGLE-3 head saved as vLLM's ``speculators`` saves it (``layers.0.*``, ``transformer_layer_config``,
+    ``norm_before_residual``): its first round's chain is the port's (with the residual after ``hidden_norm`` when
+    the flag says so, which drafts otherwise); greedy output equals plain decoding; a normalisation variant it does
+    not implement is refused by name."""
+    from tests.unit.eagle_release import first_draft3, write_release3, write_speculators
+
+    hf = tiny_llama(0, layers=8)
+    lm = dk.load_model(hf)
+    tensors = write_release3(tmp_path / "authors", hf.config, list(range(0, lm.vocab_size, 2)))
+    write_speculators(tmp_path / "speculators", hf.config, tensors, before)
+    drafter, seen = dk.build("drafter", "eagle3", weights=str(tmp_path / "speculators"), target=lm), []
+    original = drafter.propose
+
+    def spy(state, budget):
+        draft = original(state, budget)
+        seen.append(draft.tokens[0].tolist())
+        return draft
+
+    drafter.propose = spy
+    prompt = ragged_prompts[0]
+    plain = dk.generate(lm, ragged_prompts, max_new_tokens=16, eos_token_id=()).sequences
+    out = dk.generate(lm, ragged_prompts, drafter, policy=FixedLength(4), max_new_tokens=16, eos_token_id=())
+    assert out.sequences == plain
+    want, other = (first_draft3(tensors, hf, prompt, 4, flag) for flag in (before, not before))
+    assert seen[0] == want != other
+    config = tmp_path / "speculators" / "config.json"
+    config.write_text(
+        config.read_text().replace('"speculators_model_type"', '"norm_output": true, "speculators_model_type"')
+    )
+    with pytest.raises(ConfigError, match="norm_output=True"):
+        dk.build("drafter", "eagle3", weights=str(tmp_path / "speculators"), target=lm)
