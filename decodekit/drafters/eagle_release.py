@@ -24,6 +24,7 @@ from torch import nn
 
 from decodekit.drafters.eagle3_release import build_release3, capture_layers, speculators_eagle3
 from decodekit.drafters.eagle_head import EagleHead
+from decodekit.drafters.head_files import read_state
 from decodekit.drafters.lean_layer import lean_layer
 from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import match_kernels
@@ -41,16 +42,8 @@ def is_release(path: str | Path) -> bool:
 
 
 def read_tensors(root: Path) -> dict[str, torch.Tensor]:
-    """The release's tensors (``.bin`` through ``torch.load(weights_only=True)``)."""
-    file = next(root / w for w in WEIGHTS if (root / w).is_file())
-    if file.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(file))
-    state = torch.load(file, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict):
-        raise ConfigError(f"{file} does not hold a state dict (got {type(state).__name__})")
-    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    """The release's tensors (:func:`~decodekit.drafters.head_files.read_state`)."""
+    return read_state(next(root / w for w in WEIGHTS if (root / w).is_file()))
 
 
 def load_release(

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from decodekit.drafters.head_files import read_state
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
 
@@ -76,7 +77,7 @@ def load_release(path: str | Path, target: LanguageModel) -> ReleasedMedusaHeads
     file = release_file(path)
     if file is None:
         raise ConfigError(f"no Medusa-1 head file in {path}: expected one of {', '.join(FILES)}")
-    tensors = _read(file)
+    tensors = read_state(file)
     found = sorted({int(m[1]) for k in tensors if (m := re.match(r"(\d+)\.", k))})
     config_file = file.parent / "config.json"
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
@@ -104,15 +105,3 @@ def load_release(path: str | Path, target: LanguageModel) -> ReleasedMedusaHeads
         )
     dtype = getattr(target, "dtype", torch.float32)
     return ReleasedMedusaHeads(weight, bias, out).to(device=target.device, dtype=dtype).eval().requires_grad_(False)
-
-
-def _read(file: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a head file (``.pt`` through ``torch.load(weights_only=True)``)."""
-    if file.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(file))
-    state = torch.load(file, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict):
-        raise ConfigError(f"{file} does not hold a state dict (got {type(state).__name__})")
-    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}

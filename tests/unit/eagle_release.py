@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tests.unit.dlm_families import _rms, _rotate_half
+
 LAYER = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
          "mlp.up_proj", "mlp.down_proj")  # fmt: skip
 
@@ -64,24 +66,11 @@ def write_release(path: Path, target_config, seed: int = 0, fmt: str = "bin", **
     return tensors
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.unflatten(-1, (2, -1)).unbind(-2)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-@torch.no_grad()
-def head_forward(t: dict, config, embeds: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-    """``cnets1.Model.forward`` without a cache: ``embeds`` / ``feats [1, N, H]`` (token ``x_{i+1}``'s embedding
-    beside feature ``f_i``) -> ``[1, N, H]``."""
-    h, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
-    hd, n = h // heads, embeds.shape[1]
-    x = F.linear(torch.cat([embeds, feats], -1), t["fc.weight"], t["fc.bias"])
-    w = {name: t[f"layers.0.{name}.weight"] for name in LAYER}
+def _attention(config, x: torch.Tensor, w: dict, h: int) -> torch.Tensor:
+    """The head layer's causal self-attention on ``x [1, N, *]`` (q / k / v read ``x``; rotate-half rotary at
+    positions ``0 ..``; grouped K/V heads repeated) -> the output projection's ``[1, N, H]``."""
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    hd, n = h // heads, x.shape[1]
     q = F.linear(x, w["self_attn.q_proj"]).view(1, n, heads, hd).transpose(1, 2)
     k = F.linear(x, w["self_attn.k_proj"]).view(1, n, kv, hd).transpose(1, 2)
     v = F.linear(x, w["self_attn.v_proj"]).view(1, n, kv, hd).transpose(1, 2)
@@ -91,9 +80,22 @@ def head_forward(t: dict, config, embeds: torch.Tensor, feats: torch.Tensor) -> 
     q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
     k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
     att = torch.softmax((q @ k.transpose(2, 3)) / math.sqrt(hd) + torch.full((n, n), -torch.inf).triu(1), -1) @ v
-    x = x + F.linear(att.transpose(1, 2).reshape(1, n, h), w["self_attn.o_proj"])
-    y = _rms(x, t["layers.0.post_attention_layernorm.weight"], config.rms_norm_eps)
-    return x + F.linear(F.silu(F.linear(y, w["mlp.gate_proj"])) * F.linear(y, w["mlp.up_proj"]), w["mlp.down_proj"])
+    return F.linear(att.transpose(1, 2).reshape(1, n, h), w["self_attn.o_proj"])
+
+
+def _mlp(x: torch.Tensor, w: dict) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, w["mlp.gate_proj"])) * F.linear(x, w["mlp.up_proj"]), w["mlp.down_proj"])
+
+
+@torch.no_grad()
+def head_forward(t: dict, config, embeds: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+    """``cnets1.Model.forward`` without a cache: ``embeds`` / ``feats [1, N, H]`` (token ``x_{i+1}``'s embedding
+    beside feature ``f_i``) -> ``[1, N, H]``."""
+    h = config.hidden_size
+    x = F.linear(torch.cat([embeds, feats], -1), t["fc.weight"], t["fc.bias"])
+    w = {name: t[f"layers.0.{name}.weight"] for name in LAYER}
+    x = x + _attention(config, x, w, h)
+    return x + _mlp(_rms(x, t["layers.0.post_attention_layernorm.weight"], config.rms_norm_eps), w)
 
 
 @torch.no_grad()
@@ -113,9 +115,7 @@ def first_draft(t: dict, hf_model, prompt: list[int], steps: int) -> list[int]:
     return drafted
 
 
-# EAGLE-3 (``eagle/model/cnets.py``: ``Model`` with ``LlamaDecoderLayeremb``)
-LAYER3 = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-          "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+# EAGLE-3 (``eagle/model/cnets.py``: ``Model`` with ``LlamaDecoderLayeremb``): the same layer tensors (``LAYER``)
 
 
 def write_release3(path: Path, target_config, draft_ids: list[int], seed: int = 0, **edits) -> dict[str, torch.Tensor]:
@@ -142,7 +142,7 @@ def write_release3(path: Path, target_config, draft_ids: list[int], seed: int = 
          "lm_head.weight": 3 * torch.randn(vd, h, generator=gen) / math.sqrt(h)}  # fmt: skip
     for norm in ("hidden_norm", "input_layernorm", "post_attention_layernorm"):
         t[f"midlayer.{norm}.weight"] = 1 + 0.3 * torch.randn(h, generator=gen)
-    for name in LAYER3:
+    for name in LAYER:
         rows, cols = shapes[name]
         t[f"midlayer.{name}.weight"] = 2 * torch.randn(rows, cols, generator=gen) / math.sqrt(cols)
     ids = torch.tensor(draft_ids)
@@ -159,26 +159,14 @@ def head3_forward(t: dict, config, embeds: torch.Tensor, hidden: torch.Tensor, b
     """``cnets.Model.forward`` without a cache: ``hidden`` ``[1, N, 3H]`` (the target's fused layers, put through
     ``fc``) or ``[1, N, H]`` (the head's own outputs) beside ``embeds [1, N, H]`` -> the midlayer's output
     (``before``: speculators' ``norm_before_residual``, the residual taken after ``hidden_norm``)."""
-    h, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
-    hd, n, eps = h // heads, embeds.shape[1], config.rms_norm_eps
+    h, eps = config.hidden_size, config.rms_norm_eps
     if hidden.shape[-1] != h:
         hidden = F.linear(hidden, t["fc.weight"])
-    w = {name: t[f"midlayer.{name}.weight"] for name in LAYER3}
-    x = torch.cat([_rms(embeds, t["midlayer.input_layernorm.weight"], eps),
-                   _rms(hidden, t["midlayer.hidden_norm.weight"], eps)], -1)  # fmt: skip
-    q = F.linear(x, w["self_attn.q_proj"]).view(1, n, heads, hd).transpose(1, 2)
-    k = F.linear(x, w["self_attn.k_proj"]).view(1, n, kv, hd).transpose(1, 2)
-    v = F.linear(x, w["self_attn.v_proj"]).view(1, n, kv, hd).transpose(1, 2)
-    inv = 1.0 / config.rope_parameters["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd)
-    angles = torch.outer(torch.arange(n).float(), inv)
-    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-    q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-    k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
-    att = torch.softmax((q @ k.transpose(2, 3)) / math.sqrt(hd) + torch.full((n, n), -torch.inf).triu(1), -1) @ v
-    residual = _rms(hidden, t["midlayer.hidden_norm.weight"], eps) if before else hidden
-    out = residual + F.linear(att.transpose(1, 2).reshape(1, n, h), w["self_attn.o_proj"])
-    y = _rms(out, t["midlayer.post_attention_layernorm.weight"], eps)
-    return out + F.linear(F.silu(F.linear(y, w["mlp.gate_proj"])) * F.linear(y, w["mlp.up_proj"]), w["mlp.down_proj"])
+    w = {name: t[f"midlayer.{name}.weight"] for name in LAYER}
+    normed = _rms(hidden, t["midlayer.hidden_norm.weight"], eps)
+    x = torch.cat([_rms(embeds, t["midlayer.input_layernorm.weight"], eps), normed], -1)
+    out = (normed if before else hidden) + _attention(config, x, w, h)
+    return out + _mlp(_rms(out, t["midlayer.post_attention_layernorm.weight"], eps), w)
 
 
 @torch.no_grad()
@@ -243,3 +231,23 @@ def write_speculators(path: Path, target_config, tensors: dict, norm_before_resi
     (path / "config.json").write_text(json.dumps(config))
     renamed = {k.replace("midlayer.", "layers.0."): v.contiguous() for k, v in tensors.items()}
     save_file(renamed, str(path / "model.safetensors"))
+
+
+def first_round(lm, drafter, prompt: list[int], k: int) -> list[int]:
+    """The tokens ``drafter`` proposes in its first round after ``prompt`` (a chain of ``k``), through ``generate``."""
+    import decodekit as dk
+    from decodekit.policies import FixedLength
+
+    seen, original = [], drafter.propose
+
+    def spy(state, budget):
+        draft = original(state, budget)
+        seen.append(draft.tokens[0].tolist())
+        return draft
+
+    drafter.propose = spy
+    try:
+        dk.generate(lm, [prompt], drafter, policy=FixedLength(k), max_new_tokens=2 * k, eos_token_id=())
+    finally:
+        del drafter.propose
+    return seen[0]

@@ -235,23 +235,14 @@ def test_a_released_eagle_head_drafts_as_its_authors_code(tmp_path, ragged_promp
     ``model.safetensors``: ``fc``, ``layers.0.*`` without an input norm, no final norm): the first round's chain is
     the one a port of their head's forward drafts; greedy output equals plain decoding, chains and EAGLE-2 trees; a
     release for another target is refused with both sizes."""
-    from tests.unit.eagle_release import first_draft, write_release
+    from tests.unit.eagle_release import first_draft, first_round, write_release
 
     hf = tiny_llama(0)
     lm = dk.load_model(hf)
     tensors = write_release(tmp_path / "eagle", hf.config, fmt=fmt)
     prompt = ragged_prompts[0]
-    drafter, seen = EagleDrafter(tmp_path / "eagle", target=lm), []
-    original = drafter.propose
-
-    def spy(state, budget):
-        draft = original(state, budget)
-        seen.append(draft.tokens[0].tolist())
-        return draft
-
-    drafter.propose = spy
-    dk.generate(lm, [prompt], drafter, policy=FixedLength(4), max_new_tokens=8, eos_token_id=())
-    assert seen[0] == first_draft(tensors, hf, prompt, 4)
+    drafter = EagleDrafter(tmp_path / "eagle", target=lm)
+    assert first_round(lm, drafter, prompt, 4) == first_draft(tensors, hf, prompt, 4)
     plain = dk.generate(lm, ragged_prompts, max_new_tokens=24, eos_token_id=()).sequences
     for shape, policy in (("chain", FixedLength(4)), ("dynamic", FixedLength(8))):
         out = dk.generate(lm, ragged_prompts, EagleDrafter(tmp_path / "eagle", shape=shape), policy=policy,
@@ -269,25 +260,17 @@ def test_a_released_eagle3_head_drafts_as_its_authors_code(tmp_path, ragged_prom
     vocabulary mapped by ``d2t``; ``fc`` fusing the states entering layers 2, 4, 5 of 8) for a tiny 8-layer target:
     the first round's chain is the one a port of their head drafts; greedy output equals plain decoding, chains and
     trees; a head for another target is refused with both sizes."""
-    from tests.unit.eagle_release import first_draft3, write_release3
+    from tests.unit.eagle_release import first_draft3, first_round, write_release3
 
     hf = tiny_llama(0, layers=8)
     lm = dk.load_model(hf)
     draft_ids = list(range(0, lm.vocab_size, 2))  # half the vocabulary: d2t moves every draft id
     tensors = write_release3(tmp_path / "eagle3", hf.config, draft_ids)
     prompt = ragged_prompts[0]
-    drafter, seen = dk.build("drafter", "eagle3", weights=str(tmp_path / "eagle3"), target=lm), []
+    drafter = dk.build("drafter", "eagle3", weights=str(tmp_path / "eagle3"), target=lm)
     assert drafter.hidden_layers == (2, 4, 5)
-    original = drafter.propose
-
-    def spy(state, budget):
-        draft = original(state, budget)
-        seen.append(draft.tokens[0].tolist())
-        return draft
-
-    drafter.propose = spy
-    dk.generate(lm, [prompt], drafter, policy=FixedLength(4), max_new_tokens=8, eos_token_id=())
-    assert seen[0] == first_draft3(tensors, hf, prompt, 4) and all(t % 2 == 0 for t in seen[0])
+    seen = first_round(lm, drafter, prompt, 4)
+    assert seen == first_draft3(tensors, hf, prompt, 4) and all(t % 2 == 0 for t in seen)
     plain = dk.generate(lm, ragged_prompts, max_new_tokens=24, eos_token_id=()).sequences
     for shape, policy in (("chain", FixedLength(4)), ("dynamic", FixedLength(8))):
         heads = dk.build("drafter", "eagle3", weights=str(tmp_path / "eagle3"), shape=shape)
@@ -304,27 +287,18 @@ def test_a_speculators_eagle3_head_drafts_as_the_authors_head(tmp_path, ragged_p
     ``norm_before_residual``): its first round's chain is the port's (with the residual after ``hidden_norm`` when
     the flag says so, which drafts otherwise); greedy output equals plain decoding; a normalisation variant it does
     not implement is refused by name."""
-    from tests.unit.eagle_release import first_draft3, write_release3, write_speculators
+    from tests.unit.eagle_release import first_draft3, first_round, write_release3, write_speculators
 
     hf = tiny_llama(0, layers=8)
     lm = dk.load_model(hf)
     tensors = write_release3(tmp_path / "authors", hf.config, list(range(0, lm.vocab_size, 2)))
     write_speculators(tmp_path / "speculators", hf.config, tensors, before)
-    drafter, seen = dk.build("drafter", "eagle3", weights=str(tmp_path / "speculators"), target=lm), []
-    original = drafter.propose
-
-    def spy(state, budget):
-        draft = original(state, budget)
-        seen.append(draft.tokens[0].tolist())
-        return draft
-
-    drafter.propose = spy
-    prompt = ragged_prompts[0]
+    drafter = dk.build("drafter", "eagle3", weights=str(tmp_path / "speculators"), target=lm)
     plain = dk.generate(lm, ragged_prompts, max_new_tokens=16, eos_token_id=()).sequences
     out = dk.generate(lm, ragged_prompts, drafter, policy=FixedLength(4), max_new_tokens=16, eos_token_id=())
     assert out.sequences == plain
-    want, other = (first_draft3(tensors, hf, prompt, 4, flag) for flag in (before, not before))
-    assert seen[0] == want != other
+    want, other = (first_draft3(tensors, hf, ragged_prompts[0], 4, flag) for flag in (before, not before))
+    assert first_round(lm, drafter, ragged_prompts[0], 4) == want != other
     config = tmp_path / "speculators" / "config.json"
     config.write_text(
         config.read_text().replace('"speculators_model_type"', '"norm_output": true, "speculators_model_type"')

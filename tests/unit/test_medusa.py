@@ -16,6 +16,7 @@ from decodekit.train.medusa import medusa_loss
 from decodekit.trees import TreeTemplate
 from decodekit.verifiers import RejectionVerifier, TraversalVerifier
 from tests.conftest import assert_greedy_twice
+from tests.unit.eagle_release import first_round
 from tests.unit.test_eagle import head_file, own_samples
 from tests.unit.test_lossless import assert_matches, sample_counts
 
@@ -188,17 +189,7 @@ def test_released_medusa_heads_draft_what_the_reference_heads_predict(tmp_path, 
     with torch.no_grad():
         f = lm.hf.model(torch.tensor([prompt])).last_hidden_state[0, -1]
         want = [int(head(f).argmax()) for head in reference]
-    first, seen = MedusaDrafter(tmp_path / "medusa", target=lm), []
-    original = first.propose
-
-    def spy(state, budget):
-        draft = original(state, budget)
-        seen.append(draft.tokens[0].tolist())
-        return draft
-
-    first.propose = spy
-    dk.generate(lm, [prompt], first, policy=FixedLength(3), max_new_tokens=8, eos_token_id=())
-    assert seen[0] == want
+    assert first_round(lm, MedusaDrafter(tmp_path / "medusa", target=lm), prompt, 3) == want
     plain = dk.generate(lm, ragged_prompts, max_new_tokens=20, eos_token_id=()).sequences
     for template, policy in ((None, FixedLength(3)), ("smollm2_8", FixedLength(8))):
         drafter = MedusaDrafter(tmp_path / "medusa", target=lm, template=template)
