@@ -58,6 +58,11 @@ def speculators_eagle3(config: dict[str, Any], tensors: dict[str, torch.Tensor])
             "reads the EAGLE-3 head with norm_before_residual either way, and no other normalisation)"
         )
     layer = dict(config.get("transformer_layer_config") or {})
+    if int(layer.get("num_hidden_layers", 1)) != 1:
+        raise ConfigError(
+            f"speculators EAGLE-3 head with {layer['num_hidden_layers']} decoder layers (transformer_layer_config."
+            "num_hidden_layers): decodekit reads the one-layer head"
+        )
     merged = {**layer, **{k: config[k] for k in ("draft_vocab_size", "norm_before_residual", "target_hidden_size")
                           if config.get(k) is not None}}  # fmt: skip
     merged["vocab_size"] = layer.get("vocab_size")
@@ -147,9 +152,10 @@ class OwnLogits:
 
 
 def build_release3(
-    root: Any, config: dict[str, Any], tensors: dict[str, torch.Tensor], target: LanguageModel
+    root: Any, config: dict[str, Any], tensors: dict[str, torch.Tensor], target: LanguageModel, taps: int = 3
 ) -> Eagle3ReleaseHead:
-    """The head of an EAGLE-3 release for ``target``; refuses one for another target (sizes named)."""
+    """The head of an EAGLE-3 release for ``target`` (``fc`` fusing ``taps`` target layers); refuses one for another
+    target (sizes named)."""
     hf_config = target.hf.config  # type: ignore[attr-defined]
     target_hidden = int(config.get("target_hidden_size") or hf_config.hidden_size)
     if target_hidden != hf_config.hidden_size or int(config.get("vocab_size", target.vocab_size)) != target.vocab_size:
@@ -172,7 +178,7 @@ def build_release3(
     cfg = LlamaConfig(**settings, rope_parameters={**scaling, "rope_type": rope_type,
                                                    "rope_theta": config.get("rope_theta", 10000.0)})  # fmt: skip
     before = bool(config.get("norm_before_residual", False))
-    head = Eagle3ReleaseHead(cfg, int(tensors["lm_head.weight"].shape[0]), 3 * target_hidden, before)
+    head = Eagle3ReleaseHead(cfg, int(tensors["lm_head.weight"].shape[0]), taps * target_hidden, before)
     expected = head.state_dict()
     problems = [f"{src!r} is missing" for src in NAMES if src not in tensors]
     problems += [

@@ -72,7 +72,7 @@ def load_release(
             "authors' own EAGLE-1/2 and EAGLE-3 releases"
         )
     if any(k.startswith("midlayer.") for k in tensors) or "d2t" in tensors:  # EAGLE-3's layout
-        head3 = build_release3(root, config, tensors, target)
+        head3 = build_release3(root, config, tensors, target, len(layers) if layers else 3)
         head3 = head3.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
         layers = list(layers or capture_layers(target.num_layers))
         return head3, {"release": "eagle3", "config": config, "layers": layers}

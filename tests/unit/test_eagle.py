@@ -4,6 +4,8 @@ vocabulary; a drafter that misreports q fails the same test), and the refusals (
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -300,8 +302,9 @@ def test_a_speculators_eagle3_head_drafts_as_the_authors_head(tmp_path, ragged_p
     want, other = (first_draft3(tensors, hf, ragged_prompts[0], 4, flag) for flag in (before, not before))
     assert first_round(lm, drafter, ragged_prompts[0], 4) == want != other
     config = tmp_path / "speculators" / "config.json"
-    config.write_text(
-        config.read_text().replace('"speculators_model_type"', '"norm_output": true, "speculators_model_type"')
-    )
-    with pytest.raises(ConfigError, match="norm_output=True"):
-        dk.build("drafter", "eagle3", weights=str(tmp_path / "speculators"), target=lm)
+    written = json.loads(config.read_text())
+    for edit, match in (({"norm_output": True}, "norm_output=True"), ({"transformer_layer_config": {
+            **written["transformer_layer_config"], "num_hidden_layers": 2}}, "2 decoder layers")):  # fmt: skip
+        config.write_text(json.dumps(written | edit))
+        with pytest.raises(ConfigError, match=match):
+            dk.build("drafter", "eagle3", weights=str(tmp_path / "speculators"), target=lm)
