@@ -79,7 +79,8 @@ class EagleDrafter(SamplesLikeTheTarget):
 
     Args:
         weights: a head file (:meth:`EagleHead.save`; an EAGLE-1 or an EAGLE-3 head, the file says which), or a
-            released EAGLE-1/2 head's directory (:mod:`decodekit.drafters.eagle_release`); None = the head shipped
+            released head's directory (EAGLE-1/2, EAGLE-3, vLLM ``speculators`` EAGLE-3:
+            :mod:`decodekit.drafters.eagle_release`); None = the head shipped
             for the zoo target ``smollm2-135m-instruct``. A head trained for another target is refused when the
             call starts (before any forward: :meth:`check_model`).
         temperature: the drafter's sampling temperature; None = the call's (which maximises acceptance).
@@ -157,8 +158,10 @@ class EagleDrafter(SamplesLikeTheTarget):
             if self.metadata.get("release") == "eagle3":  # its own output layer; the layers it reads
                 self.trimmed = OwnLogits(self.head, target.vocab_size)
                 self.hidden_layers, self.needs = tuple(self.metadata["layers"]), frozenset()
+                self.dtype = self.head.fuse.weight.dtype  # type: ignore[union-attr]
             else:
                 self.trimmed = TrimmedHead(target, self.head.vocab)  # type: ignore[union-attr]
+                self.dtype = self.head.fc.weight.dtype  # type: ignore[union-attr]
         self.target = target
 
     def features(self, last: torch.Tensor | None, layers: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -166,7 +169,7 @@ class EagleDrafter(SamplesLikeTheTarget):
         hidden states ``last`` (EAGLE-1; ``layers``, the outputs of ``hidden_layers``, are for EAGLE-3)."""
         if self.hidden_layers:
             taps = torch.cat([layers[i] for i in self.hidden_layers], -1)
-            return self.head.fuse(taps.to(self.head.fc.weight.dtype))  # type: ignore[misc,union-attr]
+            return self.head.fuse(taps.to(self.dtype))  # type: ignore[misc,union-attr]
         assert last is not None, "the target's forward returned no final hidden states (needs 'hidden')"
         return last
 
@@ -182,7 +185,7 @@ class EagleDrafter(SamplesLikeTheTarget):
         returns ``g [B, H]`` at each row's last one."""
         kv_len = self.cache.stage(tokens.shape[1])
         mask, positions = chain_mask(self.cache.lengths, tokens.shape[1], kv_len)
-        g = self.head(self.target.embed(tokens), feats.to(self.head.fc.weight.dtype), positions, mask, self.cache)  # type: ignore[misc,union-attr]
+        g = self.head(self.target.embed(tokens), feats.to(self.dtype), positions, mask, self.cache)  # type: ignore[misc,union-attr]
         self.cache.keep(counts, host_counts=host)
         return g.gather(1, (counts - 1).clamp(min=0)[:, None, None].expand(-1, 1, g.shape[-1]))[:, 0]
 

@@ -9,9 +9,9 @@ target id ``d + d2t[d]``).
 ``LlamaDecoderLayeremb``): the attention input is ``[input_layernorm(embed(x_{t+1})) ; hidden_norm(u_t)]`` (``2H``
 wide), the residual is ``u_t`` itself, then the post-attention norm and the MLP; the draft logits are
 ``lm_head(norm(g))``, and at draft positions the head reads its own (un-normed) output ``g``. ``u_t`` fuses the
-target's hidden states entering layers ``2, L // 2, L - 3`` (decodekit's ``hidden_layers`` of the same numbers: the
-output of layer ``i`` is the input of layer ``i + 1``). ``tests/unit/test_eagle.py`` checks the first round's draft
-against a port of that module and greedy output against plain decoding.
+target's hidden states entering layers ``2, L // 2, L - 3`` (:func:`default_layers`, as decodekit's
+``hidden_layers``: the output of layer ``i`` is the input of layer ``i + 1``). ``tests/unit/test_eagle.py`` checks
+the first round's draft against a port of that module and greedy output against plain decoding.
 """
 
 from __future__ import annotations
@@ -71,10 +71,12 @@ def speculators_eagle3(config: dict[str, Any], tensors: dict[str, torch.Tensor])
     return merged, renamed, config.get("eagle_aux_hidden_state_layer_ids")
 
 
-def capture_layers(num_layers: int) -> tuple[int, ...]:
-    """The target layers an EAGLE-3 release reads, as ``hidden_layers``: those whose input the authors' target
-    keeps (``2, L // 2, L - 3``)."""
-    return (2, num_layers // 2, num_layers - 3)
+def default_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's three taps for an ``num_layers``-layer target: the outputs of layers 2, ``num_layers // 2`` and
+    ``num_layers - 3`` (1-based; for SmolLM2's 30 layers: 2, 15, 27), the layers its reference code reads. Below 8
+    layers some coincide or fall out of order (4 layers: 2, 2, 1); the recipe keeps the distinct ones, sorted."""
+    low, mid, high = 2, num_layers // 2, num_layers - 3
+    return (min(low, num_layers), max(min(mid, num_layers), 1), max(high, 1))
 
 
 class Eagle3ReleaseHead(nn.Module):
@@ -96,7 +98,6 @@ class Eagle3ReleaseHead(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or h // heads
         eps = config.rms_norm_eps
         self.fuse = nn.Linear(taps_width, h, bias=False)
-        self.fc = self.fuse  # the drafter reads the head's dtype from ``fc``
         self.hidden_norm, self.input_norm = LlamaRMSNorm(h, eps=eps), LlamaRMSNorm(h, eps=eps)
         self.post_norm, self.norm = LlamaRMSNorm(h, eps=eps), LlamaRMSNorm(h, eps=eps)
         self.q_proj = nn.Linear(2 * h, heads * self.head_dim, bias=False)

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from decodekit.drafters.eagle3_release import build_release3, capture_layers, speculators_eagle3
+from decodekit.drafters.eagle3_release import build_release3, default_layers, speculators_eagle3
 from decodekit.drafters.eagle_head import EagleHead
-from decodekit.drafters.head_files import read_state
+from decodekit.drafters.head_files import load_tensors, read_state
 from decodekit.drafters.lean_layer import lean_layer
 from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import match_kernels
@@ -74,16 +74,13 @@ def load_release(
     if any(k.startswith("midlayer.") for k in tensors) or "d2t" in tensors:  # EAGLE-3's layout
         head3 = build_release3(root, config, tensors, target, len(layers) if layers else 3)
         head3 = head3.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
-        layers = list(layers or capture_layers(target.num_layers))
+        layers = list(layers or default_layers(target.num_layers))
         return head3, {"release": "eagle3", "config": config, "layers": layers}
-    sizes = {k: config.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads")}
-    theirs = {k: getattr(hf_config, k, None) for k in sizes}
-    if sizes["hidden_size"] != theirs["hidden_size"] or (config.get("vocab_size") or target.vocab_size) != (
-        target.vocab_size
-    ):
+    hidden, vocab = config.get("hidden_size"), config.get("vocab_size") or target.vocab_size
+    if hidden != hf_config.hidden_size or vocab != target.vocab_size:
         raise ConfigError(
-            f"the EAGLE head at {root} was released for another target: hidden size {sizes['hidden_size']}, "
-            f"vocabulary {config.get('vocab_size')}; the target has hidden size {theirs['hidden_size']}, vocabulary "
+            f"the EAGLE head at {root} was released for another target: hidden size {hidden}, vocabulary "
+            f"{config.get('vocab_size')}; the target has hidden size {hf_config.hidden_size}, vocabulary "
             f"{target.vocab_size}; {HINT}"
         )
     head = EagleHead(_head_config(hf_config, config))
@@ -99,17 +96,7 @@ def load_release(
     ):
         state["decoder.layers.0.self_attn.o_proj.bias"] = torch.zeros(head.fc.out_features)  # qkv_bias: none on o
     state = {k: v for k, v in state.items() if v is not None} | {"vocab": head.vocab}
-    expected = {k: v for k, v in head.state_dict().items() if "embed_tokens" not in k}
-    problems = [f"{k.removeprefix('decoder.')!r} is missing" for k in expected if k not in state]
-    problems += [
-        f"{k.removeprefix('decoder.')!r} has shape {list(state[k].shape)}, this target's head needs {list(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    problems += [f"{k.removeprefix('decoder.')!r} is not part of an EAGLE-1 head" for k in state if k not in expected]
-    if problems:
-        raise ConfigError(f"{root} does not fit {WHAT} for this target: {'; '.join(problems[:4])}; {HINT}")
-    head.load_state_dict(state, strict=False)
+    load_tensors(head, state, root, WHAT, "", skip="embed_tokens", advice=HINT)
     head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
     head = match_kernels(head, target, bf16=bf16)
     head.lean = lean_layer(head.decoder) if lean else None

@@ -111,12 +111,19 @@ def read_head(
 
 
 def load_tensors(
-    module: nn.Module, tensors: dict[str, torch.Tensor], path: str | Path, what: str, retrain: str, skip: str = ""
+    module: nn.Module,
+    tensors: dict[str, torch.Tensor],
+    path: str | Path,
+    what: str,
+    retrain: str,
+    skip: str = "",
+    advice: str | None = None,
 ) -> None:
     """Load a head file's ``tensors`` into ``module`` (built for the target), or refuse with a
     :class:`ConfigError` naming the file and each tensor that is missing, unexpected or of another shape (the shape
     the head for this target expects and the file's): never torch's ``load_state_dict`` error from deep inside.
-    Keys containing ``skip`` (when given) may be absent from the file."""
+    Keys containing ``skip`` (when given) may be absent from the file. ``advice`` replaces the message's closing
+    advice (to retrain with ``retrain``): a released head is not retrained here."""
     expected = module.state_dict()
     wrong = [
         f"{k!r} has shape {list(tensors[k].shape)} in the file, expected {list(v.shape)}"
@@ -128,9 +135,10 @@ def load_tensors(
     if wrong or missing or unexpected:
         problems = wrong + [f"{k!r} is missing" for k in missing] + [f"{k!r} is not part of it" for k in unexpected]
         shown = "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
+        advice = advice or f"train one for this target with {retrain} base=<it>"
         raise ConfigError(
             f"{path} does not fit {what} for this target: tensor {shown}. The file is damaged or was written for "
-            f"another model; train one for this target with {retrain} base=<it>"
+            f"another model; {advice}"
         )
     module.load_state_dict(tensors, strict=False)
 

@@ -160,11 +160,12 @@ def train(
     """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/eagle3.yaml`` for what each argument does."""
     check_arguments(locals())  # every override, before the model or the data
+    from decodekit.drafters.eagle3_release import default_layers
     from decodekit.drafters.eagle_head import EagleHead, read_init
     from decodekit.train.eagle_vocab import pick_vocab
     from decodekit.train.feature_data import by_length
     from decodekit.train.feature_heads import device_settings, finish_run, fit, start_run
-    from decodekit.train.layer_features import cached_layer_states, default_layers, final_and_layer_states
+    from decodekit.train.layer_features import cached_layer_states, final_and_layer_states
 
     dev, online = device_settings(device, online, time_budget_s)
     check_int("draft_len", draft_len, low=1)

@@ -12,14 +12,6 @@ from typing import Any
 import torch
 
 
-def default_layers(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's three taps for an ``num_layers``-layer target: the outputs of layers 2, ``num_layers // 2`` and
-    ``num_layers - 3`` (1-based; for SmolLM2's 30 layers: 2, 15, 27), the layers its reference code reads. Below 8
-    layers some coincide or fall out of order (4 layers: 2, 2, 1); the recipe keeps the distinct ones, sorted."""
-    low, mid, high = 2, num_layers // 2, num_layers - 3
-    return (min(low, num_layers), max(min(mid, num_layers), 1), max(high, 1))
-
-
 @torch.no_grad()
 def layer_states(target: Any, tokens: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
     """``[B, L, len(layers) * H]``: the outputs of ``layers`` (1-based, ascending) at every position of the

@@ -13,6 +13,7 @@ from decodekit.cache import KVCache
 from decodekit.drafters import FallbackDrafter, LookupEagle3Drafter, NGramDrafter
 from decodekit.drafters.eagle import EagleDrafter, EagleHead
 from decodekit.drafters.eagle3 import Eagle3Drafter
+from decodekit.drafters.eagle3_release import default_layers
 from decodekit.drafters.head_files import head_metadata
 from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import PackedLinear
@@ -21,7 +22,7 @@ from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.train.eagle3 import fit_fuse, lead_with, ttt_loss, ttt_mask, ttt_unroll
 from decodekit.train.feature_data import target_features
-from decodekit.train.layer_features import default_layers, final_and_layer_states, layer_states
+from decodekit.train.layer_features import final_and_layer_states, layer_states
 from decodekit.verifiers import RejectionVerifier
 from tests.conftest import assert_greedy_twice
 from tests.unit.test_eagle import sequences
