@@ -57,7 +57,9 @@ def ttt_unroll(head: Any, embed: Any, tokens: torch.Tensor, feat: torch.Tensor, 
     anchors = torch.arange(n, device=tokens.device)[None].expand(batch, -1)
     cache, outs = DynamicCache(), []
     for j in range(steps):
-        feat = head(embed(tokens[:, j + 1 : j + 1 + n]), feat, anchors + j, ttt_mask(n, j, tokens.device), cache)
+        with torch.no_grad():  # the target's embedding is frozen: no gradient into its [V, H] table
+            emb = embed(tokens[:, j + 1 : j + 1 + n])
+        feat = head(emb, feat, anchors + j, ttt_mask(n, j, tokens.device), cache)
         outs.append(feat)
     return outs
 

@@ -19,7 +19,7 @@ from decodekit.models.disk_cache import MANIFEST
 pytestmark = pytest.mark.slow
 
 NAME = "smollm2-135m-instruct"
-MAX_NEW = 24
+MAX_NEW = 16
 QUESTIONS = [
     "What is the capital of France?",
     "Write a Python function that returns the n-th Fibonacci number.",
