@@ -5,7 +5,7 @@
 >>> out = dk.generate(model, [[1, 2, 3]], drafter=dk.drafters.NGramDrafter())   # doctest: +SKIP
 """
 
-from decodekit import diagnostics, dlm, drafters, policies, registry, verifiers
+from decodekit import diagnostics, dlm, drafters, policies, registry, train, verifiers
 from decodekit.cache import KVCache
 from decodekit.diagnostics import Divergence, first_divergence, first_divergences
 from decodekit.errors import (
@@ -99,5 +99,6 @@ __all__ = [
     "policies",
     "register",
     "registry",
+    "train",
     "verifiers",
 ]

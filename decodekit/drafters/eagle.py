@@ -41,7 +41,7 @@ from decodekit.cache import KVCache
 from decodekit.checks import check_bool, check_choice, check_float, check_int
 from decodekit.draft import Draft, DraftKind
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
-from decodekit.drafters.eagle3_release import OwnLogits
+from decodekit.drafters.eagle3_release import Eagle3ReleaseHead, OwnLogits
 from decodekit.drafters.eagle_head import DEFAULT_WEIGHTS, RETRAIN, EagleHead, default_weights, load_head
 from decodekit.drafters.eagle_release import is_release, load_release
 from decodekit.drafters.head_files import TrimmedHead, read_metadata
@@ -155,10 +155,10 @@ class EagleDrafter(SamplesLikeTheTarget):
             load = load_release if self.release else load_head
             self.head, self.metadata = load(self.weights, target, lean=self.lean, bf16=self.bf16)
             self._for = id(target)
-            if self.metadata.get("release") == "eagle3":  # its own output layer; the layers it reads
+            if isinstance(self.head, Eagle3ReleaseHead):  # EAGLE-3's own output layer; the layers it reads
                 self.trimmed = OwnLogits(self.head, target.vocab_size)
                 self.hidden_layers, self.needs = tuple(self.metadata["layers"]), frozenset()
-                self.dtype = self.head.fuse.weight.dtype  # type: ignore[union-attr]
+                self.dtype = self.head.hidden_norm.weight.dtype  # its norms' (packed linears take any input)
             else:
                 self.trimmed = TrimmedHead(target, self.head.vocab)  # type: ignore[union-attr]
                 self.dtype = self.head.fc.weight.dtype  # type: ignore[union-attr]

@@ -10,11 +10,13 @@ Training (:mod:`decodekit.train.eagle3`) is EAGLE-3's: no feature regression, on
 target's distribution, and the head is unrolled over ``ttt_steps`` draft steps in training, each step fed the
 previous step's outputs and attending to the true context plus its own earlier steps, exactly as it drafts.
 
-Faithfulness: EAGLE-3's inputs (three fused layers), loss (token-level only) and training-time test. Differences:
-the head keeps EAGLE-1's input, ``fc([embed ; feature])`` into one decoder layer of the target's architecture
-(EAGLE-3 widens the layer's attention input to ``[norm(embed) ; norm(feature)]`` instead); the draft step's
-positions in training are the ones it drafts at (``t + j`` for step ``j``); the draft vocabulary reuses the target's
-output rows for the trimmed ids (EAGLE-3 trains its own draft ``lm_head``). Drafting, trees and losslessness are
+Faithfulness: EAGLE-3's inputs (three fused layers), loss (token-level only) and training-time test; the draft
+step's positions in training are the ones it drafts at (``t + j`` for step ``j``). Heads of the recipe's default
+``architecture=eagle3`` are EAGLE-3's own module (:class:`~decodekit.drafters.eagle3_release.Eagle3ReleaseHead`:
+the attention input ``[norm(embed) ; norm(feature)]``, its own draft ``lm_head``), exportable to the authors' and
+vLLM's layouts (:mod:`decodekit.train.export`). The head shipped for the zoo target is of the older ``fc``
+architecture: EAGLE-1's input, ``fc([embed ; feature])`` into one decoder layer of the target's architecture, and
+the target's output rows for the trimmed ids; its file is still read. Drafting, trees and losslessness are
 :class:`~decodekit.drafters.eagle.EagleDrafter`'s: this class only points at the EAGLE-3 head shipped for the zoo
 target. A head released by the EAGLE authors (``weights=`` its directory) runs in its own architecture
 (:mod:`decodekit.drafters.eagle3_release`).

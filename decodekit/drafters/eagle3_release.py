@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decodekit.cache import KVCache
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
 
@@ -113,23 +112,35 @@ class Eagle3ReleaseHead(nn.Module):
         self.lean = None
 
     def forward(
-        self, embeds: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: KVCache
+        self,
+        embeds: torch.Tensor,
+        feats: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        cache: Any = None,
     ) -> torch.Tensor:
         """``embeds [B, N, H]`` (of ``x_{t+1}``), ``feats [B, N, H]`` (``u_t`` or the head's own output) ->
-        ``g [B, N, H]``, attending to ``cache`` (layer 0) under ``mask [B, 1, N, S]`` at ``positions [B, N]``."""
+        ``g [B, N, H]``, attending to ``cache`` (a :class:`~decodekit.cache.KVCache` or transformers cache, layer
+        0) under ``mask [B, 1, N, S]`` at ``positions [B, N]``; without a cache, causal attention over the ``N``
+        positions ``0 ..`` (training), as :class:`~decodekit.drafters.eagle_head.EagleHead` does."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         batch, num, _ = embeds.shape
+        if positions is None:
+            positions = torch.arange(num, device=embeds.device)[None].expand(batch, -1)
         normed = self.hidden_norm(feats)
         x = torch.cat([self.input_norm(embeds), normed], -1)
         q, k, v = (p(x).view(batch, num, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj,
                                                                                        self.v_proj))  # fmt: skip
         cos, sin = self.rotary(x, positions)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys, values = cache.update(k, v, 0)
+        keys, values = (k, v) if cache is None else cache.update(k, v, 0)
         group = q.shape[1] // keys.shape[1]
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.head_dim**-0.5)
+        causal = cache is None and mask is None
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=causal, scale=self.head_dim**-0.5
+        )
         residual = normed if self.norm_before_residual else feats
         h = residual + self.o_proj(out.transpose(1, 2).reshape(batch, num, -1))
         y = self.post_norm(h)
@@ -138,6 +149,47 @@ class Eagle3ReleaseHead(nn.Module):
     def scores(self, g: torch.Tensor) -> torch.Tensor:
         """``g [..., H]`` -> ``[..., V_d]`` float32: the head's own output layer on ``norm(g)``."""
         return self.lm_head(self.norm(g)).float()
+
+    @torch.no_grad()
+    def init_from(self, target: LanguageModel) -> None:
+        """Start from the target (training): the layer is its last decoder layer reading the feature half of the
+        attention input (``hidden_norm`` its input norm; the embedding half small noise), the final norm its
+        final norm, ``lm_head`` its output rows for :attr:`vocab`. A target whose layer is not Llama-shaped (other
+        sizes or norms) keeps the random start for what does not fit."""
+        state = target.layers[-1].state_dict() if getattr(target, "layers", None) is not None else {}  # type: ignore[attr-defined]
+        for name in ("q_proj", "k_proj", "v_proj"):
+            w = state.get(f"self_attn.{name}.weight")
+            proj = getattr(self, name)
+            proj.weight.normal_(0, 0.02)
+            if w is not None and w.shape == proj.weight[:, w.shape[1] :].shape:
+                proj.weight[:, w.shape[1] :] = w
+        pairs = {"self_attn.o_proj.weight": self.o_proj, "mlp.gate_proj.weight": self.gate_proj,
+                 "mlp.up_proj.weight": self.up_proj, "mlp.down_proj.weight": self.down_proj,
+                 "input_layernorm.weight": self.hidden_norm,
+                 "post_attention_layernorm.weight": self.post_norm}  # fmt: skip
+        for key, module in pairs.items():
+            if key in state and state[key].shape == module.weight.shape:
+                module.weight.copy_(state[key])
+        norm = getattr(target, "_norm", None)
+        if norm is not None and norm.weight.shape == self.norm.weight.shape:
+            self.norm.weight.copy_(norm.weight)
+        self.lm_head.weight.copy_(target.lm_head.weight[self.vocab.to(target.lm_head.weight.device)])  # type: ignore[attr-defined]
+
+    def save(self, path: Any, metadata: dict[str, Any]) -> None:
+        """Write the weights (float16) and ``metadata`` as a decodekit head file
+        (:func:`~decodekit.drafters.head_files.save_head`)."""
+        from decodekit.drafters.head_files import save_head
+
+        save_head(self, path, metadata)
+
+    @torch.no_grad()
+    def keep_vocab(self, vocab: torch.Tensor) -> None:
+        """Keep the output rows of the token ids ``vocab [V']`` (each one of :attr:`vocab`, in that order)."""
+        index = {int(t): i for i, t in enumerate(self.vocab.tolist())}
+        rows = torch.tensor([index[int(t)] for t in vocab.tolist()], device=self.lm_head.weight.device)
+        self.lm_head.weight = nn.Parameter(self.lm_head.weight[rows].clone())
+        self.lm_head.out_features = len(rows)
+        self.vocab = vocab.to(self.vocab.device).clone()
 
 
 class OwnLogits:
@@ -150,6 +202,38 @@ class OwnLogits:
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         full = torch.full((*g.shape[:-1], self.vocab_size), float("-inf"), device=g.device)
         return full.index_copy_(full.dim() - 1, self.head.vocab, self.head.scores(g))
+
+
+def head_config(target_config: Any, draft_vocab: int | None = None) -> dict[str, Any]:
+    """The ``config.json`` of an EAGLE-3 head, in its authors' keys, for a target with the transformers config
+    ``target_config``: the target's sizes, norm epsilon and RoPE, one layer, ``draft_vocab`` output rows (None:
+    no ``draft_vocab_size`` key, the head's ``lm_head`` says)."""
+    heads = int(target_config.num_attention_heads)
+    rope = dict(getattr(target_config, "rope_parameters", None) or {})
+    theta = rope.pop("rope_theta", getattr(target_config, "rope_theta", 10000.0))
+    rope_type = rope.pop("rope_type", "default")
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
+        "hidden_size": int(target_config.hidden_size), "intermediate_size": int(target_config.intermediate_size),
+        "num_attention_heads": heads, "num_key_value_heads": int(target_config.num_key_value_heads or heads),
+        "head_dim": int(getattr(target_config, "head_dim", None) or target_config.hidden_size // heads),
+        "rms_norm_eps": float(getattr(target_config, "rms_norm_eps", 1e-6)), "rope_theta": float(theta),
+        "rope_scaling": None if rope_type == "default" else {"rope_type": rope_type, **rope},
+        "max_position_embeddings": int(target_config.max_position_embeddings), "num_hidden_layers": 1,
+        "vocab_size": int(target_config.vocab_size), "tie_word_embeddings": False,
+    } | ({} if draft_vocab is None else {"draft_vocab_size": int(draft_vocab)})  # fmt: skip
+
+
+def llama_config(config: dict[str, Any]) -> Any:
+    """The transformers ``LlamaConfig`` of a head's ``config.json`` (the authors' keys: ``rope_theta`` and
+    ``rope_scaling`` become transformers 5's ``rope_parameters``)."""
+    from transformers import LlamaConfig
+
+    settings = {k: v for k, v in config.items() if k not in DROPPED}
+    scaling = dict(config.get("rope_scaling") or {})
+    rope_type = scaling.pop("rope_type", scaling.pop("type", "default"))
+    return LlamaConfig(**settings, rope_parameters={**scaling, "rope_type": rope_type,
+                                                    "rope_theta": config.get("rope_theta", 10000.0)})  # fmt: skip
 
 
 def build_release3(
@@ -171,15 +255,10 @@ def build_release3(
         if tensors["lm_head.weight"].shape[0] != target.vocab_size:
             raise ConfigError(f"{root} lacks 'd2t', and its draft vocabulary is not the target's: not an EAGLE-3 head")
         tensors = {**tensors, "d2t": torch.zeros(target.vocab_size, dtype=torch.long)}
-    from transformers import LlamaConfig
-
-    settings = {k: v for k, v in config.items() if k not in DROPPED}
-    scaling = dict(config.get("rope_scaling") or {})  # transformers 5: rope_parameters, the theta inside
-    rope_type = scaling.pop("rope_type", scaling.pop("type", "default"))
-    cfg = LlamaConfig(**settings, rope_parameters={**scaling, "rope_type": rope_type,
-                                                   "rope_theta": config.get("rope_theta", 10000.0)})  # fmt: skip
     before = bool(config.get("norm_before_residual", False))
-    head = Eagle3ReleaseHead(cfg, int(tensors["lm_head.weight"].shape[0]), taps * target_hidden, before)
+    head = Eagle3ReleaseHead(
+        llama_config(config), int(tensors["lm_head.weight"].shape[0]), taps * target_hidden, before
+    )
     expected = head.state_dict()
     problems = [f"{src!r} is missing" for src in NAMES if src not in tensors]
     problems += [

@@ -23,6 +23,7 @@ from decodekit.resources import shipped_weights
 DEFAULT_WEIGHTS = "eagle_smollm2-135m-instruct.safetensors"  # the zoo target's head (docs/training.md)
 RETRAIN = "python -m decodekit train recipe=eagle (docs/training.md)"
 RETRAIN_EAGLE3 = "python -m decodekit train recipe=eagle3 (docs/training.md)"
+RELEASE = "eagle3"  # a head file's "architecture": EAGLE-3's own (Eagle3ReleaseHead), not EagleHead's fc input
 
 
 def default_weights() -> Path:
@@ -101,11 +102,29 @@ class EagleHead(nn.Module):
         save_head(self, path, metadata, skip="embed_tokens")
 
 
+def _load_release_head(
+    path: str | Path,
+    meta: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    target: LanguageModel,
+    bf16: bool | None,
+    retrain: str,
+) -> nn.Module:
+    """A head file of EAGLE-3's own architecture (``meta["head_config"]``: its ``config.json``) for ``target``."""
+    from decodekit.drafters.eagle3_release import Eagle3ReleaseHead, llama_config
+
+    hidden = int(meta["hidden_size"])
+    head = Eagle3ReleaseHead(llama_config(meta["head_config"]), len(tensors["vocab"]), len(meta["layers"]) * hidden)
+    load_tensors(head, tensors, path, "an EAGLE-3 head", retrain)
+    head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
+    return match_kernels(head, target, bf16=bf16)
+
+
 def read_init(path: str | Path, target: LanguageModel, retrain: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The metadata and tensors of the EAGLE(-3) head ``path`` a training run starts from, checked against
     ``target``; a file that is not an EAGLE head (no ``fc``) is a :class:`ConfigError` naming ``retrain``."""
     meta, tensors = read_head(path, target, "an EAGLE head", retrain)
-    if "fc.weight" not in tensors:
+    if "fc.weight" not in tensors and meta.get("architecture") != RELEASE:
         raise ConfigError(f"{path} is not an EAGLE head file (no fc layer); start from one written by {retrain}")
     return meta, tensors
 
@@ -147,6 +166,8 @@ def load_head(
         retrain = RETRAIN_EAGLE3 if read_metadata(path).get("layers") else RETRAIN
     meta, tensors = read_head(path, target, "an EAGLE head", retrain)
     check_layers(path, meta, target, retrain)
+    if meta.get("architecture") == RELEASE:  # EAGLE-3's own layer and output rows (decodekit.drafters.eagle3_release)
+        return _load_release_head(path, meta, tensors, target, bf16, retrain), meta
     head = EagleHead(config, tensors["vocab"], taps=len(meta.get("layers", ())))
     load_tensors(head, tensors, path, "an EAGLE head", retrain, skip="embed_tokens")
     head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()

@@ -63,7 +63,7 @@ def load_release(
     if hf_config is None:
         raise ConfigError(f"the eagle drafter needs a transformers target (its config builds the head); got {target!r}")
     kind = config.get("speculators_model_type")
-    layers = None
+    layers = config.get("eagle_aux_hidden_state_layer_ids")  # vLLM's key (decodekit's exports write it); None: default
     if kind == "eagle3":  # vLLM speculators' EAGLE-3: the authors' head under other names
         config, tensors, layers = speculators_eagle3(config, tensors)
     elif kind is not None:
@@ -74,6 +74,7 @@ def load_release(
     if any(k.startswith("midlayer.") for k in tensors) or "d2t" in tensors:  # EAGLE-3's layout
         head3 = build_release3(root, config, tensors, target, len(layers) if layers else 3)
         head3 = head3.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
+        head3 = match_kernels(head3, target, bf16=bf16)  # the target's CPU kernels, as for decodekit's heads
         layers = list(layers or default_layers(target.num_layers))
         return head3, {"release": "eagle3", "config": config, "layers": layers}
     hidden, vocab = config.get("hidden_size"), config.get("vocab_size") or target.vocab_size

@@ -1,2 +1,17 @@
 """Training recipes run by ``python -m decodekit train recipe=<name>`` (``decodekit/recipes/train/<name>.yaml``
-names the training function in ``_target_``); see docs/training.md."""
+names the training function in ``_target_``); see docs/training.md. :func:`export_head` writes a trained EAGLE-3
+head in the layouts vLLM serves (:mod:`decodekit.train.export`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["export_head"]
+
+
+def __getattr__(name: str) -> Any:  # the recipes' modules load only when used
+    if name == "export_head":
+        from decodekit.train.export import export_head
+
+        return export_head
+    raise AttributeError(f"module 'decodekit.train' has no attribute {name!r}")

@@ -138,6 +138,7 @@ RULES: dict[str, Rule] = {
     "data_dir": _text(optional=True, what="a directory"),
     "init": _file,
     "init_vocab": _bool(),
+    "architecture": _choice("eagle3", "fc"),
     "name": _stem,
     "threads": _int(low=1, optional=True),
     "seed": _int(low=0),

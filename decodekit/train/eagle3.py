@@ -11,11 +11,19 @@ ahead of a committed position sees. Each step's loss is the soft cross-entropy t
 ``p + j + 1`` over the ``train_vocab`` most frequent tokens, weighted ``decay^j``; no feature regression. The
 tokens are the target's own (self-distilled), which is what an accepted draft prefix feeds.
 
-``init``: a head file to start from (its layer and ``fc``, and its ``fuse`` when it is an EAGLE-3 head of the same
-layers: training continues; ``init_vocab``: and its draft vocabulary, which then leads the training vocabulary, so
-that continuing on data of another mix, e.g. chat only, does not move the draft vocabulary to that mix);
-otherwise ``fuse`` starts as the least-squares map from the three layers' states to the final feature, so an
-EAGLE-1 head's layer reads what it was trained on from the first step.
+``architecture``: ``"eagle3"`` (the default) trains EAGLE-3's own head, the architecture its authors release
+(:class:`~decodekit.drafters.eagle3_release.Eagle3ReleaseHead`: the embedding and the feature normalised apart and
+concatenated into the layer's attention input, the feature as its residual, its own output layer over the draft
+vocabulary), started from the target's last layer, final norm and output rows; its file exports to the authors'
+and vLLM's layouts (:func:`decodekit.train.export.export_head`). ``"fc"``: the head shipped until now, EAGLE-1's
+input ``fc([embed ; feature])`` into a layer of the target's architecture, scoring with the target's output rows.
+
+``init``: a head file of the run's architecture to start from (its layer, its ``fc`` or own output rows, and its
+``fuse`` when it reads the same layers: training continues; ``init_vocab``: and its draft vocabulary, which then
+leads the training vocabulary, so that continuing on data of another mix, e.g. chat only, does not move the draft
+vocabulary to that mix; ``fc`` runs may start from an EAGLE-1 head); otherwise ``fuse`` starts as the least-squares
+map from the three layers' states to the final feature, so the layer reads what the target's last layer (or an
+EAGLE-1 head's) was trained on from the first step.
 
 ``device``: where the target and the head run (None: CUDA when there is one). On a GPU the states are computed per
 batch (``online``: one target forward a step, nothing cached; the data then needs only the sequences), on the CPU
@@ -81,6 +89,9 @@ def ttt_loss(
     [B]`` (a prediction counts when the token it predicts is a response token); ``w_d [V_d, H]``. Returns the
     loss (the ``decay^j``-weighted sum over the steps) and ``acc`` (step 0's top-1 agreement with the target over
     ``V_d``), ``acc1`` ... per later step, ``ce`` (step 0's cross-entropy)."""
+    from decodekit.drafters.eagle3_release import Eagle3ReleaseHead
+
+    own = isinstance(head, Eagle3ReleaseHead)  # its own output rows (in w_d's order), else the target's w_d
     n = tokens.shape[1] - 1  # anchors p = 0 .. L - 2
     with torch.no_grad():
         p_all = torch.nn.functional.pad(feats.float() @ w_d.T, (0, 0, 0, steps - 1)).softmax(-1)  # [B, L + s-1, V]
@@ -90,13 +101,56 @@ def ttt_loss(
     for j, g in enumerate(outs):
         t = anchors + j  # the position step j drafts from; it predicts the token at t + 2
         valid = (t + 1 < lengths[:, None]) & (t + 2 >= starts[:, None])
-        logq = (g @ w_d.T).log_softmax(-1)
+        logq = (head.scores(g) if own else g @ w_d.T).log_softmax(-1)
         p = p_all[:, j + 1 : j + 1 + n]
         ce = -(p * logq).sum(-1)[valid].mean()
         total = total + decay**j * ce
         stats[f"acc{j}" if j else "acc"] = float((logq.argmax(-1) == p.argmax(-1))[valid].float().mean())
         stats.setdefault("ce", float(ce.detach()))
     return total, stats
+
+
+def new_head(target: Any, vocab: torch.Tensor, taps: int, release: bool) -> Any:
+    """An untrained EAGLE-3 head for ``target`` over the training vocabulary ``vocab [V]``, reading ``taps``
+    layers: EAGLE-3's own architecture (``release``: the released heads' layer and output rows,
+    :class:`~decodekit.drafters.eagle3_release.Eagle3ReleaseHead`) or the ``fc`` head (EAGLE-1's input, the
+    target's output rows)."""
+    from decodekit.drafters.eagle3_release import Eagle3ReleaseHead, head_config, llama_config
+    from decodekit.drafters.eagle_head import EagleHead
+
+    config = target.hf.config
+    if not release:
+        return EagleHead(config, vocab, taps=taps)
+    head = Eagle3ReleaseHead(llama_config(head_config(config)), len(vocab), taps * int(config.hidden_size))
+    head.vocab = vocab.clone()
+    return head
+
+
+def release_metadata(target: Any) -> dict[str, Any]:
+    """A head file's fields for an EAGLE-3 head of the released architecture on ``target``, which the drafter and
+    :func:`~decodekit.train.export.export_head` read: ``architecture``, ``head_config`` (the head's
+    ``config.json`` without ``draft_vocab_size``) and the target's ``architectures``."""
+    from decodekit.drafters.eagle3_release import head_config
+    from decodekit.drafters.eagle_head import RELEASE
+
+    config = target.hf.config
+    return {"architecture": RELEASE, "head_config": head_config(config),
+            "target_architectures": list(getattr(config, "architectures", None) or [])}  # fmt: skip
+
+
+@torch.no_grad()
+def continue_from(head: Any, tensors: dict[str, torch.Tensor], keep_fuse: bool) -> None:
+    """Load an init head's ``tensors`` (of ``head``'s architecture) into ``head``, whose vocabulary is this run's:
+    ``fuse`` only with ``keep_fuse``; an own output layer's rows by token id (the tokens the init head lacks keep
+    their start)."""
+    skip = {"vocab", "lm_head.weight"} | (set() if keep_fuse else {"fuse.weight"})
+    head.load_state_dict({k: v.float() for k, v in tensors.items() if k not in skip}, strict=False)
+    if "lm_head.weight" in tensors:
+        theirs = {int(t): i for i, t in enumerate(tensors["vocab"].tolist())}
+        pairs = [(i, theirs[t]) for i, t in enumerate(head.vocab.tolist()) if t in theirs]
+        if pairs:
+            mine, rows = torch.tensor(pairs).T
+            head.lm_head.weight[mine] = tensors["lm_head.weight"][rows].to(head.lm_head.weight.dtype)
 
 
 def lead_with(first: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
@@ -158,12 +212,13 @@ def train(
     threads: int | None = None,
     seed: int = 0,
     progress: bool = True,
+    architecture: str = "eagle3",
 ) -> dict[str, Any]:
     """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/eagle3.yaml`` for what each argument does."""
     check_arguments(locals())  # every override, before the model or the data
     from decodekit.drafters.eagle3_release import default_layers
-    from decodekit.drafters.eagle_head import EagleHead, read_init
+    from decodekit.drafters.eagle_head import RELEASE, read_init
     from decodekit.train.eagle_vocab import pick_vocab
     from decodekit.train.feature_data import by_length
     from decodekit.train.feature_heads import device_settings, finish_run, fit, start_run
@@ -176,6 +231,7 @@ def train(
     if check_bool("init_vocab", init_vocab) and init is None:
         raise ConfigError("init_vocab=true keeps the init head's draft vocabulary: name the head with init=<file>")
     check_float("decay", decay, low=0, low_open=True)
+    release = architecture == RELEASE
     picked: tuple[int, ...] = ()
     start: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None  # the init head's metadata and tensors
 
@@ -186,9 +242,17 @@ def train(
             raise ConfigError(f"layers must be decoder layers 1 .. {target.num_layers} of the target; got {layers}")
         if init is not None:
             start = read_init(init, target, "python -m decodekit train recipe=eagle3")
+            theirs = start[0].get("architecture", "fc")
+            if theirs != architecture:
+                raise ConfigError(
+                    f"init={init} is a head of the {theirs!r} architecture and this run trains architecture="
+                    f"{architecture!r}: pass architecture={theirs} to continue it, or init=null to start from the "
+                    "target"
+                )
         return None if online else picked  # cached: the features' forward keeps these layers' states too
 
     recipe, out, target, data = start_run(locals(), check_target, device=dev, features=not online)
+    architecture_fields = release_metadata(target) if release else {}
     recipe["layers"] = list(picked)
     if init_vocab:  # the init head's draft vocabulary leads the training vocabulary, so a size-of-it pick keeps it
         data.vocab = lead_with(start[1]["vocab"], data.vocab)
@@ -205,14 +269,13 @@ def train(
                          lambda t, x: final_and_layer_states(t, x, picked), target, "target states", False)  # fmt: skip
 
     w_d = target.lm_head.weight[data.vocab.to(dev)].detach()
-    head = EagleHead(target.hf.config, data.vocab, taps=len(picked))
+    head = new_head(target, data.vocab, len(picked), release)
     head.init_from(target)
     fuse_error, kept_fuse = None, False  # an EAGLE-3 init of the same layers continues with its own fuse
     if start is not None:  # start from a trained head (its layer and fc; the vocabulary is this run's)
         meta, tensors = start
         kept_fuse = meta.get("layers") == list(picked) and "fuse.weight" in tensors
-        skip = ("vocab",) if kept_fuse else ("vocab", "fuse.weight")
-        head.load_state_dict({k: v.float() for k, v in tensors.items() if k not in skip}, strict=False)
+        continue_from(head, tensors, kept_fuse)
     head = head.to(dev)
     if not kept_fuse:
         train_rows = (~data.held).nonzero()[:fuse_sequences, 0]
@@ -238,6 +301,6 @@ def train(
         trained, data, out, target, recipe,
         pick=lambda sizes: pick_vocab(trained, target, val, sizes, draft_len, val_taps),
         vocab_sizes=vocab_sizes, history=history, numbers=numbers, name="eagle3", title="EAGLE-3 head",
-        loss_label=f"CE over {ttt_steps} test-time steps", metadata={"layers": list(picked)},
-        layers=list(picked), fuse_fit_error=fuse_error,
+        loss_label=f"CE over {ttt_steps} test-time steps", metadata={"layers": list(picked), **architecture_fields},
+        keep=(lambda h, v: h.keep_vocab(v)) if release else None, layers=list(picked), fuse_fit_error=fuse_error,
     )  # fmt: skip

@@ -28,6 +28,18 @@ def median_ms(fn: Callable[[], Any], device: torch.device | str | None = None) -
     return 1000 * median_time(fn, repeats=30, device=device, budget_s=1.0, least=5)[1]
 
 
+def scorer(head: Any, target: Any, n: int) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """``(g [..., H], s) -> [..., s]``: the head's scores of the first ``s <= n`` tokens of its vocabulary (its own
+    output rows for an EAGLE-3 head of the released architecture, the target's rows otherwise)."""
+    from decodekit.drafters.eagle3_release import Eagle3ReleaseHead
+
+    if isinstance(head, Eagle3ReleaseHead):
+        own = head.lm_head.weight[:n]
+        return lambda g, s: head.norm(g) @ own[:s].T
+    rows = target.lm_head.weight[head.vocab[:n]]
+    return lambda g, s: g @ rows[:s].T
+
+
 @torch.no_grad()
 def agreement(
     head: Any, target: Any, val: Any, sizes: Sequence[int], taps: torch.Tensor | None = None
@@ -37,7 +49,7 @@ def agreement(
     ``head.fuse(taps)`` (EAGLE-3)."""
     hits = dict.fromkeys(sizes, 0)
     total = 0
-    w = target.lm_head.weight[head.vocab[: max(sizes)]]
+    score = scorer(head, target, max(sizes))
     for i in range(0, len(val.lengths), 8):
         rows = torch.arange(i, min(i + 8, len(val.lengths)))
         tokens, feats, lengths, starts = val.batch(rows, target.device)
@@ -47,7 +59,7 @@ def agreement(
         t = torch.arange(tokens.shape[1] - 1, device=target.device)[None]
         valid = (t + 1 < lengths[:, None]) & (t + 2 >= starts[:, None])
         want = target.head(f_out[valid]).argmax(-1)
-        scores = g[valid] @ w.T
+        scores = score(g[valid], max(sizes))
         for s in sizes:
             hits[s] += int((head.vocab[scores[:, :s].argmax(-1)] == want).sum())
         total += int(valid.sum())
@@ -75,20 +87,20 @@ def step_ms(head: Any, target: Any, sizes: Sequence[int], context: int = 256) ->
     then the scores over the ``s`` rows and their argmax."""
     from decodekit.cache import KVCache
 
-    hidden, dev = head.fc.out_features, target.device
+    hidden, dev = int(target.hf.config.hidden_size), target.device
     cache = KVCache(1, context + 2, device=dev)
     x = torch.randint(0, target.vocab_size, (1, context), device=dev)
     kv = cache.stage(context)
     mask, pos = chain_mask(cache.lengths, context, kv)
     head(target.embed(x), torch.randn(1, context, hidden, device=dev), pos, mask, cache)
     cache.keep(torch.tensor([context], device=dev), host_counts=context)
-    w = target.lm_head.weight[head.vocab[: max(sizes)]]
+    score = scorer(head, target, max(sizes))
 
     def head_step(s: int) -> None:
         kv = cache.stage(1)
         mask, pos = chain_mask(cache.lengths, 1, kv)
         g = head(target.embed(x[:, :1]), torch.randn(1, 1, hidden, device=dev), pos, mask, cache)
-        (g[:, 0] @ w[:s].T).argmax(-1)
+        score(g[:, 0], s).argmax(-1)
 
     return {s: median_ms(lambda s=s: head_step(s), dev) for s in sizes}
 

@@ -216,12 +216,14 @@ def finish_run(
     title: str,
     loss_label: str,
     metadata: dict[str, Any] | None = None,
+    keep: Callable[[torch.nn.Module, torch.Tensor], None] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """What a feature head's ``train`` does last: ``pick(sizes)`` the draft vocabulary among ``vocab_sizes`` (those
     within the training vocabulary), trim the head to it, write ``history.json``, ``summary.json``, ``loss.png``
     and ``<name>_<base>.safetensors`` (``base`` as :func:`~decodekit.train.arguments.file_stem` names it; the
-    recipe, the summary and ``metadata``, fields the drafter reads, in its metadata). Returns the summary."""
+    recipe, the summary and ``metadata``, fields the drafter reads, in its metadata; ``keep(head, vocab)`` trims a
+    head with its own output rows, None: the head's ``vocab`` is set). Returns the summary."""
     from decodekit.drafters.head_files import head_metadata
     from decodekit.train.arguments import file_stem
 
@@ -229,7 +231,10 @@ def finish_run(
     sizes = sorted({s for s in vocab_sizes if s <= len(data.vocab)} or {len(data.vocab)})
     choice = pick(sizes)
     head = head.cpu()
-    head.vocab = data.vocab[: choice["picked"]].clone()
+    if keep is None:
+        head.vocab = data.vocab[: choice["picked"]].clone()
+    else:
+        keep(head, data.vocab[: choice["picked"]])
     summary = {**data.summary(), **numbers, "vocab": choice, "base": base, **extra}
     (out / "history.json").write_text(json.dumps(history))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

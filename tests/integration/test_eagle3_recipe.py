@@ -1,5 +1,6 @@
 """The EAGLE-3 recipe on SmolLM2 cut to 8 layers (``smollm2_cut``; a smoke run: files, the layers in the head file,
-resume) and the shipped head on the full SmolLM2 (greedy output equal to plain decoding, with drafts accepted)."""
+an export read back, resume) and the shipped head on the full SmolLM2 (greedy output equal to plain decoding, with
+drafts accepted)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import torch
 
 import decodekit as dk
 from decodekit.drafters.eagle3 import DEFAULT_WEIGHTS, Eagle3Drafter
+from decodekit.drafters.eagle3_release import Eagle3ReleaseHead
 from decodekit.errors import ConfigError
 from decodekit.resources import shipped_weights
 from decodekit.train.eagle3 import train
+from decodekit.train.export import export_head
 from tests.conftest import CUT
 from tests.integration.head_prompts import HEAD_NEW, head_prompts
 from tests.integration.test_eagle_recipe import ONE_VOCAB, SMALL
@@ -37,6 +40,9 @@ def test_smoke_run_writes_a_head_that_names_its_layers_and_resumes(smoke_run, sm
         assert (tmp_path / name).is_file()
     drafter = Eagle3Drafter(path, target=smollm2_cut)
     assert drafter.hidden_layers == (2, 4, 5) and len(drafter.head.vocab) == summary["vocab"]["picked"]
+    assert isinstance(drafter.head, Eagle3ReleaseHead)  # the default architecture: EAGLE-3's own, exportable
+    exported = Eagle3Drafter(str(export_head(path, tmp_path / "speculators")), target=smollm2_cut)
+    assert exported.hidden_layers == (2, 4, 5) and torch.equal(exported.head.vocab, drafter.head.vocab.sort().values)
     resumed = train(tmp_path, base=smollm2_cut, epochs=3, resume=True, **ONE_VOCAB)  # cached states, last checkpoint
     assert resumed["steps"] == summary["steps"] * 3 // 2
 
@@ -83,9 +89,11 @@ def test_a_continued_head_keeps_its_draft_vocabulary_on_other_data(smoke_run, tm
     assert torch.equal(head.vocab, kept)
 
 
-def test_layers_outside_the_target_are_refused_before_any_data(tmp_path):
+def test_layers_outside_the_target_and_an_init_of_another_architecture_are_refused_before_any_data(tmp_path):
     with pytest.raises(ConfigError, match="layers must be decoder layers 1 .. 30"):
         train(tmp_path, layers=[2, 31], **SMALL)
+    with pytest.raises(ConfigError, match="architecture='eagle3': pass architecture=fc"):
+        train(tmp_path, init=str(shipped_weights(DEFAULT_WEIGHTS)), **SMALL)  # the shipped head: fc
     assert not (tmp_path / "data").exists()
 
 

@@ -20,7 +20,7 @@ from decodekit.kernels.cpu import PackedLinear
 from decodekit.masks import chain_mask
 from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
-from decodekit.train.eagle3 import fit_fuse, lead_with, ttt_loss, ttt_mask, ttt_unroll
+from decodekit.train.eagle3 import fit_fuse, lead_with, new_head, ttt_loss, ttt_mask, ttt_unroll
 from decodekit.train.feature_data import target_features
 from decodekit.train.layer_features import final_and_layer_states, layer_states
 from decodekit.verifiers import RejectionVerifier
@@ -32,9 +32,12 @@ from tests.unit.test_lossless import assert_matches, sample_counts
 LAYERS = (1, 2)  # the tiny targets' two layers
 
 
-def fused_head(lm: dk.LanguageModel, seed: int = 0, vocab: torch.Tensor | None = None) -> EagleHead:
+def fused_head(
+    lm: dk.LanguageModel, seed: int = 0, vocab: torch.Tensor | None = None, release: bool = False
+) -> EagleHead:
+    """The recipe's start (``release``: EAGLE-3's own architecture) with a random ``fuse``."""
     torch.manual_seed(seed)
-    head = EagleHead(lm.hf.config, vocab, taps=len(LAYERS))
+    head = new_head(lm, torch.arange(lm.vocab_size) if vocab is None else vocab, len(LAYERS), release)
     head.init_from(lm)
     torch.nn.init.normal_(head.fuse.weight, std=0.05)
     return head
@@ -96,9 +99,10 @@ def drafted(head: EagleHead, lm: dk.LanguageModel, tokens: torch.Tensor, feat: t
     return torch.stack(outs)
 
 
-def test_training_unrolls_the_head_as_the_drafter_drafts():
+@pytest.mark.parametrize("release", [False, True], ids=["fc", "eagle3"])
+def test_training_unrolls_the_head_as_the_drafter_drafts(release):
     lm = dk.load_model(tiny_llama(0))
-    head = fused_head(lm).eval()
+    head = fused_head(lm, release=release).eval()
     tokens = torch.randint(0, lm.vocab_size, (1, 14), generator=torch.Generator().manual_seed(0))
     feat = head.fuse(layer_states(lm, tokens, LAYERS)[:, :-1])
     with torch.no_grad():
