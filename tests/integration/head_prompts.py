@@ -6,7 +6,7 @@ from typing import Any
 
 CODE = 'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same backwards."""\n'
 CHAT = "Hi! Can you explain what a Python list comprehension is?"
-HEAD_NEW = 32  # tokens each head test generates (every head's acceptance bound holds with margin at 32 and at 48)
+HEAD_NEW = 24  # tokens each head test generates (every head's acceptance bound holds with margin at 24, 32 and 48)
 
 
 def head_prompts(tokenizer: Any) -> list[list[int]]:

@@ -55,7 +55,7 @@ def test_shipped_head_is_greedy_decoding_and_beats_the_untrained_exit(smollm2, h
             }
         for name, draft in drafts.items():
             agree[name] += int((draft == torch.tensor(continuation)).sum())
-    assert agree["trained"] > agree["untrained"] + 5, agree  # measured 14 and 2 of the 64 new tokens
+    assert agree["trained"] > agree["untrained"] + 3, agree  # measured 9 and 2 of the 48 new tokens (14, 2 of 64)
 
 
 def test_an_exit_layer_past_the_target_is_refused_before_any_data_is_built(tmp_path):
