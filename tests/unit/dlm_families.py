@@ -323,12 +323,16 @@ def dream_forward(tensors: dict, config: dict, ids: torch.Tensor, causal: bool =
     return decoder_forward(tensors, DREAM_NAMES, dream_dims(config), ids, causal)
 
 
-def dream_generate(forward, prompt: list[int], gen_length: int, steps: int, alg: str, mask: int, eps: float = 1e-3):
-    """Dream's ``diffusion_generate`` at temperature 0 (``generation_utils.py``, ``_sample``; ``alg`` one of
-    ``maskgit_plus``, ``topk_margin``, ``entropy``, ``alg_temp`` None), one row: each step runs the whole canvas,
-    shifts the logits one slot right (slot 0 keeps its own), scores the masked slots' argmax proposals, and commits
-    the ``int(n (1 - s / t))`` most confident (all at the last step) on ``t = linspace(1, eps, steps + 1)``. Returns
-    the generated tokens and the forwards taken (steps that commit nothing included, as there)."""
+def dream_generate(
+    forward, prompt: list[int], gen_length: int, steps: int, alg: str, mask: int, eps: float = 1e-3, generator=None
+):
+    """Dream's ``diffusion_generate`` at temperature 0 (``generation_utils.py``, ``_sample``; ``alg_temp`` None),
+    one row: each step runs the whole canvas, shifts the logits one slot right (slot 0 keeps its own) and takes the
+    masked slots' argmax proposals. ``alg`` ``maskgit_plus``, ``topk_margin`` or ``entropy``: it commits the
+    ``int(n (1 - s / t))`` most confident (all at the last step) on ``t = linspace(1, eps, steps + 1)``;
+    ``"origin"``: each masked slot with probability ``1 - s / t`` (1 at the last step), by ``torch.rand(n) <
+    p_transfer`` drawn from ``generator`` (what ``torch.manual_seed`` makes the reference's global one). Returns the
+    generated tokens and the forwards taken (steps that commit nothing included, as there)."""
     x = torch.tensor([prompt + [mask] * gen_length])
     grid = torch.linspace(1, eps, steps + 1)
     for i in range(steps):
@@ -337,6 +341,13 @@ def dream_generate(forward, prompt: list[int], gen_length: int, steps: int, alg:
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         probs = torch.softmax(logits[masked], dim=-1)
         confidence, proposed = probs.max(dim=-1)
+        if alg == "origin":
+            p_transfer = 1 - grid[i + 1] / grid[i] if i < steps - 1 else 1
+            filled = torch.full_like(x[masked], mask)
+            transfer = torch.rand(*filled.shape, generator=generator) < p_transfer
+            filled[transfer] = proposed[transfer]
+            x[masked] = filled
+            continue
         if alg == "topk_margin":
             top = torch.sort(probs, dim=-1, descending=True).values
             confidence = top[:, 0] - top[:, 1]

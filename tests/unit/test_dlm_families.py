@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import decodekit as dk
+from decodekit.dlm.rules.dream import origin_plan
 from decodekit.errors import ConfigError, ModelNotFoundError, UnsupportedModelError
 from tests.unit.dlm_common import MASK
 from tests.unit.dlm_families import (
@@ -193,6 +194,40 @@ def test_dream_generates_the_references_tokens(dream, alg, gen, steps):
         assert out.sequences[0] == want and out.stats.nfe <= forwards
         llada_differs |= dk.dlm.generate(dlm, [prompt], **settings).sequences[0] != want
     assert llada_differs  # the comparison sees the schedule: LLaDA's rule commits other slots
+
+
+@pytest.mark.parametrize(("gen", "steps"), [(12, 12), (16, 6)])
+def test_dream_origin_draws_the_references_slots(dream, gen, steps):
+    """``alg="origin"`` (Dream's default: which slots commit drawn with ``torch.rand``), one block at temperature 0:
+    with ``seed=s`` the reference's tokens when its generator is seeded with ``s``, in at most its forwards (steps
+    that draw nothing are skipped); another seed commits other slots, so the comparison sees the draws. Two rows
+    in one batch draw, row by row, what the reference's flattened batch draws."""
+    _, tensors, dlm = dream
+    settings = dict(gen_length=gen, block_length=gen, steps=steps)
+    rule = dk.build("dlm_rule", "dream", alg="origin")
+    forward = lambda x: dream_forward(tensors, DREAM_CONFIG, x)  # noqa: E731
+    for seed, prompt in enumerate(ROWS):
+        g = torch.Generator().manual_seed(seed)
+        want, forwards = dream_generate(forward, prompt, gen, steps, "origin", 262, generator=g)
+        out = dk.dlm.generate(dlm, [prompt], rule=rule, seed=seed, **settings)
+        assert out.sequences[0] == want and out.stats.nfe <= forwards
+        assert dk.dlm.generate(dlm, [prompt], rule=rule, seed=seed + 100, **settings).sequences[0] != want
+    rows = dk.dlm.generate(dlm, ROWS[:2], rule=rule, seed=[4, 5], **settings)  # per-row seeds: a row as alone
+    assert [rows.sequences[i] for i in (0, 1)] == [
+        dk.dlm.generate(dlm, [ROWS[i]], rule=rule, seed=[4 + i], **settings).sequences[0] for i in (0, 1)
+    ]
+    planned = dk.dlm.generate(dlm, ROWS[:2], rule=rule, seed=[4, 5], cache=dk.build("dlm_cache", "dkv_greedy"),
+                              **settings)  # fmt: skip
+    assert all(262 not in s for s in planned.sequences)  # the plan it publishes feeds dKV-Cache-Greedy
+    plan = origin_plan(torch.ones(2, gen, dtype=torch.bool), steps, 1e-3, torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)
+    left, grid = torch.ones(2, gen, dtype=torch.bool), torch.linspace(1, 1e-3, steps + 1)
+    for i in range(steps - 1):  # the reference's draw over x[mask_index]: both rows' masked slots, row by row
+        hit = torch.zeros_like(left)
+        hit[left] = torch.rand(int(left.sum()), generator=g) < 1 - grid[i + 1] / grid[i]
+        assert torch.equal(plan == i, hit)
+        left &= ~hit
+    assert torch.equal(plan == steps - 1, left)
 
 
 # prompts around SDAR's blocks of 4 and Fast-dLLM v2's of 8: shorter than a block, a tail of 3 (7 % 4, 11 % 8), and
