@@ -1,6 +1,7 @@
 """The head recipes on a GPU (skipped without CUDA; the real SmolLM2, so also ``slow``): ``device=cuda`` puts the
 target and the head there and computes the target's states for each batch (``online``, nothing cached), and the
-head it writes drafts for a target on the GPU with plain decoding's greedy output."""
+head it writes drafts for a target on the GPU with plain decoding's greedy output (the EAGLE-3 head also once exported
+to vLLM's layout)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,9 @@ def test_recipe_trains_on_cuda_and_its_head_drafts_greedy_output(tmp_path, recip
     plain = dk.generate(smollm2_cuda, prompts, max_new_tokens=24, eos_token_id=()).sequences
     out = dk.generate(smollm2_cuda, prompts, drafter(path), max_new_tokens=24, eos_token_id=())
     assert out.sequences == plain
+    if recipe == "eagle3":  # EAGLE-3's own architecture: exported to vLLM's layout, read back on the GPU
+        from decodekit.train.export import export_head
+
+        exported = drafter(str(export_head(path, tmp_path / "speculators")))
+        out = dk.generate(smollm2_cuda, prompts, exported, max_new_tokens=24, eos_token_id=())
+        assert out.sequences == plain
