@@ -22,8 +22,9 @@ input ``fc([embed ; feature])`` into a layer of the target's architecture, scori
 ``fuse`` when it reads the same layers: training continues; ``init_vocab``: and its draft vocabulary, which then
 leads the training vocabulary, so that continuing on data of another mix, e.g. chat only, does not move the draft
 vocabulary to that mix; ``fc`` runs may start from an EAGLE-1 head); otherwise ``fuse`` starts as the least-squares
-map from the three layers' states to the final feature, so the layer reads what the target's last layer (or an
-EAGLE-1 head's) was trained on from the first step.
+map from the three layers' states to what the layer was trained on: for ``eagle3`` the state entering the target's
+last layer (the layer is a copy of it), for ``fc`` the final feature (an EAGLE-1 head's input). On a CPU comparison
+(docs/training.md) the first start took an ``eagle3`` head from 0.067 to 0.172 held-out step-1 agreement.
 
 ``device``: where the target and the head run (None: CUDA when there is one). On a GPU the states are computed per
 batch (``online``: one target forward a step, nothing cached; the data then needs only the sequences), on the CPU
@@ -222,7 +223,7 @@ def train(
     from decodekit.train.eagle_vocab import pick_vocab
     from decodekit.train.feature_data import by_length
     from decodekit.train.feature_heads import device_settings, finish_run, fit, start_run
-    from decodekit.train.layer_features import cached_layer_states, final_and_layer_states
+    from decodekit.train.layer_features import cached_layer_states, final_and_layer_states, layer_states
 
     dev, online = device_settings(device, online, time_budget_s)
     check_int("draft_len", draft_len, low=1)
@@ -280,6 +281,10 @@ def train(
     if not kept_fuse:
         train_rows = (~data.held).nonzero()[:fuse_sequences, 0]
         feats, fuse_taps = states(train_rows)
+        if release:  # the copied last layer reads the state entering it, not the final (normed) feature
+            last = (target.num_layers - 1,)
+            feats = by_length(data.tokens[train_rows], data.lengths[train_rows], gen_batch_size,
+                              lambda t, x: layer_states(t, x, last), target, "layer states", False)  # fmt: skip
         fuse_error = fit_fuse(head, fuse_taps.to(dev), feats.to(dev), data.lengths[train_rows].to(dev))
 
     def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:

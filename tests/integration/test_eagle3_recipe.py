@@ -18,7 +18,12 @@ from decodekit.train.eagle3 import train
 from decodekit.train.export import export_head
 from tests.conftest import CUT
 from tests.integration.head_prompts import HEAD_NEW, head_prompts
-from tests.integration.test_eagle_recipe import ONE_VOCAB, SMALL
+from tests.integration.test_eagle_recipe import ONE_VOCAB as SMALL_ONE
+from tests.integration.test_eagle_recipe import SMALL
+
+# the recipe's own learning rate: the released architecture starts close to the target (fuse fitted to the state its
+# copied layer reads), which the EAGLE smoke runs' 3e-3 overshoots in these 6 steps (val loss 10.5 -> 13.1; 10.0 here)
+ONE_VOCAB = {**SMALL_ONE, "lr": 5e-4}
 
 pytestmark = pytest.mark.slow
 
