@@ -139,6 +139,7 @@ RULES: dict[str, Rule] = {
     "init": _file,
     "init_vocab": _bool(),
     "architecture": _choice("eagle3", "fc"),
+    "export": _choice(None, "speculators", "eagle"),
     "name": _stem,
     "threads": _int(low=1, optional=True),
     "seed": _int(low=0),

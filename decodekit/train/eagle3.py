@@ -33,6 +33,8 @@ feature_heads.fit`).
 
 Writes to ``out_dir``: ``data/`` (unless ``data_dir``), ``checkpoints/step_*`` (``resume=true``), ``history.json``,
 ``summary.json``, ``loss.png`` and ``eagle3_<base>.safetensors``; copy it to ``decodekit/weights/`` to ship it.
+``export="speculators"`` (or ``"eagle"``) also writes the head in that layout to ``eagle3_<base>_<format>/``
+(:func:`~decodekit.train.export.export_head`), ready for ``vllm serve --speculative-config``.
 """
 
 from __future__ import annotations
@@ -214,6 +216,7 @@ def train(
     seed: int = 0,
     progress: bool = True,
     architecture: str = "eagle3",
+    export: str | None = None,
 ) -> dict[str, Any]:
     """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
     ``decodekit/recipes/train/eagle3.yaml`` for what each argument does."""
@@ -233,6 +236,9 @@ def train(
         raise ConfigError("init_vocab=true keeps the init head's draft vocabulary: name the head with init=<file>")
     check_float("decay", decay, low=0, low_open=True)
     release = architecture == RELEASE
+    if export is not None and not release:
+        raise ConfigError(f"export={export} writes an EAGLE-3 head of the released architecture: pass "
+                          "architecture=eagle3, or export=null")  # fmt: skip
     picked: tuple[int, ...] = ()
     start: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None  # the init head's metadata and tensors
 
@@ -302,10 +308,20 @@ def train(
     )  # fmt: skip
     val = data.subset(data.held)
     val.feats, val_taps = states(data.held.nonzero()[:, 0])
-    return finish_run(
+    summary = finish_run(
         trained, data, out, target, recipe,
         pick=lambda sizes: pick_vocab(trained, target, val, sizes, draft_len, val_taps),
         vocab_sizes=vocab_sizes, history=history, numbers=numbers, name="eagle3", title="EAGLE-3 head",
         loss_label=f"CE over {ttt_steps} test-time steps", metadata={"layers": list(picked), **architecture_fields},
         keep=(lambda h, v: h.keep_vocab(v)) if release else None, layers=list(picked), fuse_fit_error=fuse_error,
     )  # fmt: skip
+    if export is not None:  # the run's own export directory, written afresh (a resumed run replaces it)
+        import shutil
+
+        from decodekit.train.arguments import file_stem
+        from decodekit.train.export import export_head
+
+        where = out / f"eagle3_{file_stem(recipe['base'])}_{export}"
+        shutil.rmtree(where, ignore_errors=True)
+        export_head(out / f"eagle3_{file_stem(recipe['base'])}.safetensors", where, format=export)
+    return summary

@@ -15,7 +15,6 @@ from decodekit.drafters.eagle3_release import Eagle3ReleaseHead
 from decodekit.errors import ConfigError
 from decodekit.resources import shipped_weights
 from decodekit.train.eagle3 import train
-from decodekit.train.export import export_head
 from tests.conftest import CUT
 from tests.integration.head_prompts import HEAD_NEW, head_prompts
 from tests.integration.test_eagle_recipe import ONE_VOCAB as SMALL_ONE
@@ -33,7 +32,7 @@ def smoke_run(tmp_path_factory, smollm2_cut) -> tuple[Path, dict]:
     """A 2-epoch smoke run: its folder and summary (the smoke test resumes it; the continued head starts from it).
     One draft vocabulary size: picking between sizes is the EAGLE recipe's smoke test (the same picker)."""
     out = tmp_path_factory.mktemp("eagle3_smoke")
-    return out, train(out, base=smollm2_cut, epochs=2, **ONE_VOCAB)
+    return out, train(out, base=smollm2_cut, epochs=2, export="speculators", **ONE_VOCAB)
 
 
 def test_smoke_run_writes_a_head_that_names_its_layers_and_resumes(smoke_run, smollm2_cut):
@@ -46,9 +45,10 @@ def test_smoke_run_writes_a_head_that_names_its_layers_and_resumes(smoke_run, sm
     drafter = Eagle3Drafter(path, target=smollm2_cut)
     assert drafter.hidden_layers == (2, 4, 5) and len(drafter.head.vocab) == summary["vocab"]["picked"]
     assert isinstance(drafter.head, Eagle3ReleaseHead)  # the default architecture: EAGLE-3's own, exportable
-    exported = Eagle3Drafter(str(export_head(path, tmp_path / "speculators")), target=smollm2_cut)
+    exported = Eagle3Drafter(str(tmp_path / f"eagle3_{CUT}_speculators"), target=smollm2_cut)  # export=speculators
     assert exported.hidden_layers == (2, 4, 5) and torch.equal(exported.head.vocab, drafter.head.vocab.sort().values)
-    resumed = train(tmp_path, base=smollm2_cut, epochs=3, resume=True, **ONE_VOCAB)  # cached states, last checkpoint
+    resumed = train(tmp_path, base=smollm2_cut, epochs=3, resume=True, export="eagle", **ONE_VOCAB)  # cached states
+    assert (tmp_path / f"eagle3_{CUT}_eagle" / "config.json").is_file()
     assert resumed["steps"] == summary["steps"] * 3 // 2
 
 
@@ -99,6 +99,8 @@ def test_layers_outside_the_target_and_an_init_of_another_architecture_are_refus
         train(tmp_path, layers=[2, 31], **SMALL)
     with pytest.raises(ConfigError, match="architecture='eagle3': pass architecture=fc"):
         train(tmp_path, init=str(shipped_weights(DEFAULT_WEIGHTS)), **SMALL)  # the shipped head: fc
+    with pytest.raises(ConfigError, match="export=eagle writes an EAGLE-3 head of the released architecture"):
+        train(tmp_path, architecture="fc", export="eagle", **SMALL)
     assert not (tmp_path / "data").exists()
 
 
