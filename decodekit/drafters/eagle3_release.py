@@ -185,11 +185,19 @@ class Eagle3ReleaseHead(nn.Module):
     @torch.no_grad()
     def keep_vocab(self, vocab: torch.Tensor) -> None:
         """Keep the output rows of the token ids ``vocab [V']`` (each one of :attr:`vocab`, in that order)."""
-        index = {int(t): i for i, t in enumerate(self.vocab.tolist())}
-        rows = torch.tensor([index[int(t)] for t in vocab.tolist()], device=self.lm_head.weight.device)
+        rows = rows_of(self.vocab, vocab.to(self.vocab.device))
+        assert bool((rows >= 0).all()), "keep_vocab: a token the head does not score"
         self.lm_head.weight = nn.Parameter(self.lm_head.weight[rows].clone())
         self.lm_head.out_features = len(rows)
         self.vocab = vocab.to(self.vocab.device).clone()
+
+
+def rows_of(vocab: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``[len(ids)]`` long: the index of each token id of ``ids`` in ``vocab [V]`` (distinct ids), ``-1`` where it is
+    not there: an output row of a head over ``vocab`` by token id."""
+    order = vocab.argsort()
+    at = torch.searchsorted(vocab[order], ids).clamp(max=len(vocab) - 1)
+    return torch.where(vocab[order][at] == ids, order[at], -1)
 
 
 class OwnLogits:

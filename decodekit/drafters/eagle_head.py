@@ -13,10 +13,9 @@ import torch
 from torch import nn
 
 from decodekit.cache import KVCache
-from decodekit.drafters.head_files import load_tensors, read_head, read_metadata, save_head
+from decodekit.drafters.head_files import load_tensors, on_target, read_head, read_metadata, save_head
 from decodekit.drafters.lean_layer import LeanLayer, lean_layer
 from decodekit.errors import ConfigError
-from decodekit.kernels.cpu import match_kernels
 from decodekit.models.base import LanguageModel
 from decodekit.resources import shipped_weights
 
@@ -116,8 +115,7 @@ def _load_release_head(
     hidden = int(meta["hidden_size"])
     head = Eagle3ReleaseHead(llama_config(meta["head_config"]), len(tensors["vocab"]), len(meta["layers"]) * hidden)
     load_tensors(head, tensors, path, "an EAGLE-3 head", retrain)
-    head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
-    return match_kernels(head, target, bf16=bf16)
+    return on_target(head, target, bf16)
 
 
 def read_init(path: str | Path, target: LanguageModel, retrain: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -170,7 +168,6 @@ def load_head(
         return _load_release_head(path, meta, tensors, target, bf16, retrain), meta
     head = EagleHead(config, tensors["vocab"], taps=len(meta.get("layers", ())))
     load_tensors(head, tensors, path, "an EAGLE head", retrain, skip="embed_tokens")
-    head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
-    head = match_kernels(head, target, bf16=bf16)
+    head = on_target(head, target, bf16)
     head.lean = lean_layer(head.decoder) if lean else None
     return head, meta

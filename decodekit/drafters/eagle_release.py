@@ -24,10 +24,9 @@ from torch import nn
 
 from decodekit.drafters.eagle3_release import build_release3, default_layers, speculators_eagle3
 from decodekit.drafters.eagle_head import EagleHead
-from decodekit.drafters.head_files import load_tensors, read_state
+from decodekit.drafters.head_files import load_tensors, on_target, read_state
 from decodekit.drafters.lean_layer import lean_layer
 from decodekit.errors import ConfigError
-from decodekit.kernels.cpu import match_kernels
 from decodekit.models.base import LanguageModel
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -73,8 +72,7 @@ def load_release(
         )
     if any(k.startswith("midlayer.") for k in tensors) or "d2t" in tensors:  # EAGLE-3's layout
         head3 = build_release3(root, config, tensors, target, len(layers) if layers else 3)
-        head3 = head3.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
-        head3 = match_kernels(head3, target, bf16=bf16)  # the target's CPU kernels, as for decodekit's heads
+        head3 = on_target(head3, target, bf16)
         layers = list(layers or default_layers(target.num_layers))
         return head3, {"release": "eagle3", "config": config, "layers": layers}
     hidden, vocab = config.get("hidden_size"), config.get("vocab_size") or target.vocab_size
@@ -98,8 +96,7 @@ def load_release(
         state["decoder.layers.0.self_attn.o_proj.bias"] = torch.zeros(head.fc.out_features)  # qkv_bias: none on o
     state = {k: v for k, v in state.items() if v is not None} | {"vocab": head.vocab}
     load_tensors(head, state, root, WHAT, "", skip="embed_tokens", advice=HINT)
-    head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
-    head = match_kernels(head, target, bf16=bf16)
+    head = on_target(head, target, bf16)
     head.lean = lean_layer(head.decoder) if lean else None
     return head, {"release": "eagle", "config": config}
 

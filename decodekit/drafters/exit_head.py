@@ -18,9 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from decodekit.drafters.head_files import load_tensors, read_head, save_head
+from decodekit.drafters.head_files import load_tensors, on_target, read_head, save_head
 from decodekit.errors import ConfigError
-from decodekit.kernels.cpu import match_kernels
 from decodekit.models.base import LanguageModel
 from decodekit.resources import shipped_weights
 
@@ -77,5 +76,4 @@ def load_exit_head(path: str | Path, target: LanguageModel) -> tuple[ExitHead, d
             f"{path}: its metadata does not describe an exit head ({error}); train one with {RETRAIN}"
         ) from None
     load_tensors(head, tensors, path, "an exit head", RETRAIN)
-    head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
-    return match_kernels(head, target), meta
+    return on_target(head, target), meta

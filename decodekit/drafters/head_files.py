@@ -58,6 +58,13 @@ def save_head(module: nn.Module, path: str | Path, metadata: dict[str, Any], ski
     save_file(tensors, str(path), metadata={k: json.dumps(v) for k, v in metadata.items()})
 
 
+def on_target(head: nn.Module, target: LanguageModel, bf16: bool | None = None) -> nn.Module:
+    """A loaded head ready to draft for ``target``: on its device and in its dtype, in eval mode, with its CPU
+    kernels (:func:`~decodekit.kernels.match_kernels`; ``bf16`` as there)."""
+    head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
+    return match_kernels(head, target, bf16=bf16)
+
+
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """The metadata of the head file ``path`` alone (no tensors read, no target needed); {} when it has none or
     cannot be read (:func:`read_head` then says why)."""

@@ -29,10 +29,9 @@ from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
 from decodekit.checks import check_int
 from decodekit.draft import Draft, DraftKind
-from decodekit.drafters.head_files import TrimmedHead, load_tensors, read_head, save_head
+from decodekit.drafters.head_files import TrimmedHead, load_tensors, on_target, read_head, save_head
 from decodekit.drafters.medusa_release import ReleasedMedusaHeads, load_release, release_file
 from decodekit.errors import ConfigError
-from decodekit.kernels.cpu import match_kernels
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.registry import register
 from decodekit.resources import shipped_weights
@@ -90,7 +89,7 @@ def load_heads(path: str | Path, target: LanguageModel) -> MedusaHeads:
     except Exception as error:
         raise ConfigError(f"{path} does not match the Medusa heads' layout: {error}") from None
     load_tensors(heads, tensors, path, "Medusa heads", RETRAIN)
-    return match_kernels(heads.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval(), target)
+    return on_target(heads, target)
 
 
 @register("drafter", "medusa")

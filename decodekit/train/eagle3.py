@@ -92,9 +92,9 @@ def ttt_loss(
     [B]`` (a prediction counts when the token it predicts is a response token); ``w_d [V_d, H]``. Returns the
     loss (the ``decay^j``-weighted sum over the steps) and ``acc`` (step 0's top-1 agreement with the target over
     ``V_d``), ``acc1`` ... per later step, ``ce`` (step 0's cross-entropy)."""
-    from decodekit.drafters.eagle3_release import Eagle3ReleaseHead
+    from decodekit.train.eagle_vocab import scorer
 
-    own = isinstance(head, Eagle3ReleaseHead)  # its own output rows (in w_d's order), else the target's w_d
+    score = scorer(head, w_d)  # its own output rows (in w_d's order), else the target's w_d
     n = tokens.shape[1] - 1  # anchors p = 0 .. L - 2
     with torch.no_grad():
         p_all = torch.nn.functional.pad(feats.float() @ w_d.T, (0, 0, 0, steps - 1)).softmax(-1)  # [B, L + s-1, V]
@@ -104,7 +104,7 @@ def ttt_loss(
     for j, g in enumerate(outs):
         t = anchors + j  # the position step j drafts from; it predicts the token at t + 2
         valid = (t + 1 < lengths[:, None]) & (t + 2 >= starts[:, None])
-        logq = (head.scores(g) if own else g @ w_d.T).log_softmax(-1)
+        logq = score(g, len(w_d)).float().log_softmax(-1)
         p = p_all[:, j + 1 : j + 1 + n]
         ce = -(p * logq).sum(-1)[valid].mean()
         total = total + decay**j * ce
@@ -149,11 +149,11 @@ def continue_from(head: Any, tensors: dict[str, torch.Tensor], keep_fuse: bool) 
     skip = {"vocab", "lm_head.weight"} | (set() if keep_fuse else {"fuse.weight"})
     head.load_state_dict({k: v.float() for k, v in tensors.items() if k not in skip}, strict=False)
     if "lm_head.weight" in tensors:
-        theirs = {int(t): i for i, t in enumerate(tensors["vocab"].tolist())}
-        pairs = [(i, theirs[t]) for i, t in enumerate(head.vocab.tolist()) if t in theirs]
-        if pairs:
-            mine, rows = torch.tensor(pairs).T
-            head.lm_head.weight[mine] = tensors["lm_head.weight"][rows].to(head.lm_head.weight.dtype)
+        from decodekit.drafters.eagle3_release import rows_of
+
+        rows = rows_of(tensors["vocab"].long(), head.vocab.long().cpu())
+        mine = (rows >= 0).nonzero()[:, 0]
+        head.lm_head.weight[mine] = tensors["lm_head.weight"][rows[mine]].to(head.lm_head.weight)
 
 
 def lead_with(first: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:

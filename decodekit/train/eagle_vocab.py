@@ -28,15 +28,15 @@ def median_ms(fn: Callable[[], Any], device: torch.device | str | None = None) -
     return 1000 * median_time(fn, repeats=30, device=device, budget_s=1.0, least=5)[1]
 
 
-def scorer(head: Any, target: Any, n: int) -> Callable[[torch.Tensor, int], torch.Tensor]:
-    """``(g [..., H], s) -> [..., s]``: the head's scores of the first ``s <= n`` tokens of its vocabulary (its own
-    output rows for an EAGLE-3 head of the released architecture, the target's rows otherwise)."""
+def scorer(head: Any, rows: torch.Tensor) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """``(g [..., H], s) -> [..., s]``: the head's scores of the first ``s`` tokens of its vocabulary, by its own
+    output rows (an EAGLE-3 head of the released architecture) or by ``rows [n, H]``, the target's output rows of
+    those tokens (an ``fc`` head; ``s <= n``). What training (:func:`decodekit.train.eagle3.ttt_loss`) and the
+    vocabulary pick score the head with."""
     from decodekit.drafters.eagle3_release import Eagle3ReleaseHead
 
     if isinstance(head, Eagle3ReleaseHead):
-        own = head.lm_head.weight[:n]
-        return lambda g, s: head.norm(g) @ own[:s].T
-    rows = target.lm_head.weight[head.vocab[:n]]
+        return lambda g, s: head.norm(g) @ head.lm_head.weight[:s].T
     return lambda g, s: g @ rows[:s].T
 
 
@@ -49,7 +49,7 @@ def agreement(
     ``head.fuse(taps)`` (EAGLE-3)."""
     hits = dict.fromkeys(sizes, 0)
     total = 0
-    score = scorer(head, target, max(sizes))
+    score = scorer(head, target.lm_head.weight[head.vocab[: max(sizes)]])
     for i in range(0, len(val.lengths), 8):
         rows = torch.arange(i, min(i + 8, len(val.lengths)))
         tokens, feats, lengths, starts = val.batch(rows, target.device)
@@ -94,7 +94,7 @@ def step_ms(head: Any, target: Any, sizes: Sequence[int], context: int = 256) ->
     mask, pos = chain_mask(cache.lengths, context, kv)
     head(target.embed(x), torch.randn(1, context, hidden, device=dev), pos, mask, cache)
     cache.keep(torch.tensor([context], device=dev), host_counts=context)
-    score = scorer(head, target, max(sizes))
+    score = scorer(head, target.lm_head.weight[head.vocab[: max(sizes)]])
 
     def head_step(s: int) -> None:
         kv = cache.stage(1)
