@@ -1,7 +1,8 @@
-"""The distributed test's two changes to the bench, applied alike in the launched processes (its ``MAIN`` script)
-and in the test's own process: each result's outputs kept in ``results.json``, and transformers' prompt lookup off by
+"""The distributed test's three changes to the bench, applied alike in the launched processes (its ``MAIN`` script)
+and in the test's own process: each result's outputs kept in ``results.json``; transformers' prompt lookup off by
 one token on odd seeds (prompts 1 and 3, one in each process's share), so that both runs explain a greedy
-difference. Imports nothing heavy until applied."""
+difference; and no ``speedup.png`` (matplotlib's import and the figure: ~3 s a run; the plot is tested in
+test_bench.py). Imports nothing heavy until applied."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 
 def apply(setattr_: Callable[[Any, str, Any], None] = setattr) -> None:
-    """Make both changes with ``setattr_`` (``setattr``, or a ``MonkeyPatch``'s to undo them afterwards)."""
+    """Make the three changes with ``setattr_`` (``setattr``, or a ``MonkeyPatch``'s to undo them afterwards)."""
     import decodekit.bench.report as report
     from decodekit.bench.methods import TransformersBaseline
 
@@ -24,3 +25,4 @@ def apply(setattr_: Callable[[Any, str, Any], None] = setattr) -> None:
 
     setattr_(report, "result_dict", lambda result: plain(result) | {"sequences": result.sequences})
     setattr_(TransformersBaseline, "generate", edited)
+    setattr_(report, "plot", lambda results, path: None)

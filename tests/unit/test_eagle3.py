@@ -78,9 +78,17 @@ def save(tmp_path_factory, lm: dk.LanguageModel, head: EagleHead, name: str):
 
 
 @pytest.fixture(scope="module")
-def greedy_setup(tmp_path_factory):
+def trained() -> tuple[dk.LanguageModel, EagleHead, tuple]:
+    """A fused head trained 120 steps on the tiny target's own samples, with the target and that data."""
     lm = dk.load_model(tiny_llama(0))
-    return lm, save(tmp_path_factory, lm, train_fused(lm, 120), "tiny")
+    data = fused_data(lm, seed=0)
+    return lm, train_fused(lm, 120, data=data), data
+
+
+@pytest.fixture(scope="module")
+def greedy_setup(tmp_path_factory, trained):
+    lm, head, _ = trained
+    return lm, save(tmp_path_factory, lm, head, "tiny")
 
 
 def drafted(head: EagleHead, lm: dk.LanguageModel, tokens: torch.Tensor, feat: torch.Tensor, p: int, steps: int):
@@ -150,20 +158,17 @@ def test_fuse_fit_recovers_a_linear_map():
     assert (head.fuse.weight.data - w).abs().mean() < 0.01
 
 
-def test_training_fits_its_data_at_every_step():
-    """The loss trains every unrolled step, the later ones reading the head's own outputs."""
-    lm = dk.load_model(tiny_llama(3))
-    full = fused_data(lm, seed=0)
-    data, taps = {k: v[:32] for k, v in full[0].items()}, full[1][:32]  # training rows: it generalises little
+def test_training_fits_its_data_at_every_step(trained):
+    """The loss trains every unrolled step, the later ones reading the head's own outputs: the module's trained head
+    against the same start untrained (its fitted ``fuse`` only), on training rows (it generalises little)."""
+    lm, head, full = trained
+    data, taps = {k: v[:32] for k, v in full[0].items()}, full[1][:32]
     batch = (data["tokens"], taps, data["feats"], data["lengths"], torch.zeros(32, dtype=torch.long))
-    numbers = []
-    for steps in (0, 150):
-        head = train_fused(lm, steps, seed=0, data=full)
-        with torch.no_grad():
-            numbers.append(ttt_loss(head, lm.embed, lm.lm_head.weight, *batch, 3, 0.8))
-    (before, b), (after, a) = numbers
-    assert float(after) < 0.9 * float(before), (before, after)
-    assert a["acc"] > b["acc"] + 0.04 and a["acc2"] > b["acc2"] + 0.03, (b, a)  # measured +0.07, +0.04
+    with torch.no_grad():
+        before, b = ttt_loss(train_fused(lm, 0, data=full), lm.embed, lm.lm_head.weight, *batch, 3, 0.8)
+        after, a = ttt_loss(head, lm.embed, lm.lm_head.weight, *batch, 3, 0.8)
+    assert float(after) < 0.9 * float(before), (before, after)  # measured 0.81
+    assert a["acc"] > b["acc"] + 0.04 and a["acc2"] > b["acc2"] + 0.03, (b, a)  # measured +0.053, +0.038
 
 
 def test_the_drafter_reads_the_layers_its_file_names(greedy_setup, tmp_path):
