@@ -130,9 +130,9 @@ def load_model(
         spec: a :class:`DLMModel` (returned as is, or a new one over the same adapter with the arguments given
             changed), a zoo diffusion LM (``"smollm2-135m-dlm"``: :data:`decodekit.dlm.zoo.DLM_ZOO`, its mask id, shift
             and block length built in), a local directory holding a released DLM in its authors' layout (LLaDA,
-            Dream, SDAR, Fast-dLLM v2: :mod:`decodekit.dlm.families`; its mask id, shift, block length and block
-            grid read from the checkpoint, its code files never imported), or anything :func:`decodekit.load_model`
-            takes (a transformers causal LM, an adapter, a local path, a zoo name).
+            Dream, SDAR, Fast-dLLM v2, LLaDA 2: :mod:`decodekit.dlm.families`; its mask id, shift, block length and
+            block grid read from the checkpoint, its code files never imported), or anything
+            :func:`decodekit.load_model` takes (a transformers causal LM, an adapter, a local path, a zoo name).
         mask_token_id: the mask token's id (required unless ``spec`` is a :class:`DLMModel`, a zoo DLM or a released
             checkpoint, whose own it replaces).
         shift_logits: read slot ``j``'s logits at position ``j - 1`` (AR-initialised models); None = the

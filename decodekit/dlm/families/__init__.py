@@ -9,7 +9,8 @@ reference code it was checked against.
 
 A family is one small module: a :class:`Family` whose ``convert`` maps the published config to a transformers config
 (refusing, by name, any setting decodekit does not implement) and names each transformers parameter's source
-tensor.
+tensor, or, where the layouts differ (LLaDA 2's fused q / k / v and per-expert weights), a :class:`Derived` one
+computed from several.
 """
 
 from __future__ import annotations
@@ -25,7 +26,20 @@ import torch
 
 from decodekit.errors import ConfigError, ModelNotFoundError, UnsupportedModelError
 
-__all__ = ["Checkpoint", "Family", "family_of", "read_checkpoint"]
+__all__ = ["Checkpoint", "Derived", "Family", "family_of", "read_checkpoint"]
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A transformers parameter computed from checkpoint tensors: ``build(*tensors)`` of the ``sources`` (in that
+    order; ``()``: built from nothing, e.g. a zero-width shared expert) -- a slice of a fused projection, experts
+    stacked into one tensor."""
+
+    sources: tuple[str, ...]
+    build: Callable[..., torch.Tensor]
+
+
+Source = str | Derived  # what Family.convert names for each parameter
 
 
 @dataclass(frozen=True)
@@ -36,8 +50,9 @@ class Family:
         name: the family's name in messages (``"LLaDA"``).
         model_types: ``config.json``'s ``model_type`` values that name it (compared case-insensitively).
         architectures: ``config.json``'s ``architectures`` entries that name it.
-        convert: ``config -> (transformers config, {transformers parameter name: checkpoint tensor name})``;
-            raises :class:`~decodekit.errors.UnsupportedModelError` naming the setting it does not implement.
+        convert: ``config -> (transformers config, {transformers parameter name: checkpoint tensor name or
+            Derived})``; raises :class:`~decodekit.errors.UnsupportedModelError` naming the setting it does not
+            implement.
         mask_token_id: ``(config, tokenizer) -> the mask token's id`` (the tokenizer may be None).
         shift_logits: slot ``j``'s logits are read at position ``j - 1`` (AR-initialised families).
         block_length: ``config -> the block size it was trained with`` (None: bidirectional).
@@ -50,7 +65,7 @@ class Family:
     name: str
     model_types: tuple[str, ...]
     architectures: tuple[str, ...]
-    convert: Callable[[dict[str, Any]], tuple[Any, dict[str, str]]]
+    convert: Callable[[dict[str, Any]], tuple[Any, dict[str, Source]]]
     mask_token_id: Callable[[dict[str, Any], Any], int]
     shift_logits: bool
     block_length: Callable[[dict[str, Any]], int | None] = lambda config: None
@@ -74,9 +89,10 @@ def _families() -> list[Family]:
     from decodekit.dlm.families.dream import DREAM
     from decodekit.dlm.families.fast_dllm_v2 import FAST_DLLM_V2
     from decodekit.dlm.families.llada import LLADA
+    from decodekit.dlm.families.llada2 import LLADA2
     from decodekit.dlm.families.sdar import SDAR
 
-    return [LLADA, DREAM, SDAR, FAST_DLLM_V2]
+    return [LLADA, LLADA2, DREAM, SDAR, FAST_DLLM_V2]
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -165,19 +181,13 @@ def read_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -
     hf_config, sources = family.convert(config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
-    wanted = {source: target for target, source in sources.items()}
-    found: dict[str, torch.Tensor] = {}
-    for key, tensor in _tensors(*_weight_files(root)):
-        if key in wanted:
-            found[wanted[key]] = tensor if dtype is None else tensor.to(dtype)
+    found = _gather(root, family, sources, dtype)
     expected = dict(model.state_dict())
-    for target, source in sources.items():
-        if target not in found:
-            raise ConfigError(f"{family.name} checkpoint {root}: tensor {source!r} is missing from its weights")
-        if tuple(found[target].shape) != tuple(expected[target].shape):
+    for target, tensor in found.items():
+        if tuple(tensor.shape) != tuple(expected[target].shape):
             raise ConfigError(
-                f"{family.name} checkpoint {root}: {source!r} has shape {tuple(found[target].shape)}, its config.json "
-                f"implies {tuple(expected[target].shape)}"
+                f"{family.name} checkpoint {root}: {_name(sources[target])} has shape {tuple(tensor.shape)}, its "
+                f"config.json implies {tuple(expected[target].shape)}"
             )
     model.load_state_dict(found, strict=False, assign=True)
     if getattr(hf_config, "tie_word_embeddings", False):
@@ -193,6 +203,38 @@ def read_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -
         family.shift_logits,
         family.block_length(config),
     )
+
+
+def _name(source: Source) -> str:
+    """A source as messages name it."""
+    return repr(source) if isinstance(source, str) else " + ".join(map(repr, source.sources)) or "(computed)"
+
+
+def _gather(
+    root: Path, family: Family, sources: dict[str, Source], dtype: torch.dtype | None
+) -> dict[str, torch.Tensor]:
+    """``{parameter: tensor}`` for every parameter ``sources`` names, read in one pass over the weight files (only the
+    tensors named are kept) and cast to ``dtype``; a tensor missing from the weights is named."""
+    needed = {name for s in sources.values() for name in ((s,) if isinstance(s, str) else s.sources)}
+    read = {key: tensor for key, tensor in _tensors(*_weight_files(root)) if key in needed}
+    missing = sorted(needed - read.keys())
+    if missing:
+        raise ConfigError(f"{family.name} checkpoint {root}: tensor {missing[0]!r} is missing from its weights")
+    found = {}
+    for target, source in sources.items():
+        if isinstance(source, str):
+            tensor = read[source]
+        else:
+            try:
+                tensor = source.build(*(read[n] for n in source.sources))
+            except RuntimeError as error:  # e.g. a fused projection whose rows do not split as the config says
+                shapes = [tuple(read[n].shape) for n in source.sources]
+                raise ConfigError(
+                    f"{family.name} checkpoint {root}: {_name(source)} (shapes {shapes}) do not make {target!r} as "
+                    f"its config.json implies ({error})"
+                ) from error
+        found[target] = tensor if dtype is None else tensor.to(dtype)
+    return found
 
 
 def _materialise_buffers(model: torch.nn.Module, hf_config: Any) -> None:
