@@ -11,6 +11,12 @@ norms as identities). ``tests/unit/test_eagle.py`` checks the first round's draf
 a tiny target, and greedy output against plain decoding. ``.bin`` files are read with
 ``torch.load(weights_only=True)``: no pickled code runs. An EAGLE-3 release (``midlayer.*``, ``d2t``) in the same
 directory layout is read as :class:`~decodekit.drafters.eagle3_release.Eagle3ReleaseHead`.
+
+vLLM's ``speculators`` saved the same head, up to its 0.3 releases, as ``speculators_model_type: eagle``
+(``EagleSpeculator``: EAGLE-1/2, and HASS with ``fusion_bias``): ``fusion_fc`` for ``fc``, ``transformer.*`` for
+``layers.0.*``, the layer's Llama config under ``transformer_layer_config``, the verifier's embedding and output head
+not stored; :func:`speculators_eagle` renames it to this layout (its ``layernorms=True`` variant, with norms this
+head does not have, is refused).
 """
 
 from __future__ import annotations
@@ -65,10 +71,12 @@ def load_release(
     layers = config.get("eagle_aux_hidden_state_layer_ids")  # vLLM's key (decodekit's exports write it); None: default
     if kind == "eagle3":  # vLLM speculators' EAGLE-3: the authors' head under other names
         config, tensors, layers = speculators_eagle3(config, tensors)
+    elif kind == "eagle":  # speculators' EAGLE-1/2 / HASS (its releases up to 0.3)
+        config, tensors = speculators_eagle(config, tensors)
     elif kind is not None:
         raise ConfigError(
-            f"{root} is a speculators {kind!r} checkpoint: decodekit reads speculators' EAGLE-3 heads and the EAGLE "
-            "authors' own EAGLE-1/2 and EAGLE-3 releases"
+            f"{root} is a speculators {kind!r} checkpoint: decodekit reads speculators' EAGLE-3 and EAGLE / HASS heads "
+            "and the EAGLE authors' own EAGLE-1/2 and EAGLE-3 releases"
         )
     if any(k.startswith("midlayer.") for k in tensors) or "d2t" in tensors:  # EAGLE-3's layout
         head3 = build_release3(root, config, tensors, target, len(layers) if layers else 3)
@@ -99,6 +107,38 @@ def load_release(
     head = on_target(head, target, bf16)
     head.lean = lean_layer(head.decoder) if lean else None
     return head, {"release": "eagle", "config": config}
+
+
+def speculators_eagle(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """A ``speculators`` EAGLE / HASS head (``speculators_model_type: eagle``) as the authors' EAGLE-1 layout: its
+    layer's sizes from ``transformer_layer_config`` (``attention_bias`` as ``qkv_bias``: the o bias, if any, is read
+    from the tensors), ``fusion_fc.*`` as ``fc.*`` (no ``fusion_bias``: a zero bias), ``transformer.*`` as
+    ``layers.0.*``.
+
+    Raises:
+        ConfigError: ``layernorms=True`` (an embedding norm, the layer's input norm and a norm before the output head:
+            not this head), or no ``transformer_layer_config``.
+    """
+    if config.get("layernorms"):
+        raise ConfigError(
+            "speculators EAGLE head with layernorms=True: not implemented (decodekit reads speculators' EAGLE / HASS "
+            "heads without the extra embedding, input and output norms, as EAGLE-1/2 and HASS release them)"
+        )
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ConfigError("speculators EAGLE head without a transformer_layer_config: is the config.json complete?")
+    keys = ("hidden_size", "vocab_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+    out = {key: layer.get(key) for key in (*keys, "rms_norm_eps")}
+    out["rope_theta"] = layer.get("rope_theta") or (layer.get("rope_parameters") or {}).get("rope_theta")
+    out["qkv_bias"] = bool(layer.get("attention_bias"))
+    renames = (("fusion_fc.", "fc."), ("transformer.", "layers.0."))
+    renamed = {}
+    for key, value in tensors.items():
+        for theirs, ours in renames:
+            if key.startswith(theirs):
+                key = ours + key.removeprefix(theirs)
+        renamed[key] = value
+    return out, renamed
 
 
 def _head_config(target_config: Any, config: dict[str, Any]) -> Any:

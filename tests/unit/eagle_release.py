@@ -233,6 +233,44 @@ def write_speculators(path: Path, target_config, tensors: dict, norm_before_resi
     save_file(renamed, str(path / "model.safetensors"))
 
 
+def write_speculators_eagle(path: Path, target_config, tensors: dict, fusion_bias: bool) -> None:
+    """The EAGLE-1 head of :func:`write_release` as ``speculators`` (up to 0.3) saved it: ``EagleSpeculator``'s
+    ``config.json`` (``speculators_model_type: eagle``, ``layernorms: false``, ``fusion_bias``: HASS's setting, the
+    layer's Llama config under ``transformer_layer_config``) and ``model.safetensors`` with ``fusion_fc.*`` and
+    ``transformer.*`` (no embedding, no output head: the verifier's)."""
+    from safetensors.torch import save_file
+
+    layer = {
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "hidden_act": "silu",
+        "hidden_size": target_config.hidden_size, "intermediate_size": target_config.intermediate_size,
+        "max_position_embeddings": 256, "model_type": "llama",
+        "num_attention_heads": target_config.num_attention_heads, "num_hidden_layers": 1,
+        "num_key_value_heads": target_config.num_key_value_heads, "rms_norm_eps": target_config.rms_norm_eps,
+        "rope_theta": target_config.rope_parameters["rope_theta"], "vocab_size": target_config.vocab_size,
+    }  # fmt: skip
+    config = {
+        "architectures": ["EagleSpeculator"],
+        "speculators_model_type": "eagle",
+        "transformer_layer_architecture": "LlamaDecoderLayer",
+        "transformer_layer_config": layer,
+        "layernorms": False,
+        "fusion_bias": fusion_bias,
+        "speculators_version": "0.1.0",
+        "speculators_config": {
+            "algorithm": "eagle",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
+            "verifier": {"name_or_path": "tiny", "architectures": ["LlamaForCausalLM"]},
+        },
+    }
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    renamed = {k.replace("fc.", "fusion_fc.").replace("layers.0.", "transformer."): v for k, v in tensors.items()}
+    if not fusion_bias:
+        del renamed["fusion_fc.bias"]
+    save_file(renamed, str(path / "model.safetensors"))
+
+
 def first_round(lm, drafter, prompt: list[int], k: int) -> list[int]:
     """The tokens ``drafter`` proposes in its first round after ``prompt`` (a chain of ``k``), through ``generate``."""
     import decodekit as dk

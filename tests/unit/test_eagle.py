@@ -257,6 +257,32 @@ def test_a_released_eagle_head_drafts_as_its_authors_code(tmp_path, ragged_promp
         EagleDrafter(tmp_path / "wide", target=lm)
 
 
+@pytest.mark.parametrize("fusion_bias", [True, False], ids=["hass", "eagle"])
+def test_a_speculators_eagle_head_drafts_as_the_authors_head(tmp_path, ragged_prompts, fusion_bias):
+    """The EAGLE-1 head saved as ``speculators`` (up to 0.3) saved EAGLE / HASS heads (``fusion_fc``,
+    ``transformer.*``, ``fusion_bias``): the first round's chain is the port's (without a bias when there is none);
+    greedy output equals plain decoding; ``layernorms=True`` is refused by name."""
+    from tests.unit.eagle_release import first_draft, first_round, release_tensors, write_speculators_eagle
+
+    hf = tiny_llama(0)
+    lm = dk.load_model(hf)
+    sizes = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+    tensors = release_tensors({key: getattr(hf.config, key) for key in sizes}, seed=0)
+    write_speculators_eagle(tmp_path / "s", hf.config, tensors, fusion_bias)
+    want = tensors if fusion_bias else {**tensors, "fc.bias": torch.zeros(hf.config.hidden_size)}
+    assert first_round(lm, EagleDrafter(tmp_path / "s", target=lm), ragged_prompts[0], 4) == first_draft(
+        want, hf, ragged_prompts[0], 4
+    )
+    plain = dk.generate(lm, ragged_prompts, max_new_tokens=16, eos_token_id=()).sequences
+    out = dk.generate(lm, ragged_prompts, EagleDrafter(tmp_path / "s"), policy=FixedLength(4), max_new_tokens=16,
+                      eos_token_id=())  # fmt: skip
+    assert out.sequences == plain and out.stats.drafted > 0
+    config = tmp_path / "s" / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"layernorms": True}))
+    with pytest.raises(ConfigError, match="layernorms=True"):
+        EagleDrafter(tmp_path / "s", target=lm)
+
+
 def test_a_released_eagle3_head_drafts_as_its_authors_code(tmp_path, ragged_prompts):
     """An EAGLE-3 release (``midlayer.*`` reading ``[norm(embed) ; norm(u)]``, its own ``lm_head`` over a draft
     vocabulary mapped by ``d2t``; ``fc`` fusing the states entering layers 2, 4, 5 of 8) for a tiny 8-layer target:
