@@ -38,6 +38,12 @@ def tiny_zoo(monkeypatch):
 
     monkeypatch.setattr(zoo, "load_zoo_model", fake)
     monkeypatch.setattr(dk.models, "load_zoo_model", fake, raising=False)
+    from decodekit.dlm import zoo as dlm_zoo
+
+    def fake_dlm(name, **load_kwargs):  # the zoo DLM's settings on a tiny random model
+        return dk.load_model(tiny_llama(0), **load_kwargs), dlm_zoo.DLM_ZOO[name], 32 if name.endswith("bdlm") else None
+
+    monkeypatch.setattr(dlm_zoo, "load_zoo_dlm", fake_dlm)
 
 
 def compose_bench(overrides: list[str]):
@@ -110,7 +116,7 @@ def test_every_registered_component_prints_readably(kind, name):
     cls = registry.resolve(kind, name)
     needs_model = name in ("model", "model_tree", "delayed")
     required = {"stack": (dk.build("policy", "fixed"),), "dynamic_exit": ([1],)}  # a Stack of nothing is refused
-    parts = required.get(name, ())
+    parts = (dk.dlm.load_model(tiny_llama(0), mask_token_id=127),) if name == "diffusion" else required.get(name, ())
     component = cls(dk.load_model(tiny_llama(0))) if needs_model else dk.build(kind, name, *parts)
     text = repr(component)
     assert text.startswith(f"{cls.__name__}(") and text.endswith(")")

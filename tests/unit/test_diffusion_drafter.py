@@ -1,0 +1,101 @@
+"""The ``diffusion`` drafter (a diffusion LM drafts a block for an autoregressive target): greedy output equals
+plain decoding with drafts accepted and rejected (bidirectional and block-causal DLMs, one and two denoising steps,
+ragged rows); sampled output keeps the target's exact law (the lossless harness of ``test_lossless.py``), and the
+same drafter committing its slots by confidence instead of left to right fails that test; its refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.drafters import DiffusionDrafter
+from decodekit.errors import ConfigError
+from decodekit.models.tiny import perturbed, tiny_llama
+from decodekit.policies import FixedLength
+from decodekit.sampling import probs_from_logits, sample
+from decodekit.verifiers import RejectionVerifier
+from tests.unit.test_lossless import assert_detected, assert_matches, sample_counts
+
+
+@pytest.fixture(scope="module")
+def target():
+    return dk.load_model(tiny_llama(0))
+
+
+def block_dlm(model, mask: int, block: int) -> dk.dlm.DLMModel:
+    """``model`` read as a shifted block-causal DLM: slot 0's logits are the model's next-token logits after the
+    committed context (always right under greedy verification), the later slots' a guess (often wrong)."""
+    return dk.dlm.DLMModel(dk.load_model(model), mask, shift_logits=True, block_length=block)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_greedy_equals_plain_decoding(target, ragged_prompts, steps):
+    """A block-causal DLM whose first slot is always right (some drafts accepted, not all) and a random
+    bidirectional one (nearly every draft rejected): plain decoding's tokens either way, every round checked."""
+    plain = dk.generate(target, ragged_prompts, max_new_tokens=24, eos_token_id=()).sequences
+    bidirectional = dk.dlm.load_model(perturbed(target.hf, 0.1, seed=1), mask_token_id=127)
+    for dlm in (block_dlm(target.hf, 127, 4), bidirectional):
+        drafter = DiffusionDrafter(dlm, steps=steps)
+        out = dk.generate(target, ragged_prompts, drafter, policy=FixedLength(4), max_new_tokens=24, eos_token_id=(),
+                          debug=True)  # fmt: skip
+        assert out.sequences == plain
+        if dlm is not bidirectional:
+            assert 0 < out.stats.accepted < out.stats.drafted
+
+
+@pytest.fixture(scope="module")
+def small():
+    """The lossless harness's target (8 tokens) and a perturbed copy read as a block-causal DLM (mask id 7)."""
+    model = tiny_llama(0, vocab=8, hidden=32, init=0.3)
+    return model, block_dlm(perturbed(model, 0.3, seed=5), 7, 2)
+
+
+@pytest.mark.parametrize(("steps", "setting"), [(1, "T1"), (2, "T0.7-p0.9")])
+def test_sampling_is_lossless(small, steps, setting):
+    model, dlm = small
+    counts, stats = sample_counts(model, DiffusionDrafter(dlm, steps=steps), RejectionVerifier(), FixedLength(2),
+                                  setting, seed=31 + steps)  # fmt: skip
+    assert_matches(model, counts, setting)
+    assert 0.05 < stats.draft_acceptance_rate < 0.95
+
+
+class ByConfidence(DiffusionDrafter):
+    """Two slots committed in a diffusion sampler's usual order: the more confident sampled slot first, then the
+    other from a forward that sees it; each reports the distribution it was drawn from. The first slot's ``q`` then
+    depends on the second's value when the second went first: not its law given the tokens before it."""
+
+    def __init__(self, dlm):
+        super().__init__(dlm, steps=2)
+
+    def propose(self, state, budget):
+        canvas, lengths = self._canvas(state, 2)
+        sampling = self.sampling(state.sampling)
+        probs = probs_from_logits(self._slot_logits(canvas, lengths, 2), sampling)  # [B, 2, V]
+        x = torch.stack([sample(probs[:, j], state.generator, key=("draft", j)) for j in range(2)], 1)
+        first = probs.gather(2, x[..., None])[..., 0].argmax(1)  # [B]: the slot committed first
+        rows = torch.arange(state.batch_size)
+        canvas[rows, lengths + first] = x[rows, first]
+        again = probs_from_logits(self._slot_logits(canvas, lengths, 2), sampling)
+        second = 1 - first
+        x[rows, second] = sample(again[rows, second], state.generator, key=("draft", 2))
+        q = probs.clone()
+        q[rows, second] = again[rows, second]
+        return dk.Draft.chain(x, valid=torch.arange(2) < budget.lengths[:, None], q=q)
+
+
+def test_committing_by_confidence_is_detected(small):
+    model, dlm = small
+    counts, _ = sample_counts(model, ByConfidence(dlm), RejectionVerifier(), FixedLength(2), "T1", seed=35)
+    assert_detected(model, counts, "T1")
+
+
+def test_refusals(target):
+    with pytest.raises(ConfigError, match="steps must be"):
+        DiffusionDrafter(block_dlm(target.hf, 127, 4), steps=0)
+    absolute = dk.dlm.DLMModel(target, 127, block_length=4, block_grid="absolute")
+    with pytest.raises(ConfigError, match="absolute position grid"):
+        DiffusionDrafter(absolute)
+    other = dk.dlm.load_model(tiny_llama(0, vocab=64), mask_token_id=63)
+    with pytest.raises(Exception, match="vocabulary has 64 tokens but the target's has 128"):
+        dk.generate(target, [[1, 2, 3]], DiffusionDrafter(other), max_new_tokens=4)
