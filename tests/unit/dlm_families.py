@@ -153,26 +153,39 @@ def write_llada(path: Path, config: dict | None = None, layout: str = "safetenso
     from safetensors.torch import save_file
 
     config = config or LLADA_CONFIG
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    for code in ("modeling_llada.py", "configuration_llada.py"):
-        (path / code).write_text(POISON)
+    start_checkpoint(path, config, ("modeling_llada.py", "configuration_llada.py"))
     tensors = llada_tensors(config, seed)
     if layout == "safetensors":
         save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     elif layout == "bin":
         torch.save(tensors, path / "pytorch_model.bin")
     else:
-        names = sorted(tensors)
-        halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
-        weight_map = {}
-        for file, keys in halves.items():
-            save_file({k: tensors[k] for k in keys}, path / file, metadata={"format": "pt"})
-            weight_map |= dict.fromkeys(keys, file)
-        index = {"metadata": {"total_size": sum(t.numel() * 4 for t in tensors.values())}, "weight_map": weight_map}
-        (path / "model.safetensors.index.json").write_text(json.dumps(index))
+        save_shards(path, tensors)
     save_word_tokenizer(path, [f"w{i}" for i in range(config["vocab_size"])])
     return tensors
+
+
+def start_checkpoint(path: Path, config: dict, code: tuple[str, ...]) -> None:
+    """``path`` created with ``config.json`` and the family's ``code`` files, poisoned (they raise when imported)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    for file in code:
+        (path / file).write_text(POISON)
+
+
+def save_shards(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """``tensors`` as two safetensors shards (alternate names) and their ``model.safetensors.index.json``, as the
+    larger releases ship."""
+    from safetensors.torch import save_file
+
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for file, keys in halves.items():
+        save_file({k: tensors[k] for k in keys}, path / file, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(keys, file)
+    index = {"metadata": {"total_size": sum(t.numel() * 4 for t in tensors.values())}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
 def _rotary(theta: float, head_dim: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,10 +320,7 @@ def write_dream(path: Path, config: dict | None = None, seed: int = 0) -> dict:
     from safetensors.torch import save_file
 
     config = config or DREAM_CONFIG
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    for code in ("modeling_dream.py", "configuration_dream.py", "generation_utils.py"):
-        (path / code).write_text(POISON)
+    start_checkpoint(path, config, ("modeling_dream.py", "configuration_dream.py", "generation_utils.py"))
     tensors = dream_tensors(config, seed)
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     save_dream_tokenizer(path)
@@ -388,10 +398,7 @@ def write_qwen_family(
     Returns the tensors written."""
     from safetensors.torch import save_file
 
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    for file in code:
-        (path / file).write_text(POISON)
+    start_checkpoint(path, config, code)
     tensors = random_tensors(names, qwen_dims(config, bias), seed)
     tensors["lm_head.weight"][mask] = 0
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})

@@ -5,14 +5,13 @@ modules (one token at a time through the router and its experts)."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from tests.unit.dlm_families import POISON, _rms, _rotate_half
+from tests.unit.dlm_families import _rms, _rotate_half, save_shards, start_checkpoint
 from tests.word_tokenizer import save_word_tokenizer
 
 # LLaDA2.0-mini's config.json keys as released, sizes shrunk: 2 layers (the first dense, the second 8 experts in 4
@@ -122,21 +121,10 @@ def write_llada2(path: Path, config: dict | None = None, seed: int = 0) -> dict[
     """A LLaDA 2 checkpoint directory: ``config.json``, two safetensors shards and their index (as released), a
     word tokenizer whose last token is ``<|mask|>``, poisoned ``modeling_llada2_moe.py`` /
     ``configuration_llada2_moe.py``. Returns the tensors written."""
-    from safetensors.torch import save_file
-
     config = config or LLADA2_CONFIG
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    for code in ("modeling_llada2_moe.py", "configuration_llada2_moe.py"):
-        (path / code).write_text(POISON)
+    start_checkpoint(path, config, ("modeling_llada2_moe.py", "configuration_llada2_moe.py"))
     tensors = llada2_tensors(config, seed)
-    names = sorted(tensors)
-    weight_map = {}
-    for k, keys in enumerate((names[::2], names[1::2])):
-        file = f"model-0000{k + 1}-of-00002.safetensors"
-        save_file({n: tensors[n] for n in keys}, path / file, metadata={"format": "pt"})
-        weight_map |= dict.fromkeys(keys, file)
-    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    save_shards(path, tensors)
     save_word_tokenizer(path, [f"w{i}" for i in range(config["vocab_size"] - 1)] + ["<|mask|>"], mask_token="<|mask|>")
     return tensors
 

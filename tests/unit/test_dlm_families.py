@@ -46,6 +46,7 @@ from tests.unit.dlm_families import (
     write_llada,
     write_sdar,
 )
+from tests.unit.dlm_llada2 import LLADA2_MASK, write_llada2
 from tests.unit.test_dlm_reference import fast_dllm
 
 ROWS = [[5, 9, 14, 2, 77, 40, 3], [33, 7, 100]]  # a ragged batch: decodekit pads, the reference runs each row alone
@@ -314,18 +315,26 @@ def test_fast_dllm_v2_generates_the_references_tokens(fast_dllm_v2):
     assert threshold_differs
 
 
+@pytest.fixture(scope="module")
+def llada2(tmp_path_factory):
+    """A LLaDA 2 checkpoint (tests/unit/dlm_llada2.py) read with blocks of 8 instead of its 32."""
+    path = tmp_path_factory.mktemp("llada2")
+    return path, write_llada2(path), dk.dlm.load_model(str(path), block_length=8)
+
+
 @pytest.mark.parametrize("rule", ["llada", "prophet", "sdar", "fast_dllm_v2"])
-def test_every_rule_runs_on_the_absolute_grid_cached_or_not(fast_dllm_v2, rule):
-    """On a shifted absolute-grid model (ragged prompts, tails carried into the first block): every rule fills every
-    slot; the exact block cache gives the recompute's tokens, sampling with per-row seeds too; self-speculative drafts
-    leave the output as it is."""
-    dlm = fast_dllm_v2[2]
+@pytest.mark.parametrize(("family", "mask"), [("fast_dllm_v2", FAST_DLLM_V2_MASK), ("llada2", LLADA2_MASK)])
+def test_every_rule_runs_on_the_absolute_grid_cached_or_not(family, mask, rule, request):
+    """On an absolute-grid model, shifted (Fast-dLLM v2) or a mixture of experts (LLaDA 2), ragged prompts with
+    tails carried into the first block: every rule fills every slot; the exact block cache gives the recompute's
+    tokens, sampling with per-row seeds too; self-speculative drafts leave the output as it is."""
+    dlm = request.getfixturevalue(family)[2]
     settings = dict(gen_length=16, block_length=8, steps=8, temperature=0.7, seed=[3, 4, 5, 6])
     full, cached, drafted = (
         dk.dlm.generate(dlm, BLOCK_ROWS, rule=dk.build("dlm_rule", rule), **settings, **extra)
         for extra in ({}, {"cache": dk.dlm.BlockCausalCache()}, {"draft": dk.dlm.SpiffyDrafts()})
     )
-    assert all(len(row) == 16 and FAST_DLLM_V2_MASK not in row for row in full.sequences)
+    assert all(len(row) == 16 and mask not in row for row in full.sequences)
     assert cached.sequences == full.sequences and drafted.sequences == full.sequences
 
 

@@ -105,17 +105,3 @@ def test_llada2_names_a_missing_expert_and_a_misshapen_fused_projection(tmp_path
     save_file(tensors, shard)
     with pytest.raises(ConfigError, match="query_key_value.weight"):
         dk.dlm.load_model(str(tmp_path))
-
-
-@pytest.mark.parametrize("rule", ["llada", "prophet", "threshold"])
-def test_rules_caches_and_drafts_run_on_llada2(llada2, rule):
-    """Ragged prompts with tails carried into the first block, sampled with per-row seeds: every slot filled; the
-    exact block cache gives the recompute's tokens and self-speculative drafts leave them as they are."""
-    dlm = dk.dlm.load_model(str(llada2[0]), block_length=8)
-    settings = dict(gen_length=16, block_length=8, steps=8, temperature=0.7, seed=[3, 4, 5, 6])
-    full, cached, drafted = (
-        dk.dlm.generate(dlm, BLOCK_ROWS, rule=dk.build("dlm_rule", rule), **settings, **extra)
-        for extra in ({}, {"cache": dk.dlm.BlockCausalCache()}, {"draft": dk.dlm.SpiffyDrafts()})
-    )
-    assert all(len(row) == 16 and LLADA2_MASK not in row for row in full.sequences)
-    assert cached.sequences == full.sequences and drafted.sequences == full.sequences

@@ -26,7 +26,7 @@ import torch
 
 from decodekit.errors import ConfigError, ModelNotFoundError, UnsupportedModelError
 
-__all__ = ["Checkpoint", "Derived", "Family", "family_of", "read_checkpoint"]
+__all__ = ["Checkpoint", "Derived", "Family", "family_of", "mask_from", "read_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,20 @@ class Checkpoint:
     mask_token_id: int
     shift_logits: bool
     block_length: int | None
+
+
+def mask_from(default: int) -> Callable[[dict[str, Any], Any], int]:
+    """A family's mask-id rule: ``config.json``'s ``mask_token_id``, else the tokenizer's mask token, else
+    ``default`` (the id its reference ``generate`` uses)."""
+
+    def mask_token_id(config: dict[str, Any], tokenizer: Any) -> int:
+        if config.get("mask_token_id") is not None:
+            return int(config["mask_token_id"])
+        if getattr(tokenizer, "mask_token_id", None) is not None:
+            return int(tokenizer.mask_token_id)
+        return default
+
+    return mask_token_id
 
 
 def _families() -> list[Family]:

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from decodekit.dlm.families import Derived, Family, Source
+from decodekit.dlm.families import Derived, Family, Source, mask_from
 from decodekit.errors import UnsupportedModelError
 
 __all__ = ["LLADA2"]
@@ -163,21 +163,12 @@ def _layer(config, i, heads, kv, head_dim, experts, shared, bias, hf_config) -> 
     return out
 
 
-def mask_token_id(config: dict[str, Any], tokenizer: Any) -> int:
-    """``config.json``'s ``mask_token_id``, else the tokenizer's mask token, else 156895 (``<|mask|>``)."""
-    if config.get("mask_token_id") is not None:
-        return int(config["mask_token_id"])
-    if getattr(tokenizer, "mask_token_id", None) is not None:
-        return int(tokenizer.mask_token_id)
-    return MASK_TOKEN_ID
-
-
 LLADA2 = Family(
     name="LLaDA 2",
     model_types=("llada2_moe",),
     architectures=("LLaDA2MoeModelLM",),
     convert=convert,
-    mask_token_id=mask_token_id,
+    mask_token_id=mask_from(MASK_TOKEN_ID),
     shift_logits=False,
     block_length=lambda config: int(config.get("block_length") or config.get("block_size") or BLOCK_LENGTH),
     block_grid="absolute",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from decodekit.dlm.families import Family
+from decodekit.dlm.families import Family, mask_from
 from decodekit.dlm.families.qwen import convert_qwen
 from decodekit.errors import UnsupportedModelError
 
@@ -39,22 +39,12 @@ def convert(config: dict[str, Any]) -> tuple[Any, dict[str, str]]:
     return convert_qwen(config, "SDAR", qwen3=True)
 
 
-def mask_token_id(config: dict[str, Any], tokenizer: Any) -> int:
-    """``config.json``'s ``mask_token_id``, else the tokenizer's mask token (what ``generate.py`` reads), else
-    151669."""
-    if config.get("mask_token_id") is not None:
-        return int(config["mask_token_id"])
-    if getattr(tokenizer, "mask_token_id", None) is not None:
-        return int(tokenizer.mask_token_id)
-    return MASK_TOKEN_ID
-
-
 SDAR = Family(
     name="SDAR",
     model_types=("sdar",),
     architectures=("SDARForCausalLM", "SDARMoeForCausalLM"),
     convert=convert,
-    mask_token_id=mask_token_id,
+    mask_token_id=mask_from(MASK_TOKEN_ID),
     shift_logits=False,
     block_length=lambda config: int(config.get("block_size") or BLOCK_SIZE),
     block_grid="absolute",
