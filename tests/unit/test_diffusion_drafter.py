@@ -99,3 +99,14 @@ def test_refusals(target):
     other = dk.dlm.load_model(tiny_llama(0, vocab=64), mask_token_id=63)
     with pytest.raises(Exception, match="vocabulary has 64 tokens but the target's has 128"):
         dk.generate(target, [[1, 2, 3]], DiffusionDrafter(other), max_new_tokens=4)
+
+
+def test_an_autoregressive_dlm_drafting_slot_by_slot_is_always_accepted(target, ragged_prompts):
+    """The target itself read as a shifted DLM with blocks of one slot, drafting one slot a step: slot ``j``'s logits
+    are the target's after the slots before it, so under greedy verification every drafted token is accepted (a slot
+    read at the wrong position, or a canvas not updated between steps, would be rejected)."""
+    ar = block_dlm(target.hf, 127, 1)
+    out = dk.generate(target, ragged_prompts, DiffusionDrafter(ar, steps=4), policy=FixedLength(4), max_new_tokens=20,
+                      eos_token_id=(), debug=True)  # fmt: skip
+    assert out.sequences == dk.generate(target, ragged_prompts, max_new_tokens=20, eos_token_id=()).sequences
+    assert out.stats.accepted == out.stats.drafted > 0
