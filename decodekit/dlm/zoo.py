@@ -38,9 +38,18 @@ DLM_ZOO = {
         True,
         "python -m decodekit train recipe=bdlm_adapter",
     ),
+    "smollm2-135m-draft-dlm": ZooDLM(
+        "smollm2-135m-instruct",
+        "smollm2-135m-draft-dlm.safetensors",
+        16,
+        True,
+        "python -m decodekit train recipe=draft_dlm",
+    ),
 }
 """Zoo diffusion LMs: SmolLM2-135M adapted by ``decodekit/train/dlm_adapter.py`` (mask ``<empty_output>``, shifted
-logits): ``smollm2-135m-dlm`` bidirectional, ``smollm2-135m-bdlm`` block-causal (blocks of 32, self-distilled)."""
+logits): ``smollm2-135m-dlm`` bidirectional, ``smollm2-135m-bdlm`` block-causal (blocks of 32, self-distilled);
+``smollm2-135m-draft-dlm`` block-causal and aligned to draft for SmolLM2 (``objective=draft``; not shipped yet: it
+needs a GPU run of ``recipe=draft_dlm``)."""
 
 
 def check_dlm_name(name: str) -> None:

@@ -169,6 +169,9 @@ RULES: dict[str, Rule] = {
     "context": _int(low=1),
     "block_length": _int(low=1, optional=True),
     "mask_token_id": _int(low=0),
+    "objective": _choice("diffusion", "draft"),
+    "draft_length": _int(low=1),
+    "draft_decay": _float(low=0, high=1, low_open=True, hint=" (slot j's loss weight is draft_decay ** j)"),
     # the head
     "num_heads": _int(low=1),
     "exit_layer": _int(low=1, hint=" (1-based)"),

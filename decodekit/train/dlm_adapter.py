@@ -41,7 +41,7 @@ from decodekit.train.arguments import check_arguments
 from decodekit.train.common import BUDGET_PROBE, Checkpoints, budgeted_steps, plot_losses, take_step, warmup_cosine
 from decodekit.train.corpus import corpus_texts, token_chunks
 from decodekit.train.dlm_data import region_rows
-from decodekit.train.dlm_losses import masked_diffusion_loss, region_diffusion_loss
+from decodekit.train.dlm_losses import draft_alignment_loss, masked_diffusion_loss, region_diffusion_loss
 from decodekit.train.sequences import DATA_SOURCE as SELF_SOURCE
 from decodekit.train.sequences import SEQUENCES
 
@@ -80,6 +80,9 @@ def train(
     progress: bool = True,
     data: str = "corpus",
     block_length: int | None = None,
+    objective: str = "diffusion",
+    draft_length: int = 32,
+    draft_decay: float = 1.0,
     gen_len: int = 128,
     context: int = 192,
     val_fraction: float = 0.03,
@@ -108,6 +111,10 @@ def train(
             how they are built (over :data:`~decodekit.train.sequences.SEQUENCES`).
         block_length: None = bidirectional attention; a block length = block-causal training (``data="self"``
             only), for the block-causal sampler at the same block length.
+        objective: ``"diffusion"``: the masked-diffusion loss above; ``"draft"`` (``data="self"`` only): align the
+            DLM to draft for its target (:func:`~decodekit.train.dlm_losses.draft_alignment_loss`, DEER's alignment
+            reconstructed): a cut inside each response, the next ``draft_length`` slots all masked and predicted in
+            one forward, slot ``j`` weighted by ``draft_decay ** j``; for ``dk.build("drafter", "diffusion")``.
         name: the adapter file's stem (``<name>.safetensors``) and the zoo name it is for.
         mixed_precision: accelerate's ``"no"`` | ``"bf16"`` | ``"fp16"`` (autocast around the loss; bf16 halves a
             step on CPUs with AVX512-BF16 or AMX).
@@ -145,6 +152,8 @@ def train(
         raise ConfigError(
             "block_length (block-causal training) needs data=self: its loss denoises a region after a clean context"
         )
+    if objective == "draft" and data != "self":
+        raise ConfigError("objective=draft needs data=self: it drafts continuations of the target's own responses")
     check_int("gen_len", gen_len, low=1)
     check_int("context", context, low=1)
     check_bool("resume", resume)
@@ -182,6 +191,10 @@ def train(
         def loss_of(batch: Any, noise: torch.Generator) -> torch.Tensor:
             parts = batch if isinstance(batch, tuple) else source.batch(batch.tolist(), gen_len, context, window)
             tokens, lengths, starts = (x.to(accelerator.device) for x in parts)
+            if objective == "draft":
+                return draft_alignment_loss(
+                    model, tokens, lengths, starts, mask_token_id, noise, draft_length, draft_decay, block_length
+                )
             return region_diffusion_loss(model, tokens, lengths, starts, mask_token_id, noise, block_length)
 
     if len(rows) < batch_size or not val_batches:
@@ -243,6 +256,8 @@ def train(
     summary = {
         "data_source": DATA_SOURCE if data == "corpus" else SELF_SOURCE,
         "train_tokens": step * batch_size * (seq_len if data == "corpus" else gen_len),
+        "objective": objective,
+        **({"draft_length": draft_length, "draft_decay": draft_decay} if objective == "draft" else {}),
         "val_tokens": sum(int(b.numel()) if data == "corpus" else int((b[1] - b[2]).sum()) for b in val_batches),
         "data": data,
         "block_length": block_length,

@@ -83,6 +83,20 @@ def test_block_causal_recipe_builds_self_distilled_rows_trains_and_loads_block_c
     with pytest.raises(ConfigError, match="trained block-causally with blocks of 4"):
         dk.dlm.generate(m, ["def add(a, b):"], gen_length=8, block_length=8, steps=8)
 
+    # recipe=draft_dlm in small, on the same cached rows: DEER-style alignment (a cut inside each response, 4 slots
+    # all masked), its zoo entry read back and drafting for the cut target: plain decoding's tokens
+    small |= dict(objective="draft", draft_length=4, draft_decay=0.9)
+    draft = train(tmp_path / "draft", data_dir=str(tmp_path / "data"), max_steps=4, eval_every=2, save_every=4,
+                  progress=False, name="smollm2-135m-draft-dlm", base=smollm2_cut, **small)  # fmt: skip
+    assert (draft["objective"], draft["draft_length"], draft["steps"]) == ("draft", 4, 4)
+    assert draft["final_val_loss"] < draft["initial_val_loss"]
+    on_the_cut(monkeypatch, tmp_path / "draft", "smollm2-135m-draft-dlm", smollm2_cut)
+    target = dk.load_model(smollm2_cut)
+    drafter = dk.build("drafter", "diffusion", model="smollm2-135m-draft-dlm")
+    prompt = target.tokenizer("def add(a, b):")["input_ids"]
+    out = dk.generate(target, [prompt], drafter, policy=dk.policies.FixedLength(4), max_new_tokens=12, debug=True)
+    assert out.sequences == dk.generate(target, [prompt], max_new_tokens=12).sequences and out.stats.drafted > 0
+
 
 def test_a_time_budget_fixes_the_step_count_after_the_probe_and_anneals_over_it(tmp_path, monkeypatch, smollm2_cut):
     """A budget no step fits in: the run stops one step after the timed probe (the fewest a budget allows; a probe

@@ -110,3 +110,38 @@ def test_an_autoregressive_dlm_drafting_slot_by_slot_is_always_accepted(target, 
                       eos_token_id=(), debug=True)  # fmt: skip
     assert out.sequences == dk.generate(target, ragged_prompts, max_new_tokens=20, eos_token_id=()).sequences
     assert out.stats.accepted == out.stats.drafted > 0
+
+
+def test_draft_alignment_raises_acceptance_on_its_data(target):
+    """DEER-style alignment (``draft_alignment_loss``: a clean context cut inside the target's own continuation, the
+    next 4 slots all masked, one forward) trains a noisy copy of the target, read as a block-causal DLM, to draft
+    what the target then accepts: mean acceptance on the training prompts 1.01 before, 1.34 after 200 steps
+    (measured)."""
+    from decodekit.train.dlm_losses import draft_alignment_loss
+
+    gen = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(0, 127, (int(n),), generator=gen).tolist() for n in torch.randint(3, 12, (80,), generator=gen)
+    ]
+    rows = [p + o for p, o in zip(prompts, dk.generate(target, prompts, max_new_tokens=24, eos_token_id=()).sequences)]
+    tokens = torch.tensor([r + [0] * (max(map(len, rows)) - len(r)) for r in rows])
+    lengths, starts = torch.tensor([len(r) for r in rows]), torch.tensor([len(p) for p in prompts])
+    draft = perturbed(tiny_llama(0), 0.5, seed=3)
+
+    def acceptance() -> float:
+        drafter = DiffusionDrafter(block_dlm(draft, 127, 4))
+        out = dk.generate(target, prompts[:16], drafter, policy=FixedLength(4), max_new_tokens=24, eos_token_id=())
+        return out.stats.mean_acceptance_length
+
+    before = acceptance()
+    optimizer = torch.optim.Adam(draft.parameters(), lr=3e-3)
+    noise = torch.Generator().manual_seed(1)
+    draft.train()
+    for _ in range(200):
+        i = torch.randint(0, len(rows), (16,), generator=noise)
+        loss = draft_alignment_loss(draft, tokens[i], lengths[i], starts[i], 127, noise, 4, block_length=4)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    draft.eval()
+    assert acceptance() > before + 0.2

@@ -128,6 +128,10 @@ def test_the_recipe_refuses_a_bad_data_choice_before_loading(tmp_path):
         train(tmp_path, block_length=32)
     with pytest.raises(ConfigError, match="data must be 'corpus' or 'self'"):
         train(tmp_path, data="chat")
+    with pytest.raises(ConfigError, match="objective=draft needs data=self"):
+        train(tmp_path, objective="draft")
+    with pytest.raises(ConfigError, match="objective must be one of"):
+        train(tmp_path, objective="drafting")
 
 
 def test_the_lora_wrapper_starts_as_the_model_and_stays_quiet():
