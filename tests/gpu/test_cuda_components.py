@@ -35,8 +35,10 @@ def heads(tmp_path_factory):
 def drafters(device: str, heads) -> dict[str, tuple]:
     """name -> (drafter, policy) built for a target on ``device``."""
     draft = dk.load_model(perturbed(tiny_llama(0), 0.3, seed=1), device=device)
+    block_dlm = dk.dlm.DLMModel(dk.load_model(tiny_llama(0), device=device), MASK, shift_logits=True, block_length=4)
     return {
         "ngram": (dk.drafters.NGramDrafter(), FixedLength(4)),
+        "diffusion": (dk.drafters.DiffusionDrafter(block_dlm, steps=2), FixedLength(4)),
         "suffix": (dk.drafters.SuffixDrafter(), FixedLength(8, depth=8)),
         "recycling": (dk.drafters.RecyclingDrafter(template="smollm2_8"), FixedLength(8, depth=4)),
         "model_chain": (dk.drafters.ModelDrafter(draft), FixedLength(3)),
@@ -160,6 +162,7 @@ RELEASED = {
     "dream": (8, ({"rule": "dream"}, {"rule": "threshold", "cache": "dual"})),
     "sdar": (4, ({"rule": "sdar"}, {"rule": "sdar", "cache": "block_causal"})),
     "fast_dllm_v2": (8, ({"rule": "fast_dllm_v2"}, {"rule": "fast_dllm_v2", "cache": "block_causal"})),
+    "llada2": (4, ({"rule": "sdar"}, {"rule": "sdar", "cache": "block_causal"})),  # read with blocks of 4
 }
 
 
@@ -169,11 +172,13 @@ def test_released_checkpoints_on_cuda_equal_cpu(tmp_path, family):
     tokens as on the CPU, with the family's own rule and with a cache (Fast-dLLM's dual cache on the bidirectional
     families, the exact block cache on the block-causal ones, whose prompts' tails open the first block)."""
     import tests.unit.dlm_families as families
+    import tests.unit.dlm_llada2 as llada2
 
-    getattr(families, f"write_{family}")(tmp_path)
-    cpu, gpu = dk.dlm.load_model(str(tmp_path)), dk.dlm.load_model(str(tmp_path), device="cuda")
-    assert next(gpu.lm.hf.parameters()).is_cuda
+    getattr(families if family != "llada2" else llada2, f"write_{family}")(tmp_path)
     block, runs = RELEASED[family]
+    extra = {"block_length": block} if family == "llada2" else {}  # its configs name none: generate's 32
+    cpu, gpu = dk.dlm.load_model(str(tmp_path), **extra), dk.dlm.load_model(str(tmp_path), device="cuda", **extra)
+    assert next(gpu.lm.hf.parameters()).is_cuda
     for kwargs in runs:
 
         def run(m, kwargs=kwargs):
