@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from decodekit.budget import DraftBudget
-from decodekit.checks import check_float, check_int
+from decodekit.checks import check_float, check_int, check_model_spec
 from decodekit.draft import Draft
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.errors import ConfigError
@@ -59,6 +59,13 @@ class DiffusionDrafter(SamplesLikeTheTarget):
 
         self.steps = check_int("steps", steps, low=1)
         self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")
+        if not isinstance(model, DLMModel):
+            check_model_spec("model", model)
+            if not isinstance(model, str):  # a causal LM: it needs a mask token to become a DLM
+                raise ConfigError(
+                    f"DiffusionDrafter: model must be a diffusion LM; got {type(model).__name__}. Wrap a causal LM "
+                    "first: dk.dlm.load_model(model, mask_token_id=..., shift_logits=...)"
+                )
         self.model: DLMModel = model if isinstance(model, DLMModel) else load_model(model)
         if self.model.block_length is not None and self.model.block_grid != "generation":
             raise ConfigError(

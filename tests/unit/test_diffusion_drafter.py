@@ -93,6 +93,10 @@ def test_committing_by_confidence_is_detected(small):
 def test_refusals(target):
     with pytest.raises(ConfigError, match="steps must be"):
         DiffusionDrafter(block_dlm(target.hf, 127, 4), steps=0)
+    with pytest.raises(ConfigError, match="model must be"):
+        DiffusionDrafter(3)
+    with pytest.raises(ConfigError, match=r"model must be a diffusion LM; got HFCausalLM\. Wrap a causal LM"):
+        DiffusionDrafter(target)
     absolute = dk.dlm.DLMModel(target, 127, block_length=4, block_grid="absolute")
     with pytest.raises(ConfigError, match="absolute position grid"):
         DiffusionDrafter(absolute)
