@@ -166,7 +166,10 @@ class Outputs:
         host = torch.cat([self.finished.long(), state.lengths]).tolist()
         self.host_finished = host[:batch]
         state.host_lengths = host[batch:]
-        cache.set_host_lengths([n - 1 for n in state.host_lengths])
+        lengths = [n - 1 for n in state.host_lengths]
+        if any(self.host_finished):  # a row cut at its EOS or stop string kept the K/V of the draft past it
+            cache.crop(state.lengths - 1)
+        cache.set_host_lengths(lengths)
         if check:
             cache.check_host_mirror()
 

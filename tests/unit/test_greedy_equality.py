@@ -134,3 +134,16 @@ def test_tree_draft_greedy_equals_transformers(target, ragged_prompts, reference
     per_round = 3 if break_at is None else 1
     assert out.stats.acceptance_histogram[per_round] > 0
     assert max(i for i, c in enumerate(out.stats.acceptance_histogram) if c) == per_round
+
+
+def test_an_eos_inside_accepted_drafts_cuts_the_targets_cache_back():
+    """Rows that end at an EOS inside a round's accepted draft tokens (here row 0, in the draft model's run): the
+    row is cut at its EOS, and the target's cache drops the K/V it kept past it, so every round's debug check of the
+    cache's host mirror passes (before the fix it failed: mirror 16, lengths 17); output = plain decoding's."""
+    target = dk.load_model(tiny_llama(0))
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in [7, 2, 13, 4]]
+    plain = dk.generate(target, prompts, max_new_tokens=24, eos_token_id=39).sequences
+    drafter = ModelDrafter(perturbed(tiny_llama(0), 0.1, seed=1))
+    out = dk.generate(target, prompts, drafter, policy=FixedLength(4), max_new_tokens=24, eos_token_id=39, debug=True)
+    assert out.sequences == plain and len({len(s) for s in plain}) > 1
