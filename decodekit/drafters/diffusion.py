@@ -17,8 +17,13 @@ before ``j``. Committing by confidence instead (a diffusion sampler's usual orde
 decide an earlier one's, whose reported ``q`` would then not be its law given the tokens before it: the verifier's
 output would drift from the target's (``tests/unit/test_diffusion_drafter.py`` shows the drift with that order).
 
-Cost: no cache across rounds here; every forward runs the DLM over the whole context plus the ``k`` slots (on a
-CPU about what a prefill of the context costs the target), so it pays only where a round's verified run is long.
+Cost: with ``cache=True`` (the default) the DLM keeps the committed context's K/V across rounds, computed causally
+(each committed token sees those before it) and fed the tokens it has not seen, as a draft model is; the slots then
+attend to it and among themselves (block-causally past ``block_length``) without being stored, so a round costs the
+DLM a forward over the new tokens and the ``k`` slots. The causal context is not the pattern a block-causal DLM was
+trained with (its context in blocks counted back from the region); ``cache=False`` runs that pattern exactly, the
+whole context recomputed every forward (on a CPU about a prefill of the context a round). Either way the drafts are
+verified, so only their acceptance, never the output, depends on it.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ from typing import Any
 import torch
 
 from decodekit.budget import DraftBudget
-from decodekit.checks import check_float, check_int, check_model_spec
+from decodekit.checks import check_bool, check_float, check_int, check_model_spec
 from decodekit.draft import Draft
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.errors import ConfigError
+from decodekit.masks import attend_layout, bidirectional_mask, block_causal_mask
 from decodekit.registry import register
 from decodekit.state import DecodeState
 
@@ -48,13 +54,15 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         steps: denoising forwards per round (1: DEER's single step); the ``k`` slots are committed left to right in
             ``steps`` chunks (the first chunks one slot larger when ``k`` does not divide).
         temperature: the drafter's sampling temperature; None = the call's sampling parameters. 0 = argmax drafts.
+        cache: keep the committed context's K/V across rounds (computed causally); False = recompute the whole
+            context each forward in the DLM's own attention pattern (module docstring).
 
     Raises:
         ConfigError: a block-causal DLM whose blocks lie on the absolute position grid (SDAR, Fast-dLLM v2,
             LLaDA 2: a draft block would straddle its blocks), a bad ``steps`` or ``temperature``.
     """
 
-    def __init__(self, model: Any, steps: int = 1, temperature: float | None = None) -> None:
+    def __init__(self, model: Any, steps: int = 1, temperature: float | None = None, cache: bool = True) -> None:
         from decodekit.dlm.model import DLMModel, load_model
 
         self.steps = check_int("steps", steps, low=1)
@@ -67,6 +75,8 @@ class DiffusionDrafter(SamplesLikeTheTarget):
                     "first: dk.dlm.load_model(model, mask_token_id=..., shift_logits=...)"
                 )
         self.model: DLMModel = model if isinstance(model, DLMModel) else load_model(model)
+        self.cache = check_bool("cache", cache)
+        self._kv = None
         if self.model.block_length is not None and self.model.block_grid != "generation":
             raise ConfigError(
                 f"DiffusionDrafter: {self.model!r} is block-causal on the absolute position grid, where a draft block "
@@ -84,6 +94,7 @@ class DiffusionDrafter(SamplesLikeTheTarget):
                 f"DiffusionDrafter: the diffusion LM is on {self.model.device}, the target on {state.device}; load "
                 "both on one device"
             )
+        self._kv = self.model.lm.new_cache(state.batch_size, state.tokens.shape[1]) if self.cache else None
 
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
         k = budget.max_len
@@ -92,6 +103,7 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         canvas, lengths = self._canvas(state, k)
         chunks = [k // self.steps + (i < k % self.steps) for i in range(min(self.steps, k))]
         starts = {sum(chunks[:i]) for i in range(1, len(chunks))}  # slots whose chunk needs a new forward
+        self._last = self._feed_unseen(state) if self._kv is not None else None
         logits = self._slot_logits(canvas, lengths, k)
         done = 0
 
@@ -118,6 +130,37 @@ class DiffusionDrafter(SamplesLikeTheTarget):
 
     def _slot_logits(self, canvas: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
         """``[B, k, V]`` float32: the DLM's logits at the ``k`` slots (the mask token never drafted)."""
-        logits, _ = self.model.forward(canvas, lengths + k, lengths, k, block_causal=self.model.block_length)
+        if self._kv is None:
+            logits, _ = self.model.forward(canvas, lengths + k, lengths, k, block_causal=self.model.block_length)
+        else:
+            logits = self._cached_slot_logits(canvas, lengths, k)
         logits[..., self.model.mask_token_id] = float("-inf")
         return logits
+
+    def _feed_unseen(self, state: DecodeState) -> torch.Tensor:
+        """Commit to the DLM's cache the committed tokens it has not seen (causally); its output ``[B, V]`` at each
+        row's pending token (slot 0's logits when the DLM shifts them)."""
+        kv = self._kv
+        unseen = [n - s for n, s in zip(state.host_lengths, kv.host_lengths())]
+        idx = kv.lengths[:, None] + torch.arange(max(unseen), device=state.device)
+        tokens = state.tokens.gather(1, idx.clamp(max=state.tokens.shape[1] - 1))
+        return self.model.lm.extend(kv, tokens, state.lengths - kv.lengths, host_counts=unseen).logits.float()
+
+    def _cached_slot_logits(self, canvas: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
+        """The ``k`` slots (and the drafted tokens among them) run against the cached context without being
+        stored: each sees the whole context and the slots (its own block and earlier ones past ``block_length``)."""
+        kv = self._kv
+        slots = canvas.gather(1, lengths[:, None] + torch.arange(k, device=canvas.device))
+        cached = kv.host_lengths()
+        total = kv.attend(k, max(cached))
+        keys = attend_layout(kv.lengths, k, total - k)
+        block = self.model.block_length
+        mask, positions = bidirectional_mask(keys) if block is None else block_causal_mask(keys, block, origin=lengths)
+        shift = int(self.model.shift_logits)
+        at = torch.arange(k - shift, device=canvas.device).expand(len(slots), -1)
+        out = self.model.lm.forward(slots, positions, mask, kv, logits_at=at).logits.float()
+        return torch.cat([self._last[:, None], out], 1) if shift else out
+
+    def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
+        if self._kv is not None:
+            self._kv.select_rows(rows, host_rows=host_rows)

@@ -29,14 +29,14 @@ def block_dlm(model, mask: int, block: int) -> dk.dlm.DLMModel:
     return dk.dlm.DLMModel(dk.load_model(model), mask, shift_logits=True, block_length=block)
 
 
-@pytest.mark.parametrize("steps", [1, 2])
-def test_greedy_equals_plain_decoding(target, ragged_prompts, steps):
+@pytest.mark.parametrize(("steps", "cache"), [(1, True), (2, True), (1, False), (2, False)])
+def test_greedy_equals_plain_decoding(target, ragged_prompts, steps, cache):
     """A block-causal DLM whose first slot is always right (some drafts accepted, not all) and a random
     bidirectional one (nearly every draft rejected): plain decoding's tokens either way, every round checked."""
     plain = dk.generate(target, ragged_prompts, max_new_tokens=24, eos_token_id=()).sequences
     bidirectional = dk.dlm.load_model(perturbed(target.hf, 0.1, seed=1), mask_token_id=127)
     for dlm in (block_dlm(target.hf, 127, 4), bidirectional):
-        drafter = DiffusionDrafter(dlm, steps=steps)
+        drafter = DiffusionDrafter(dlm, steps=steps, cache=cache)
         out = dk.generate(target, ragged_prompts, drafter, policy=FixedLength(4), max_new_tokens=24, eos_token_id=(),
                           debug=True)  # fmt: skip
         assert out.sequences == plain
@@ -51,11 +51,11 @@ def small():
     return model, block_dlm(perturbed(model, 0.3, seed=5), 7, 2)
 
 
-@pytest.mark.parametrize(("steps", "setting"), [(1, "T1"), (2, "T0.7-p0.9")])
-def test_sampling_is_lossless(small, steps, setting):
+@pytest.mark.parametrize(("steps", "setting", "cache"), [(1, "T1", True), (2, "T0.7-p0.9", False)])
+def test_sampling_is_lossless(small, steps, setting, cache):
     model, dlm = small
-    counts, stats = sample_counts(model, DiffusionDrafter(dlm, steps=steps), RejectionVerifier(), FixedLength(2),
-                                  setting, seed=31 + steps)  # fmt: skip
+    drafter = DiffusionDrafter(dlm, steps=steps, cache=cache)
+    counts, stats = sample_counts(model, drafter, RejectionVerifier(), FixedLength(2), setting, seed=31 + steps)
     assert_matches(model, counts, setting)
     assert 0.05 < stats.draft_acceptance_rate < 0.95
 
@@ -66,7 +66,7 @@ class ByConfidence(DiffusionDrafter):
     depends on the second's value when the second went first: not its law given the tokens before it."""
 
     def __init__(self, dlm):
-        super().__init__(dlm, steps=2)
+        super().__init__(dlm, steps=2, cache=False)
 
     def propose(self, state, budget):
         canvas, lengths = self._canvas(state, 2)
@@ -110,10 +110,11 @@ def test_an_autoregressive_dlm_drafting_slot_by_slot_is_always_accepted(target, 
     are the target's after the slots before it, so under greedy verification every drafted token is accepted (a slot
     read at the wrong position, or a canvas not updated between steps, would be rejected)."""
     ar = block_dlm(target.hf, 127, 1)
-    out = dk.generate(target, ragged_prompts, DiffusionDrafter(ar, steps=4), policy=FixedLength(4), max_new_tokens=20,
-                      eos_token_id=(), debug=True)  # fmt: skip
-    assert out.sequences == dk.generate(target, ragged_prompts, max_new_tokens=20, eos_token_id=()).sequences
-    assert out.stats.accepted == out.stats.drafted > 0
+    plain = dk.generate(target, ragged_prompts, max_new_tokens=20, eos_token_id=()).sequences
+    for cache in (True, False):
+        out = dk.generate(target, ragged_prompts, DiffusionDrafter(ar, steps=4, cache=cache), policy=FixedLength(4),
+                          max_new_tokens=20, eos_token_id=(), debug=True)  # fmt: skip
+        assert out.sequences == plain and out.stats.accepted == out.stats.drafted > 0, cache
 
 
 def test_draft_alignment_raises_acceptance_on_its_data(target):
