@@ -36,6 +36,7 @@ from decodekit.budget import DraftBudget
 from decodekit.checks import check_bool, check_float, check_int, check_model_spec
 from decodekit.draft import Draft
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
+from decodekit.drafters.model import feed_unseen
 from decodekit.errors import ConfigError
 from decodekit.masks import attend_layout, bidirectional_mask, block_causal_mask
 from decodekit.registry import register
@@ -103,7 +104,7 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         canvas, lengths = self._canvas(state, k)
         chunks = [k // self.steps + (i < k % self.steps) for i in range(min(self.steps, k))]
         starts = {sum(chunks[:i]) for i in range(1, len(chunks))}  # slots whose chunk needs a new forward
-        self._last = self._feed_unseen(state) if self._kv is not None else None
+        self._last = feed_unseen(self.model.lm, self._kv, state)[0].float() if self._kv is not None else None
         logits = self._slot_logits(canvas, lengths, k)
         done = 0
 
@@ -136,15 +137,6 @@ class DiffusionDrafter(SamplesLikeTheTarget):
             logits = self._cached_slot_logits(canvas, lengths, k)
         logits[..., self.model.mask_token_id] = float("-inf")
         return logits
-
-    def _feed_unseen(self, state: DecodeState) -> torch.Tensor:
-        """Commit to the DLM's cache the committed tokens it has not seen (causally); its output ``[B, V]`` at each
-        row's pending token (slot 0's logits when the DLM shifts them)."""
-        kv = self._kv
-        unseen = [n - s for n, s in zip(state.host_lengths, kv.host_lengths())]
-        idx = kv.lengths[:, None] + torch.arange(max(unseen), device=state.device)
-        tokens = state.tokens.gather(1, idx.clamp(max=state.tokens.shape[1] - 1))
-        return self.model.lm.extend(kv, tokens, state.lengths - kv.lengths, host_counts=unseen).logits.float()
 
     def _cached_slot_logits(self, canvas: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
         """The ``k`` slots (and the drafted tokens among them) run against the cached context without being

@@ -16,6 +16,23 @@ from decodekit.round import Round
 from decodekit.state import DecodeState
 
 
+def feed_unseen(
+    model: LanguageModel, cache: Any, state: DecodeState, hidden: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Commit to a drafter's own ``cache`` of ``model`` the committed tokens it has not seen (the pending token, plus
+    any accepted draft tokens it does not hold; the whole prompt the first time), in one forward; returns ``model``'s
+    logits ``[B, V]`` after each row's pending token and (with ``hidden``) its final hidden state ``[B, H]`` there."""
+    unseen = [n - s for n, s in zip(state.host_lengths, cache.host_lengths())]  # >= 1: the pending token at least
+    idx = cache.lengths[:, None] + torch.arange(max(unseen), device=state.device)
+    tokens_in = state.tokens.gather(1, idx.clamp(max=state.tokens.shape[1] - 1))
+    counts = state.lengths - cache.lengths
+    out = model.extend(cache, tokens_in, counts, host_counts=unseen, return_hidden=hidden)
+    if not hidden:
+        return out.logits, None
+    last = (counts - 1).clamp(min=0)[:, None, None].expand(-1, 1, out.last_hidden.shape[-1])
+    return out.logits, out.last_hidden.gather(1, last)[:, 0]
+
+
 @register("drafter", "model")
 class ModelDrafter(SamplesLikeTheTarget):
     """Draft with a separate causal LM (speculative sampling's classic drafter).
@@ -79,16 +96,7 @@ class ModelDrafter(SamplesLikeTheTarget):
     def feed_unseen_hidden(self, state: DecodeState, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`feed_unseen`, plus (with ``hidden``) the final hidden state ``[B, H]`` at each row's pending
         token, else None."""
-        seen = self.cache.host_lengths()
-        unseen = [n - s for n, s in zip(state.host_lengths, seen)]  # >= 1: the pending token at least
-        idx = self.cache.lengths[:, None] + torch.arange(max(unseen), device=state.device)
-        tokens_in = state.tokens.gather(1, idx.clamp(max=state.tokens.shape[1] - 1))
-        counts = state.lengths - self.cache.lengths
-        out = self.model.extend(self.cache, tokens_in, counts, host_counts=unseen, return_hidden=hidden)
-        if not hidden:
-            return out.logits, None
-        last = (counts - 1).clamp(min=0)[:, None, None].expand(-1, 1, out.last_hidden.shape[-1])
-        return out.logits, out.last_hidden.gather(1, last)[:, 0]
+        return feed_unseen(self.model, self.cache, state, hidden)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         """Drop drafted tokens the target rejected: keep what agrees with the committed history."""
