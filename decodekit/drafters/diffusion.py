@@ -77,7 +77,8 @@ class DiffusionDrafter(SamplesLikeTheTarget):
                 )
         self.model: DLMModel = model if isinstance(model, DLMModel) else load_model(model)
         self.cache = check_bool("cache", cache)
-        self._kv = None
+        self._kv: Any = None  # the DLM's KVCache of the committed context (cache=True), from begin()
+        self._last: torch.Tensor | None = None  # [B, V] its output at each row's pending token, this round
         if self.model.block_length is not None and self.model.block_grid != "generation":
             raise ConfigError(
                 f"DiffusionDrafter: {self.model!r} is block-causal on the absolute position grid, where a draft block "
@@ -141,14 +142,15 @@ class DiffusionDrafter(SamplesLikeTheTarget):
     def _cached_slot_logits(self, canvas: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
         """The ``k`` slots (and the drafted tokens among them) run against the cached context without being
         stored: each sees the whole context and the slots (its own block and earlier ones past ``block_length``)."""
-        kv = self._kv
+        kv, shift = self._kv, int(self.model.shift_logits)
+        if shift and k == 1:  # the one slot's logits are the output at the pending token
+            return self._last[:, None]
         slots = canvas.gather(1, lengths[:, None] + torch.arange(k, device=canvas.device))
         cached = kv.host_lengths()
         total = kv.attend(k, max(cached))
         keys = attend_layout(kv.lengths, k, total - k)
         block = self.model.block_length
         mask, positions = bidirectional_mask(keys) if block is None else block_causal_mask(keys, block, origin=lengths)
-        shift = int(self.model.shift_logits)
         at = torch.arange(k - shift, device=canvas.device).expand(len(slots), -1)
         out = self.model.lm.forward(slots, positions, mask, kv, logits_at=at).logits.float()
         return torch.cat([self._last[:, None], out], 1) if shift else out
