@@ -105,3 +105,23 @@ def test_llada2_names_a_missing_expert_and_a_misshapen_fused_projection(tmp_path
     save_file(tensors, shard)
     with pytest.raises(ConfigError, match="query_key_value.weight"):
         dk.dlm.load_model(str(tmp_path))
+
+
+def test_llada2_without_shared_experts_or_router_biases(tmp_path):
+    """``num_shared_experts: 0`` and ``moe_router_enable_expert_bias: false`` (no such tensors in the weights): the
+    reference's zero-width shared expert and zero biases, the same logits."""
+    from safetensors.torch import load_file, save_file
+
+    config = LLADA2_CONFIG | {"num_shared_experts": 0, "moe_router_enable_expert_bias": False}
+    tensors = write_llada2(tmp_path, config)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    for shard in set(index["weight_map"].values()):
+        kept = {k: v for k, v in load_file(tmp_path / shard).items() if "shared_experts" not in k and "bias" not in k}
+        save_file(kept, tmp_path / shard)
+    dlm = dk.dlm.load_model(str(tmp_path), block_length=8)
+    reference = {k: v * 0 if k.endswith("expert_bias") else v for k, v in tensors.items()}
+    ids = torch.tensor([BLOCK_ROWS[2]])  # 16 tokens: the second block of 8 generated
+    grid = torch.arange(16) // 8
+    got, _ = dlm.forward(ids, torch.tensor([16]), torch.tensor([8]), 8, block_causal=8)
+    want = llada2_forward(reference, config, ids, grid[:, None] >= grid[None, :])[0, 8:]
+    torch.testing.assert_close(got[0], want, atol=1e-4, rtol=1e-5)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,7 +194,8 @@ def read_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -
         known = ", ".join(f.name for f in _families())
         raise UnsupportedModelError(f"{root} is not a checkpoint of a known diffusion-LM family ({known})")
     hf_config, sources = family.convert(config)
-    with torch.device("meta"):
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Initializing zero-element tensors")  # zero-width shared experts
         model = AutoModelForCausalLM.from_config(hf_config)
     found = _gather(root, family, sources, dtype)
     expected = dict(model.state_dict())
@@ -268,8 +270,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 def _tokenizer(root: Path, family: Family) -> Any:
     """The checkpoint's tokenizer, from its own files (never with ``trust_remote_code``), or None without them."""
-    import warnings
-
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 

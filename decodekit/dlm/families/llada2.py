@@ -116,15 +116,18 @@ def convert(config: dict[str, Any]) -> tuple[Any, dict[str, Source]]:
     sources["model.norm.weight"] = "model.norm.weight"
     if not hf_config.tie_word_embeddings:
         sources["lm_head.weight"] = "lm_head.weight"
-    bias = bool(config.get("moe_router_enable_expert_bias", True))
+    expert_bias = bool(config.get("moe_router_enable_expert_bias", True))
     for i in range(hf_config.num_hidden_layers):
-        sources |= _layer(config, i, heads, kv, head_dim, experts, shared, bias, hf_config)
+        sources |= _layer(i, hf_config, expert_bias)
     return hf_config, sources
 
 
-def _layer(config, i, heads, kv, head_dim, experts, shared, bias, hf_config) -> dict[str, Source]:
-    """One decoder layer's ``{parameter: source}``."""
-    theirs, ours = f"model.layers.{i}", f"model.layers.{i}"
+def _layer(i: int, hf_config: Any, expert_bias: bool) -> dict[str, Source]:
+    """Decoder layer ``i``'s ``{GLM-4 MoE parameter: source}`` (both layouts number layers alike); ``expert_bias``:
+    the routers store ``gate.expert_bias`` (else a zero correction)."""
+    theirs = ours = f"model.layers.{i}"
+    head_dim, experts = hf_config.head_dim, hf_config.n_routed_experts
+    heads, kv = hf_config.num_attention_heads, hf_config.num_key_value_heads
     out: dict[str, Source] = {
         f"{ours}.input_layernorm.weight": f"{theirs}.input_layernorm.weight",
         f"{ours}.post_attention_layernorm.weight": f"{theirs}.post_attention_layernorm.weight",
@@ -145,7 +148,7 @@ def _layer(config, i, heads, kv, head_dim, experts, shared, bias, hf_config) -> 
     out[f"{ours}.mlp.gate.weight"] = Derived((f"{theirs}.mlp.gate.weight",), lambda w: w.float())  # float32 router
     out[f"{ours}.mlp.gate.e_score_correction_bias"] = (
         Derived((f"{theirs}.mlp.gate.expert_bias",), lambda b: b.float())
-        if bias
+        if expert_bias
         else Derived((), lambda: torch.zeros(experts))
     )
     expert = [f"{theirs}.mlp.experts.{e}" for e in range(experts)]
@@ -158,7 +161,9 @@ def _layer(config, i, heads, kv, head_dim, experts, shared, bias, hf_config) -> 
     for p in MLP:
         width = (hf_config.hidden_size, 0) if p == "down_proj" else (0, hf_config.hidden_size)
         out[f"{ours}.mlp.shared_experts.{p}.weight"] = (
-            f"{theirs}.mlp.shared_experts.{p}.weight" if shared else Derived((), lambda w=width: torch.zeros(w))
+            f"{theirs}.mlp.shared_experts.{p}.weight"
+            if hf_config.n_shared_experts
+            else Derived((), lambda w=width: torch.zeros(w))
         )
     return out
 
