@@ -120,8 +120,8 @@ def test_an_autoregressive_dlm_drafting_slot_by_slot_is_always_accepted(target, 
 def test_draft_alignment_raises_acceptance_on_its_data(target):
     """DEER-style alignment (``draft_alignment_loss``: a clean context cut inside the target's own continuation, the
     next 4 slots all masked, one forward) trains a noisy copy of the target, read as a block-causal DLM, to draft
-    what the target then accepts: mean acceptance on the training prompts 1.01 before, 1.34 after 200 steps
-    (measured)."""
+    what the target then accepts: mean acceptance on the training prompts 1.01-1.02 before, 1.28-1.34 after 200
+    steps (measured in two runs)."""
     from decodekit.train.dlm_losses import draft_alignment_loss
 
     gen = torch.Generator().manual_seed(0)
@@ -149,4 +149,4 @@ def test_draft_alignment_raises_acceptance_on_its_data(target):
         optimizer.step()
         optimizer.zero_grad()
     draft.eval()
-    assert acceptance() > before + 0.2
+    assert acceptance() > before + 0.15
