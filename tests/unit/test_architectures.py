@@ -38,10 +38,10 @@ from decodekit.errors import IncompatibleDraftError, UnsupportedModelError
 from decodekit.policies import FixedLength
 from tests.archs import CASES, EXPECTED, build_model, case_id, tiny_model
 
-MAX_NEW = 12  # the shortest prompt and its output span twice the window (5 + 12 > 2 x WINDOW)
-PROMPTS = [  # lengths 10, 5, 13: prompt + output always exceeds the window; repetitions feed the n-gram drafter
+MAX_NEW = 10  # the shortest prompt and its output span twice the window (7 + 10 > 2 x WINDOW)
+PROMPTS = [  # lengths 10, 7, 13: prompt + output always exceeds the window; repetitions feed the n-gram drafter
     [5, 17, 33, 5, 17, 33, 5, 17, 33, 5],
-    [40, 41, 42, 40, 41],
+    [40, 41, 42, 40, 41, 42, 40],
     [9, 8, 7, 6, 9, 8, 7, 6, 9, 8, 60, 61, 9],
 ]
 
