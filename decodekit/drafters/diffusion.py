@@ -78,7 +78,6 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         self.model: DLMModel = model if isinstance(model, DLMModel) else load_model(model)
         self.cache = check_bool("cache", cache)
         self._kv: Any = None  # the DLM's KVCache of the committed context (cache=True), from begin()
-        self._last: torch.Tensor | None = None  # [B, V] its output at each row's pending token, this round
         if self.model.block_length is not None and self.model.block_grid != "generation":
             raise ConfigError(
                 f"DiffusionDrafter: {self.model!r} is block-causal on the absolute position grid, where a draft block "
@@ -102,58 +101,58 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         k = budget.max_len
         if k == 0:
             return Draft.empty(state.batch_size, state.device)
-        canvas, lengths = self._canvas(state, k)
+        slots = torch.full((state.batch_size, k), self.model.mask_token_id, device=state.device)
         chunks = [k // self.steps + (i < k % self.steps) for i in range(min(self.steps, k))]
         starts = {sum(chunks[:i]) for i in range(1, len(chunks))}  # slots whose chunk needs a new forward
-        self._last = feed_unseen(self.model.lm, self._kv, state)[0].float() if self._kv is not None else None
-        logits = self._slot_logits(canvas, lengths, k)
+        last = feed_unseen(self.model.lm, self._kv, state)[0].float() if self._kv is not None else None
+        logits = self._slot_logits(state, slots, last)
         done = 0
 
         def advance(x: torch.Tensor) -> tuple[torch.Tensor, None]:
             nonlocal done, logits
-            canvas.scatter_(1, (lengths + done)[:, None], x[:, None])  # the slot is a committed token now
+            slots[:, done] = x  # the slot is a committed token now
             done += 1
             if done in starts:
-                logits = self._slot_logits(canvas, lengths, k)
+                logits = self._slot_logits(state, slots, last)
             return logits[:, done], None
 
         return draft_chain(state, budget, self.sampling(state.sampling), logits[:, 0], None, advance)
 
-    def _canvas(self, state: DecodeState, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[B, max(L) + k]``: each row's committed tokens (the pending one last), then ``k`` mask slots, then
-        padding; and the rows' lengths ``L [B]``."""
-        lengths = state.lengths
+    def _slot_logits(self, state: DecodeState, slots: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+        """``[B, k, V]`` float32: the DLM's logits at the slots after each row's committed tokens (``slots [B, k]``:
+        the mask token, or the token drafted there), the mask token never drafted. ``last [B, V]``: the cached DLM's
+        output at the pending token (None without the cache)."""
+        if last is None:
+            logits = self._uncached_slot_logits(state, slots)
+        else:
+            logits = self._cached_slot_logits(state, slots, last)
+        logits[..., self.model.mask_token_id] = float("-inf")
+        return logits
+
+    def _uncached_slot_logits(self, state: DecodeState, slots: torch.Tensor) -> torch.Tensor:
+        """One forward over ``[B, max(L) + k]``: each row's committed tokens, its slots, then padding."""
+        lengths, k = state.lengths, slots.shape[1]
         width = max(state.host_lengths) + k
         canvas = torch.zeros(state.batch_size, width, dtype=torch.long, device=state.device)
         have = min(width, state.tokens.shape[1])
         canvas[:, :have] = state.tokens[:, :have]
-        slots = lengths[:, None] + torch.arange(k, device=state.device)
-        return canvas.scatter_(1, slots, self.model.mask_token_id), lengths
+        canvas.scatter_(1, lengths[:, None] + torch.arange(k, device=state.device), slots)
+        return self.model.forward(canvas, lengths + k, lengths, k, block_causal=self.model.block_length)[0]
 
-    def _slot_logits(self, canvas: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
-        """``[B, k, V]`` float32: the DLM's logits at the ``k`` slots (the mask token never drafted)."""
-        if self._kv is None:
-            logits, _ = self.model.forward(canvas, lengths + k, lengths, k, block_causal=self.model.block_length)
-        else:
-            logits = self._cached_slot_logits(canvas, lengths, k)
-        logits[..., self.model.mask_token_id] = float("-inf")
-        return logits
-
-    def _cached_slot_logits(self, canvas: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
-        """The ``k`` slots (and the drafted tokens among them) run against the cached context without being
-        stored: each sees the whole context and the slots (its own block and earlier ones past ``block_length``)."""
-        kv, shift = self._kv, int(self.model.shift_logits)
+    def _cached_slot_logits(self, state: DecodeState, slots: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """The slots run against the cached context without being stored: each sees the whole context and the slots
+        (its own block and earlier ones past ``block_length``)."""
+        kv, shift, k = self._kv, int(self.model.shift_logits), slots.shape[1]
         if shift and k == 1:  # the one slot's logits are the output at the pending token
-            return self._last[:, None]
-        slots = canvas.gather(1, lengths[:, None] + torch.arange(k, device=canvas.device))
-        cached = kv.host_lengths()
-        total = kv.attend(k, max(cached))
+            return last[:, None]
+        total = kv.attend(k, max(kv.host_lengths()))
         keys = attend_layout(kv.lengths, k, total - k)
         block = self.model.block_length
-        mask, positions = bidirectional_mask(keys) if block is None else block_causal_mask(keys, block, origin=lengths)
-        at = torch.arange(k - shift, device=canvas.device).expand(len(slots), -1)
+        origin = state.lengths
+        mask, positions = bidirectional_mask(keys) if block is None else block_causal_mask(keys, block, origin=origin)
+        at = torch.arange(k - shift, device=slots.device).expand(len(slots), -1)
         out = self.model.lm.forward(slots, positions, mask, kv, logits_at=at).logits.float()
-        return torch.cat([self._last[:, None], out], 1) if shift else out
+        return torch.cat([last[:, None], out], 1) if shift else out
 
     def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
         if self._kv is not None:

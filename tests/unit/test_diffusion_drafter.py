@@ -69,14 +69,14 @@ class ByConfidence(DiffusionDrafter):
         super().__init__(dlm, steps=2, cache=False)
 
     def propose(self, state, budget):
-        canvas, lengths = self._canvas(state, 2)
+        slots = torch.full((state.batch_size, 2), self.model.mask_token_id)
         sampling = self.sampling(state.sampling)
-        probs = probs_from_logits(self._slot_logits(canvas, lengths, 2), sampling)  # [B, 2, V]
+        probs = probs_from_logits(self._slot_logits(state, slots, None), sampling)  # [B, 2, V]
         x = torch.stack([sample(probs[:, j], state.generator, key=("draft", j)) for j in range(2)], 1)
         first = probs.gather(2, x[..., None])[..., 0].argmax(1)  # [B]: the slot committed first
         rows = torch.arange(state.batch_size)
-        canvas[rows, lengths + first] = x[rows, first]
-        again = probs_from_logits(self._slot_logits(canvas, lengths, 2), sampling)
+        slots[rows, first] = x[rows, first]
+        again = probs_from_logits(self._slot_logits(state, slots, None), sampling)
         second = 1 - first
         x[rows, second] = sample(again[rows, second], state.generator, key=("draft", 2))
         q = probs.clone()
