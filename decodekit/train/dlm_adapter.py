@@ -253,9 +253,11 @@ def train(
     bar.close()
     checkpoints.save(step, history)
     recent = [loss for _, loss in history["train"][-50:]]
+    # the slots a row scores at most: a chunk, a region, or (objective=draft) the slots drafted after a cut
+    row_slots = seq_len if data == "corpus" else draft_length if objective == "draft" else gen_len
     summary = {
         "data_source": DATA_SOURCE if data == "corpus" else SELF_SOURCE,
-        "train_tokens": step * batch_size * (seq_len if data == "corpus" else gen_len),
+        "train_tokens": step * batch_size * row_slots,
         "objective": objective,
         **({"draft_length": draft_length, "draft_decay": draft_decay} if objective == "draft" else {}),
         "val_tokens": sum(int(b.numel()) if data == "corpus" else int((b[1] - b[2]).sum()) for b in val_batches),

@@ -89,6 +89,7 @@ def test_block_causal_recipe_builds_self_distilled_rows_trains_and_loads_block_c
     draft = train(tmp_path / "draft", data_dir=str(tmp_path / "data"), max_steps=4, eval_every=2, save_every=4,
                   progress=False, name="smollm2-135m-draft-dlm", base=smollm2_cut, **small)  # fmt: skip
     assert (draft["objective"], draft["draft_length"], draft["steps"]) == ("draft", 4, 4)
+    assert draft["train_tokens"] == 4 * 2 * 4  # steps x rows x drafted slots, not the region's gen_len
     assert draft["final_val_loss"] < draft["initial_val_loss"]
     on_the_cut(monkeypatch, tmp_path / "draft", "smollm2-135m-draft-dlm", smollm2_cut)
     target = dk.load_model(smollm2_cut)
