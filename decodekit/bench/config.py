@@ -88,6 +88,8 @@ def check_bench_config(cfg: Any) -> None:
         check_int(f"methods.{name}.max_batch", spec.get("max_batch"), low=1, optional=True)
         if spec.get("fresh") is not None:
             check_bool(f"methods.{name}.fresh", spec.get("fresh"))
+        if spec.get("compile") is not None:
+            check_choice(f"methods.{name}.compile", spec.get("compile"), (True, False, "auto"))
     baselines = cfg.get("baselines") or {}
     if not isinstance(baselines, Mapping):
         raise ConfigTypeError(
@@ -110,7 +112,7 @@ def _is_list(value: Any) -> bool:
 
 COMPONENTS = ("drafter", "verifier", "policy")
 _SETTING_KEYS = {"name", "temperature", "top_k", "top_p"}
-_METHOD_KEYS = {"drafter", "verifier", "policy", "max_batch", "fresh"}
+_METHOD_KEYS = {"drafter", "verifier", "policy", "max_batch", "fresh", "compile"}
 _BASELINE_KINDS = ("greedy", "prompt_lookup", "assisted", "early_exit")
 
 

@@ -50,7 +50,10 @@ class Method:
     ``fresh``: every component with a ``clear()`` (a suffix cache, Token Recycling's matrix, SWIFT's searched
     set, a policy's carried-over schedule) is cleared before each call, outside the timing. A benchmark repeats its
     prompts (warm-up, passes), so a component that remembers earlier calls would otherwise hold the timed prompt's
-    own output from the second pass on."""
+    own output from the second pass on.
+
+    ``compile``: ``dk.generate``'s ``compile=`` (True, False, ``"auto"``); the benchmark's warm-up call compiles,
+    so timed calls see compiled forwards only (the compile time is not in the table)."""
 
     name: str
     drafter: Any = None
@@ -59,6 +62,7 @@ class Method:
     max_batch: int | None = None
     costs: Any = None  # {batch size: CostModel} of this drafter (decodekit.policies.profile_costs): oracle column
     fresh: bool = False
+    compile: bool | str = False
 
     def generate(
         self, model: LanguageModel, prompts: list[list[int]], setting: Setting, max_new_tokens: int, seed: int
@@ -80,6 +84,7 @@ class Method:
                 top_k=setting.top_k,
                 top_p=setting.top_p,
                 seed=seed,
+                compile=self.compile,
             ),
             model.device,
         )

@@ -45,7 +45,13 @@ def build_methods(cfg: Any, build: Callable[[Any, str], Any] = build_component) 
             continue
         parts = {key: build(spec.get(key), f"methods.{name}.{key}") for key in COMPONENTS}
         label = method_label(parts) if name == GENERIC_METHOD else str(name)
-        methods[str(name)] = Method(label, **parts, max_batch=spec.get("max_batch"), fresh=bool(spec.get("fresh")))
+        methods[str(name)] = Method(
+            label,
+            **parts,
+            max_batch=spec.get("max_batch"),
+            fresh=bool(spec.get("fresh")),
+            compile=spec.get("compile") or False,
+        )
     return methods
 
 

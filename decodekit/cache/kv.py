@@ -183,6 +183,34 @@ class KVCache(Cache):
             self._extent[layer_idx] = max(self._extent[layer_idx], self._end)
         return k_buf[:, :, : self._kv_len], v_buf[:, :, : self._kv_len]
 
+    # ------------------------------------------------------------------------------ explicit-slot forwards
+    def staged_slots(self) -> torch.Tensor | None:
+        """``[B, N]`` long: the slots the forward planned by :meth:`stage` writes, as a tensor (gpt-fast's
+        ``input_pos``), for a forward that writes the buffers itself (:mod:`decodekit.models.compiled`); None after
+        :meth:`write_at` / :meth:`attend` or with nothing planned. No host sync."""
+        if self._plan != _STAGE:
+            return None
+        if self._write_index is not None:
+            return self._write_index
+        start = self._write_start + torch.arange(self._end - self._offset, device=self._lengths.device)
+        return start.expand(self.batch_size, -1)
+
+    def allocate(self, num_layers: int, kv_heads: int, head_dim: int, like: torch.Tensor) -> None:
+        """Make sure layers ``0 .. num_layers - 1`` have their ``[B, kv_heads, capacity + 1, head_dim]`` buffers
+        (dtype and device of ``like``), as :meth:`update` makes them on a layer's first write."""
+        shape = (self.batch_size, kv_heads, self.capacity + 1, head_dim)
+        while len(self.keys) < num_layers:
+            self.keys.append(like.new_zeros(shape))
+            self.values.append(like.new_zeros(shape))
+            self._extent.append(0)
+
+    def staged_written(self, num_layers: int) -> None:
+        """Book a forward that wrote the staged block itself into layers ``0 .. num_layers - 1`` (what
+        :meth:`update` books per layer: the staged extent)."""
+        for i in range(num_layers):
+            if self._offset <= self._extent[i]:
+                self._extent[i] = max(self._extent[i], self._end)
+
     def key_positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Position of the token at each key index the planned forward sees (for position-dependent masks such as
         sliding windows).

@@ -1,0 +1,259 @@
+"""Static-shape, compiled forwards: ``dk.generate(..., compile=True)``.
+
+The eager adapter runs a forward at whatever shape the ragged state has: ``N`` tokens per row (the pending token and
+this round's draft), ``S = max(L) + N`` keys, its K/V written where :meth:`KVCache.stage` planned. Compiled code (and
+a CUDA graph above all) wants a forward whose shapes take few values and that reads nothing from the host. Under
+:func:`compiling`, a covered family's forward (Llama, Mistral, Qwen2, Qwen3 through
+:class:`~decodekit.models.lean.LeanDecoder`'s arithmetic) runs as :class:`StaticForward` instead:
+
+- **explicit slots**: the forward gets the slots it writes as a ``[B, N]`` tensor (:meth:`KVCache.staged_slots`,
+  gpt-fast's ``input_pos``) and scatters its K/V into the cache's buffers itself;
+- **a fixed key length**: attention always reads the whole buffer, ``capacity + 1`` slots (the last is scratch),
+  under the caller's mask padded with False; under :func:`compiling` new caches get a capacity rounded up to a
+  multiple of :data:`CAPACITY_STEP` (with room for a padded draft), so calls with other prompt lengths see the same
+  key length;
+- **width buckets**: ``N`` is padded to the next of :data:`WIDTHS` (1, 2, 4, 8, 16, 32, 64); padded queries write to
+  the scratch slot and attend only to it, and their outputs are dropped. Wider forwards and prefills (a forward
+  into an empty cache, whose width is the prompt's) run eager.
+
+The step is one ``torch.compile`` per adapter (inductor; ``mode="reduce-overhead"``, i.e. CUDA graphs, on CUDA),
+kept across calls. The batch and width dimensions are marked dynamic (one graph serves every batch size after
+compaction and every width bucket; dynamo keeps a size of 1 apart, and CUDA graphs record one graph per bucket), so
+a first call compiles two or three graphs and a later call with other prompt lengths none
+(``tests/unit/test_compiled.py`` counts dynamo's compiles).
+
+Where a forward cannot run this way it runs eager: silently for prefills and the diffusion half's cache plans
+(``write_at`` / ``attend``), with one warning a call naming why for a model outside the covered families, an
+early-exit or layer-skipping forward, a restricted attention (``attend=``, attention recording), and once per
+adapter when compiling itself fails (no C++ compiler for inductor, an unsupported op in a custom kernel).
+
+Measured on the 2-core CPU (docs/benchmarks.md, "Compiled forwards"): the same tokens, and no faster than eager on
+the CPU, where a SmolLM2 token is bound by the matrix-vector kernels, not by dispatch; the switch exists for GPUs,
+where the eager loop is dispatch-bound (issue 55; ``tests/gpu`` runs it there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import types
+import warnings
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+
+from decodekit.checks import check_choice
+
+__all__ = [
+    "CAPACITY_STEP",
+    "WIDTHS",
+    "CompileScope",
+    "StaticForward",
+    "capacity_bucket",
+    "compile_scope",
+    "compiling",
+    "resolve_compile",
+    "width_bucket",
+]
+
+WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # padded query widths; wider forwards (prefills) run eager
+CAPACITY_STEP = 256  # cache capacities under compile are multiples of this
+
+
+def width_bucket(num_new: int) -> int | None:
+    """The padded width of a forward over ``num_new`` tokens, or None past the widest bucket (it runs eager)."""
+    return next((w for w in WIDTHS if w >= num_new), None)
+
+
+def capacity_bucket(capacity: int) -> int:
+    """A cache capacity for compiled forwards: room for ``capacity`` tokens and a padded draft, rounded up to a
+    multiple of :data:`CAPACITY_STEP` (so prompts of other lengths give the same key length)."""
+    need = capacity + WIDTHS[-1]
+    return -(-need // CAPACITY_STEP) * CAPACITY_STEP
+
+
+def resolve_compile(value: Any, device: torch.device) -> bool:
+    """``generate``'s ``compile=``: True, False, or ``"auto"`` (on for CUDA, where the eager loop is dispatch-bound;
+    off on the CPU, where it was measured not to pay)."""
+    check_choice("compile", value, (True, False, "auto"))
+    if value == "auto":
+        return torch.device(device).type == "cuda"
+    return bool(value)
+
+
+class CompileScope:
+    """One call's compile switch: the warnings it has given (one per reason)."""
+
+    def __init__(self) -> None:
+        self.warned: set[str] = set()
+
+    def eager(self, reason: str) -> None:
+        """Say once in this call that forwards run eager, and why."""
+        if reason not in self.warned:
+            self.warned.add(reason)
+            warnings.warn(f"compile=True: {reason}; those forwards run eager", stacklevel=4)
+
+
+_SCOPE: ContextVar[CompileScope | None] = ContextVar("decodekit_compile", default=None)
+
+
+def compile_scope() -> CompileScope | None:
+    """The running call's :class:`CompileScope` (None: forwards run eager)."""
+    return _SCOPE.get()
+
+
+@contextlib.contextmanager
+def compiling(on: bool = True) -> Iterator[CompileScope | None]:
+    """Within the block, covered forwards run static and compiled (module docstring); ``on=False`` changes
+    nothing."""
+    if not on:
+        yield None
+        return
+    scope = CompileScope()
+    token = _SCOPE.set(scope)
+    try:
+        yield scope
+    finally:
+        _SCOPE.reset(token)
+
+
+class StaticForward:
+    """A covered decoder stack's forward at static shapes, compiled once (module docstring).
+
+    Args:
+        decoder: the ``*Model`` under the LM head (Llama family, eval mode, ``sdpa``).
+        qk_norm: the attention normalises queries and keys per head (Qwen3).
+    """
+
+    def __init__(self, decoder: torch.nn.Module, qk_norm: bool) -> None:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        from decodekit.models.grouped_attention import TORCH_HAS_GQA
+
+        self.decoder, self.qk_norm, self.rotate, self.gqa = decoder, qk_norm, apply_rotary_pos_emb, TORCH_HAS_GQA
+        self.failed: str | None = None  # why compiling failed (then every forward runs eager)
+        self._compiled: Any = None
+
+    def __deepcopy__(self, memo: dict) -> StaticForward:
+        """A copy for a copied model (a deep copy of a model deep-copies its adapter): everything but the compiled
+        step, which is bound to this instance and so to the original model's modules; the copy compiles its own."""
+        import copy
+
+        twin = StaticForward.__new__(StaticForward)
+        memo[id(self)] = twin
+        for name, value in vars(self).items():
+            setattr(twin, name, None if name == "_compiled" else copy.deepcopy(value, memo))
+        return twin
+
+    def _step(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        slots: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        hidden_layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The traced forward: ``tokens``, ``positions``, ``slots [B, W]``, ``mask [B, 1, W, S_buf]``; writes the
+        K/V at ``slots`` of each layer's ``keys`` / ``values [B, Hkv, S_buf, D]``; returns the normed output
+        ``[B, W, H]`` and the requested layers' outputs (0 = embeddings)."""
+        decoder = self.decoder
+        batch, width = tokens.shape
+        x = decoder.embed_tokens(tokens)
+        hidden = {0: x} if 0 in hidden_layers else {}
+        cos, sin = decoder.rotary_emb(x, position_ids=positions)
+        index = slots[:, None, :, None]
+        for number, layer in enumerate(decoder.layers._modules.values(), start=1):  # all blocks: no selection here
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            head_shape = (batch, width, -1, attn.head_dim)
+            q, k = attn.q_proj(h).view(head_shape), attn.k_proj(h).view(head_shape)
+            if self.qk_norm:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            v = attn.v_proj(h).view(head_shape).transpose(1, 2)
+            q, k = self.rotate(q, k, cos, sin)
+            k_buf, v_buf = keys[attn.layer_idx], values[attn.layer_idx]
+            k_buf.scatter_(2, index.expand_as(k), k)
+            v_buf.scatter_(2, index.expand_as(v), v)
+            groups = q.shape[1] // k_buf.shape[1]
+            if groups > 1 and not self.gqa:
+                k_buf, v_buf = k_buf.repeat_interleave(groups, 1), v_buf.repeat_interleave(groups, 1)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k_buf, v_buf, attn_mask=mask, scale=attn.scaling, **({"enable_gqa": True} if self.gqa else {})
+            )
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, width, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if number in hidden_layers:
+                hidden[number] = x
+        return decoder.norm(x), hidden
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        cache: Any,
+        hidden_layers: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | None:
+        """Run ``tokens [B, N]`` at ``positions [B, N]`` under ``mask [B, 1, N, S]`` (bool) against ``cache``,
+        writing the slots :meth:`KVCache.stage` planned. Returns the normed output ``[B, N, H]`` and the hidden
+        states asked for (each ``[B, N, H]``), or None where this forward must run eager (nothing was written)."""
+        slots = cache.staged_slots()
+        width = width_bucket(tokens.shape[1])
+        if self.failed is not None or slots is None or width is None or cache.get_seq_length() == 0:
+            return None  # a prefill (an empty cache: its width is the prompt's) or a plan other than stage()
+        batch, num_new = tokens.shape
+        decoder = self.decoder
+        config = decoder.config
+        layers = len(decoder.layers._modules)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        cache.allocate(layers, config.num_key_value_heads, head_dim, decoder.embed_tokens.weight)
+        scratch = cache.capacity
+        if width > num_new:  # padded queries: token 0 at the last position, writing to and attending the scratch slot
+            pad = width - num_new
+            tokens = torch.cat([tokens, tokens.new_zeros(batch, pad)], 1)
+            positions = torch.cat([positions, positions[:, -1:].expand(batch, pad)], 1)
+            slots = torch.cat([slots, slots.new_full((batch, pad), scratch)], 1)
+        full = mask.new_zeros(batch, 1, width, scratch + 1)
+        full[:, :, :num_new, : mask.shape[-1]] = mask
+        full[:, :, num_new:, scratch] = True
+        slots = slots.contiguous()
+        keys, values = cache.keys[:layers], cache.values[:layers]
+        for tensor in (tokens, positions, full, slots, *keys, *values):  # one graph for every batch size and width
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        for tensor in (tokens, positions, full, slots):
+            torch._dynamo.maybe_mark_dynamic(tensor, tensor.dim() - 2 if tensor.dim() == 4 else 1)
+        if tokens.device.type == "cuda":  # CUDA graphs replay on these addresses
+            for buf in (*keys, *values):
+                torch._dynamo.mark_static_address(buf)
+        try:
+            if self._compiled is None:
+                mode = "reduce-overhead" if tokens.device.type == "cuda" else None
+                self._compiled = torch.compile(_own_code(self._step), dynamic=None, mode=mode)
+            out, hidden = self._compiled(tokens, positions, full, slots, keys, values, tuple(sorted(hidden_layers)))
+        except Exception as error:  # inductor without a compiler, an op it cannot trace: eager from now on
+            self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+            warnings.warn(
+                f"compile=True: compiling {type(decoder).__name__}'s forward failed ({self.failed}); it runs eager",
+                stacklevel=4,
+            )
+            return None
+        cache.staged_written(layers)
+        return out[:, :num_new], {i: h[:, :num_new] for i, h in hidden.items()}
+
+
+_COPIES = itertools.count()
+
+
+def _own_code(method: Any) -> Any:
+    """``method`` (bound) on a copy of its code object. Dynamo keeps its graphs, guards and recompile limit (8 by
+    default) per code object: a target and a draft model sharing one would share that limit (each needs a few
+    graphs) and fall back to eager past it. Each :class:`StaticForward` compiles its own copy."""
+    function = method.__func__
+    code = function.__code__.replace(co_name=f"{function.__name__}_{next(_COPIES)}")
+    copy = types.FunctionType(code, function.__globals__, code.co_name, function.__defaults__, function.__closure__)
+    return types.MethodType(copy, method.__self__)
