@@ -113,7 +113,7 @@ def _is_list(value: Any) -> bool:
 COMPONENTS = ("drafter", "verifier", "policy")
 _SETTING_KEYS = {"name", "temperature", "top_k", "top_p"}
 _METHOD_KEYS = {"drafter", "verifier", "policy", "max_batch", "fresh", "compile"}
-_BASELINE_KINDS = ("greedy", "prompt_lookup", "assisted", "early_exit")
+_BASELINE_KINDS = ("greedy", "static_compiled", "prompt_lookup", "assisted", "early_exit")
 
 
 def ran_config(cfg: Any) -> dict[str, Any]:

@@ -93,16 +93,18 @@ class Method:
 
 @dataclass
 class TransformersBaseline:
-    """transformers' own ``generate``: plain, prompt lookup (``prompt_lookup_num_tokens``), assisted generation
-    (``assistant_model``) or its early-exit assistant (``assistant_early_exit=exit_layer``: the target's first
-    ``exit_layer`` layers and its head draft; no KV reuse). All but plain are batch-1 only in transformers.
+    """transformers' own ``generate``: plain, with its static cache and ``torch.compile`` (``static_compiled``:
+    ``cache_implementation="static"`` and a ``CompileConfig``, CUDA graphs on CUDA; the anchor for decodekit's
+    ``compile=True``), prompt lookup (``prompt_lookup_num_tokens``), assisted generation (``assistant_model``) or its
+    early-exit assistant (``assistant_early_exit=exit_layer``: the target's first ``exit_layer`` layers and its head
+    draft; no KV reuse). All but the first two are batch-1 only in transformers.
 
     Rows of a batch are left-padded (as transformers requires); prefill time is measured by a separate
     ``max_new_tokens=1`` call on the same batch.
     """
 
     name: str
-    kind: Literal["greedy", "prompt_lookup", "assisted", "early_exit"] = "greedy"
+    kind: Literal["greedy", "static_compiled", "prompt_lookup", "assisted", "early_exit"] = "greedy"
     k: int = 4
     assistant: Any = None
     max_ngram: int = 3
@@ -110,7 +112,7 @@ class TransformersBaseline:
 
     @property
     def max_batch(self) -> int | None:
-        return None if self.kind == "greedy" else 1
+        return None if self.kind in ("greedy", "static_compiled") else 1
 
     def generate(
         self, model: LanguageModel, prompts: list[list[int]], setting: Setting, max_new_tokens: int, seed: int
@@ -129,6 +131,12 @@ class TransformersBaseline:
         elif self.kind == "early_exit":  # the target's first exit_layer layers draft (EarlyExitCandidateGenerator)
             kwargs.update(assistant_early_exit=self.exit_layer)
             _constant_draft_length(hf.generation_config, self.k)
+        elif self.kind == "static_compiled":  # its static cache and torch.compile: the anchor for compile=True
+            from transformers import CompileConfig
+
+            compile_config = CompileConfig(mode="reduce-overhead" if model.device.type == "cuda" else "default")
+            compile_config._compile_all_devices = True  # transformers compiles on accelerators only by default
+            kwargs.update(cache_implementation="static", compile_config=compile_config)
         elif self.kind == "assisted":
             assistant = self.assistant.hf if isinstance(self.assistant, LanguageModel) else self.assistant
             kwargs.update(assistant_model=assistant)

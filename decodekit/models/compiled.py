@@ -17,9 +17,10 @@ a CUDA graph above all) wants a forward whose shapes take few values and that re
   into an empty cache, whose width is the prompt's) run eager.
 
 The step is one ``torch.compile`` per adapter (inductor; ``mode="reduce-overhead"``, i.e. CUDA graphs, on CUDA),
-kept across calls. The batch and width dimensions are marked dynamic (one graph serves every batch size after
-compaction and every width bucket; dynamo keeps a size of 1 apart, and CUDA graphs record one graph per bucket), so
-a first call compiles two or three graphs and a later call with other prompt lengths none
+kept across calls. The batch, width and key-length dimensions are marked dynamic (one graph serves every batch size
+after compaction, every width bucket and every capacity; dynamo keeps a size of 1 apart, and CUDA graphs record one
+graph per shape), so a first call compiles two graphs (four when batches of one come too) and a later call with
+other prompt lengths none
 (``tests/unit/test_compiled.py`` counts dynamo's compiles).
 
 Where a forward cannot run this way it runs eager: silently for prefills and the diffusion half's cache plans
@@ -227,6 +228,8 @@ class StaticForward:
             torch._dynamo.maybe_mark_dynamic(tensor, 0)
         for tensor in (tokens, positions, full, slots):
             torch._dynamo.maybe_mark_dynamic(tensor, tensor.dim() - 2 if tensor.dim() == 4 else 1)
+        for tensor in (full, *keys, *values):  # and every cache capacity
+            torch._dynamo.maybe_mark_dynamic(tensor, tensor.dim() - 1 if tensor is full else 2)
         if tokens.device.type == "cuda":  # CUDA graphs replay on these addresses
             for buf in (*keys, *values):
                 torch._dynamo.mark_static_address(buf)

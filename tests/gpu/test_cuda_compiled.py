@@ -1,0 +1,42 @@
+"""``compile=True`` on a GPU (skipped without CUDA): CUDA-graph replays (torch.compile's ``reduce-overhead``) give the
+eager CUDA tokens for plain decoding, chains, trees and a draft model, with rows stopping apart; a later call with
+other prompt lengths compiles nothing. Not run yet (no GPU was lent when it was written): the first GPU session
+runs ``python -m pytest -q tests/gpu`` and ``python -m decodekit bench experiment=compiled model.device=cuda
+batch_sizes=[1,8]``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import decodekit as dk
+from decodekit.drafters.model_tree import ModelTreeDrafter
+from decodekit.models.tiny import perturbed, tiny_llama
+from decodekit.policies import FixedLength
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def test_compiled_equals_eager_on_cuda(ragged_prompts):
+    target = dk.load_model(tiny_llama(0, layers=3), device="cuda")
+    draft = dk.load_model(perturbed(tiny_llama(0, layers=3), 0.2, seed=1), device="cuda")
+    cases = [
+        (None, {}),
+        (dk.drafters.NGramDrafter(), {}),
+        (dk.drafters.ModelDrafter(draft), dict(temperature=1.0, seed=[1, 2, 3, 4], eos_token_id=7)),
+        (ModelTreeDrafter(draft, shape="iid", branches=2, temperature=1.0), dict(temperature=0.8, seed=3)),
+    ]
+    for drafter, kwargs in cases:
+        kwargs = {"eos_token_id": (), **kwargs}
+        eager = dk.generate(target, ragged_prompts, drafter, policy=FixedLength(3), max_new_tokens=24, **kwargs)
+        compiled = dk.generate(
+            target, ragged_prompts, drafter, policy=FixedLength(3), max_new_tokens=24, compile=True, **kwargs
+        )
+        assert compiled.sequences == eager.sequences, type(drafter).__name__
+    graphs = counters["stats"]["unique_graphs"]
+    others = [p[:3] + p for p in ragged_prompts]
+    out = dk.generate(target, others, dk.drafters.NGramDrafter(), max_new_tokens=20, eos_token_id=(), compile="auto")
+    assert out.sequences == dk.generate(target, others, dk.drafters.NGramDrafter(), max_new_tokens=20,
+                                        eos_token_id=()).sequences
+    assert counters["stats"]["unique_graphs"] == graphs  # "auto" is on for CUDA; nothing new compiled
