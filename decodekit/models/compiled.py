@@ -19,8 +19,11 @@ a CUDA graph above all) wants a forward whose shapes take few values and that re
 The step is one ``torch.compile`` per adapter (inductor; ``mode="reduce-overhead"``, i.e. CUDA graphs, on CUDA),
 kept across calls. The batch, width and key-length dimensions are marked dynamic (one graph serves every batch size
 after compaction, every width bucket and every capacity; dynamo keeps a size of 1 apart, and CUDA graphs record one
-graph per shape), so a first call compiles two graphs (four when batches of one come too) and a later call with
-other prompt lengths none
+graph per shape). Dynamo compiles a batch of one apart from larger ones, and a batch shrinks to one row as rows
+finish, so the first batched forward of each width class (one token; more) also runs a copy of its first row alone:
+the one-row graph compiles up front, not in the middle of a later call. A cache compacted in place (its buffers then
+views of the larger ones, which dynamo would trace as other graphs) is copied once at the next compiled forward.
+A first batched call compiles four graphs, a later call with other prompt lengths or batch sizes none
 (``tests/unit/test_compiled.py`` counts dynamo's compiles).
 
 Where a forward cannot run this way it runs eager: silently for prefills and the diffusion half's cache plans
@@ -28,15 +31,20 @@ Where a forward cannot run this way it runs eager: silently for prefills and the
 early-exit or layer-skipping forward, a restricted attention (``attend=``, attention recording), and once per
 adapter when compiling itself fails (no C++ compiler for inductor, an unsupported op in a custom kernel).
 
-Measured on the 2-core CPU (docs/benchmarks.md, "Compiled forwards"): the same tokens, and no faster than eager on
-the CPU, where a SmolLM2 token is bound by the matrix-vector kernels, not by dispatch; the switch exists for GPUs,
-where the eager loop is dispatch-bound (issue 55; ``tests/gpu`` runs it there).
+Measured on a 2-core CPU (docs/benchmarks.md, "Compiled forwards on the CPU"): the same tokens, 1.07x plain decoding
+and 1.12x the n-gram drafter over eager with the same stock kernels, while the eager loop with the oneDNN kernels
+(which inductor cannot lower) stays faster: a SmolLM2 token is bound by the matrix-vector kernels there, not by
+dispatch. The switch is for GPUs, where the eager loop is dispatch-bound (``tests/gpu`` runs it there).
+
+Not covered yet: ``dk.dlm.generate`` (its forwards are canvas-wide, and the dual / dKV caches plan with
+``write_at`` / ``attend``), the early-exit family's partial forwards, and CUDA itself (written, not yet run).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import types
 import warnings
 from collections.abc import Iterator, Sequence
@@ -136,6 +144,8 @@ class StaticForward:
         self.decoder, self.qk_norm, self.rotate, self.gqa = decoder, qk_norm, apply_rotary_pos_emb, TORCH_HAS_GQA
         self.failed: str | None = None  # why compiling failed (then every forward runs eager)
         self._compiled: Any = None
+        self._lock = threading.Lock()  # dynamo's compiling is not thread-safe: one compiled forward at a time
+        self._single: set[bool] = set()  # width classes (width > 1) whose one-row graph exists
 
     def __deepcopy__(self, memo: dict) -> StaticForward:
         """A copy for a copied model (a deep copy of a model deep-copies its adapter): everything but the compiled
@@ -145,7 +155,9 @@ class StaticForward:
         twin = StaticForward.__new__(StaticForward)
         memo[id(self)] = twin
         for name, value in vars(self).items():
-            setattr(twin, name, None if name == "_compiled" else copy.deepcopy(value, memo))
+            if name not in ("_compiled", "_lock", "_single"):
+                setattr(twin, name, copy.deepcopy(value, memo))
+        twin._compiled, twin._lock, twin._single = None, threading.Lock(), set()
         return twin
 
     def _step(
@@ -223,21 +235,24 @@ class StaticForward:
         full[:, :, :num_new, : mask.shape[-1]] = mask
         full[:, :, num_new:, scratch] = True
         slots = slots.contiguous()
+        for buffers in (cache.keys, cache.values):  # views (the cache's in-place compaction) would be other graphs
+            buffers[:layers] = [b.clone() if b._base is not None else b for b in buffers[:layers]]
         keys, values = cache.keys[:layers], cache.values[:layers]
-        for tensor in (tokens, positions, full, slots, *keys, *values):  # one graph for every batch size and width
-            torch._dynamo.maybe_mark_dynamic(tensor, 0)
-        for tensor in (tokens, positions, full, slots):
-            torch._dynamo.maybe_mark_dynamic(tensor, tensor.dim() - 2 if tensor.dim() == 4 else 1)
-        for tensor in (full, *keys, *values):  # and every cache capacity
-            torch._dynamo.maybe_mark_dynamic(tensor, tensor.dim() - 1 if tensor is full else 2)
+        inputs = _marked(tokens, positions, full, slots, keys, values)
         if tokens.device.type == "cuda":  # CUDA graphs replay on these addresses
             for buf in (*keys, *values):
                 torch._dynamo.mark_static_address(buf)
         try:
-            if self._compiled is None:
-                mode = "reduce-overhead" if tokens.device.type == "cuda" else None
-                self._compiled = torch.compile(_own_code(self._step), dynamic=None, mode=mode)
-            out, hidden = self._compiled(tokens, positions, full, slots, keys, values, tuple(sorted(hidden_layers)))
+            with self._lock:
+                if self._compiled is None:
+                    mode = "reduce-overhead" if tokens.device.type == "cuda" else None
+                    self._compiled = torch.compile(_own_code(self._step), dynamic=None, mode=mode)
+                layer_ids = tuple(sorted(hidden_layers))
+                if (width > 1) not in self._single and batch > 1:  # compile the one-row graph now (module docstring)
+                    row = [t[:1].clone() for t in inputs[:4]] + [[b[:1].clone() for b in bs] for bs in inputs[4:]]
+                    self._compiled(*_marked(*row), layer_ids)
+                self._single.add(width > 1)
+                out, hidden = self._compiled(*inputs, layer_ids)
         except Exception as error:  # inductor without a compiler, an op it cannot trace: eager from now on
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
             warnings.warn(
@@ -247,6 +262,26 @@ class StaticForward:
             return None
         cache.staged_written(layers)
         return out[:, :num_new], {i: h[:, :num_new] for i, h in hidden.items()}
+
+
+def _marked(
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    mask: torch.Tensor,
+    slots: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+) -> tuple[Any, ...]:
+    """The step's inputs with their batch, width and key-length dimensions marked dynamic (one graph for every batch
+    size, width bucket and cache capacity; dynamo still keeps a size of 1 apart)."""
+    for tensor in (tokens, positions, mask, slots, *keys, *values):
+        torch._dynamo.maybe_mark_dynamic(tensor, 0)
+    for tensor in (tokens, positions, slots):
+        torch._dynamo.maybe_mark_dynamic(tensor, 1)
+    torch._dynamo.maybe_mark_dynamic(mask, 2)
+    for tensor in (mask, *keys, *values):
+        torch._dynamo.maybe_mark_dynamic(tensor, 3 if tensor is mask else 2)
+    return tokens, positions, mask, slots, keys, values
 
 
 _COPIES = itertools.count()

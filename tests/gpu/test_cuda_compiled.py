@@ -37,6 +37,8 @@ def test_compiled_equals_eager_on_cuda(ragged_prompts):
     graphs = counters["stats"]["unique_graphs"]
     others = [p[:3] + p for p in ragged_prompts]
     out = dk.generate(target, others, dk.drafters.NGramDrafter(), max_new_tokens=20, eos_token_id=(), compile="auto")
-    assert out.sequences == dk.generate(target, others, dk.drafters.NGramDrafter(), max_new_tokens=20,
-                                        eos_token_id=()).sequences
+    assert (
+        out.sequences
+        == dk.generate(target, others, dk.drafters.NGramDrafter(), max_new_tokens=20, eos_token_id=()).sequences
+    )
     assert counters["stats"]["unique_graphs"] == graphs  # "auto" is on for CUDA; nothing new compiled

@@ -36,8 +36,17 @@ def _graphs() -> int:
 
 
 def _both(model, prompts, drafter=None, verifier=None, policy=None, **kwargs):
-    """The eager and the compiled output of the same call."""
+    """The eager and the compiled output of the same call, each from fresh components (a suffix cache or a
+    recycling matrix remembers earlier calls: its drafts, and so a sampled output, would differ)."""
+
+    def fresh():
+        for component in (drafter, verifier, policy):
+            if callable(getattr(component, "clear", None)):
+                component.clear()
+
+    fresh()
     eager = dk.generate(model, prompts, drafter, verifier, policy, **kwargs)
+    fresh()
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="compile=True")  # a covered model compiles: no fallback
         compiled = dk.generate(model, prompts, drafter, verifier, policy, compile=True, debug=True, **kwargs)
@@ -55,16 +64,13 @@ def test_plain_and_chain_drafts_equal_eager_and_later_calls_compile_nothing(llam
     drafter = dk.drafters.NGramDrafter()
     eager, compiled = _both(llama, ragged_prompts, drafter, policy=FixedLength(3), max_new_tokens=24, eos_token_id=())
     assert compiled.sequences == eager.sequences and compiled.stats.accepted > 0  # drafts of several widths ran
-    others = [[3, 1, 4, 1, 5, 9, 2, 6][: n + 1] for n in range(1, 8, 2)]  # other prompt lengths
-    one = [[2, 7, 1, 8, 2, 8, 1, 8, 2, 8]]
-    for batch in (ragged_prompts, one):  # dynamo keeps a batch of 1 apart: its graphs compile on its first call
-        graphs = _graphs()
-        for prompts in (batch, others if len(batch) > 1 else [others[2]]):
-            eager, compiled = _both(llama, prompts, drafter, policy=FixedLength(5), max_new_tokens=18, eos_token_id=())
-            assert compiled.sequences == eager.sequences
-            if prompts is not batch:
-                assert _graphs() == graphs  # the second call, other prompt lengths: nothing new compiled
-            graphs = _graphs()
+    graphs = _graphs()
+    assert graphs > 0  # something was compiled
+    others = [[3, 1, 4, 1, 5, 9, 2, 6][: n + 1] for n in range(1, 8, 2)]  # other prompt lengths and batch sizes
+    for prompts in (others, others[:1], others[1:3], [[2, 7, 1, 8, 2, 8, 1, 8, 2, 8]]):
+        eager, compiled = _both(llama, prompts, drafter, policy=FixedLength(5), max_new_tokens=18, eos_token_id=())
+        assert compiled.sequences == eager.sequences
+    assert _graphs() == graphs  # nothing new compiled (a batch of one's graphs were compiled up front)
 
 
 def test_rows_that_stop_apart_and_a_draft_model_sampled_equal_eager(llama, draft_model, ragged_prompts):
@@ -124,3 +130,80 @@ def test_compile_argument_is_checked_and_auto_is_eager_on_the_cpu(llama):
     out = dk.generate(model, [[1, 2, 3]], max_new_tokens=6, compile="auto")
     assert out.sequences == dk.generate(model, [[1, 2, 3]], max_new_tokens=6).sequences
     assert _graphs() == graphs and torch.device(model.device).type == "cpu"
+
+
+def test_compiled_rounds_read_the_host_no_more_than_eager(llama):
+    """The compiled step adds no host sync (its guards read shapes, not values): the same count as eager, which
+    tests/unit/test_host_syncs.py holds to its per-round budget."""
+    from tests.unit.test_host_syncs import PROMPTS, count_syncs
+
+    counts = {}
+    for compiled in (False, True):
+        kwargs = dict(eos_token_id=(), compile=compiled)
+        dk.generate(llama, PROMPTS, dk.drafters.NGramDrafter(), max_new_tokens=8, **kwargs)
+        with count_syncs() as syncs:
+            dk.generate(llama, PROMPTS, dk.drafters.NGramDrafter(), max_new_tokens=16, **kwargs)
+        counts[compiled] = syncs[0]
+    assert counts[True] == counts[False]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_the_other_covered_families_compile_to_eager_tokens(family, ragged_prompts):
+    from tests.archs import tiny_model
+
+    model = dk.load_model(tiny_model(family))  # Qwen2: projection biases; Qwen3: per-head q/k norms
+    eager, compiled = _both(model, ragged_prompts, max_new_tokens=12, eos_token_id=())  # one graph: the arithmetic
+    assert compiled.sequences == eager.sequences and model._static._compiled is not None
+
+
+def _drafters(draft_model):
+    from decodekit.drafters import (
+        DelayedTreeDrafter,
+        FallbackDrafter,
+        ModelDrafter,
+        ModelTreeDrafter,
+        RecyclingDrafter,
+        SuffixDrafter,
+    )
+
+    return {
+        "suffix": SuffixDrafter(),
+        "recycling": RecyclingDrafter("smollm2_8"),
+        "fallback": FallbackDrafter(),
+        "delayed": DelayedTreeDrafter(draft_model, branches=2, temperature=1.0),
+        "model_tree_dynamic": ModelTreeDrafter(draft_model, shape="dynamic", top_k=3),
+        "model_chain": ModelDrafter(draft_model),
+    }
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_drafter_and_verifier_compiled_gives_eager_tokens(llama, draft_model, ragged_prompts, temperature):
+    """The drafters that run without trained weights, under the default verifiers, and the tree and block
+    verifiers on their drafts: compiled = eager, greedy and seeded sampling."""
+    from decodekit.drafters import ModelDrafter, ModelTreeDrafter
+    from decodekit.verifiers import BlockVerifier, SpecInferVerifier, SpecTrVerifier, TypicalAcceptanceVerifier
+
+    cases = [(name, drafter, None) for name, drafter in _drafters(draft_model).items()]
+    iid = ModelTreeDrafter(draft_model, shape="iid", branches=2, temperature=1.0)
+    cases += [
+        ("block", ModelDrafter(draft_model), BlockVerifier()),
+        ("specinfer", iid, SpecInferVerifier()),
+        ("spectr", iid, SpecTrVerifier()),
+        ("typical", ModelDrafter(draft_model), TypicalAcceptanceVerifier()),
+    ]
+    for name, drafter, verifier in cases:
+        if temperature == 0.0 and verifier is not None and not isinstance(verifier, BlockVerifier):
+            continue  # the sampling verifiers
+        eager, compiled = _both(
+            llama,
+            ragged_prompts,
+            drafter,
+            verifier,
+            FixedLength(3),
+            max_new_tokens=16,
+            eos_token_id=(),
+            temperature=temperature,
+            seed=[4, 3, 2, 1],
+        )
+        assert compiled.sequences == eager.sequences, name
+        assert compiled.stats.drafted > 0, name
