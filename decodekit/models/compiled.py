@@ -12,11 +12,9 @@ a CUDA graph above all) wants a forward whose shapes take few values and that re
   under the caller's mask padded with False; under :func:`compiling` new caches get a capacity rounded up to a
   multiple of :data:`CAPACITY_STEP` (with room for a padded draft), so calls with other prompt lengths see the same
   key length;
-- **width buckets** (CUDA): ``N`` is padded to the next of :data:`WIDTHS` (1, 2, 4, 8, 16, 32, 64), so CUDA graphs
-  are recorded for those widths only; padded queries write to the scratch slot and attend only to it, and their
-  outputs are dropped. On the CPU the width stays as it is (padding cost 15% at batch 8 there: the compiled graph
-  is dynamic in the width anyway). Wider forwards and prefills (a forward into an empty cache, whose width is the
-  prompt's) run eager.
+- **width buckets**: ``N`` is padded to the next of :data:`WIDTHS` (1, 2, 4, 8, 16, 32, 64); padded queries write to
+  the scratch slot and attend only to it, and their outputs are dropped. Wider forwards and prefills (a forward
+  into an empty cache, whose width is the prompt's) run eager.
 
 The step is one ``torch.compile`` per adapter (inductor; ``mode="reduce-overhead"``, i.e. CUDA graphs, on CUDA),
 kept across calls. The batch, width and key-length dimensions are marked dynamic (one graph serves every batch size
@@ -145,7 +143,6 @@ class StaticForward:
 
         self.decoder, self.qk_norm, self.rotate, self.gqa = decoder, qk_norm, apply_rotary_pos_emb, TORCH_HAS_GQA
         self.failed: str | None = None  # why compiling failed (then every forward runs eager)
-        self.pad_widths: bool | None = None  # pad widths to WIDTHS; None = on CUDA only (tests pad on the CPU too)
         self._compiled: Any = None
         self._lock = threading.Lock()  # dynamo's compiling is not thread-safe: one compiled forward at a time
         self._single: set[bool] = set()  # width classes (width > 1) whose one-row graph exists
@@ -222,8 +219,6 @@ class StaticForward:
         width = width_bucket(tokens.shape[1])
         if self.failed is not None or slots is None or width is None or cache.get_seq_length() == 0:
             return None  # a prefill (an empty cache: its width is the prompt's) or a plan other than stage()
-        if not (tokens.device.type == "cuda" if self.pad_widths is None else self.pad_widths):
-            width = tokens.shape[1]  # no graphs to replay: the dynamic width serves every width, unpadded
         batch, num_new = tokens.shape
         decoder = self.decoder
         config = decoder.config
