@@ -31,10 +31,11 @@ Where a forward cannot run this way it runs eager: silently for prefills and the
 early-exit or layer-skipping forward, a restricted attention (``attend=``, attention recording), and once per
 adapter when compiling itself fails (no C++ compiler for inductor, an unsupported op in a custom kernel).
 
-Measured on a 2-core CPU (docs/benchmarks.md, "Compiled forwards on the CPU"): the same tokens, 1.07x plain decoding
-and 1.12x the n-gram drafter over eager with the same stock kernels, while the eager loop with the oneDNN kernels
-(which inductor cannot lower) stays faster: a SmolLM2 token is bound by the matrix-vector kernels there, not by
-dispatch. The switch is for GPUs, where the eager loop is dispatch-bound (``tests/gpu`` runs it there).
+Measured on a 2-core CPU (docs/benchmarks.md, "Compiled forwards on the CPU"): the same tokens, 0.99-1.04x plain
+decoding over eager with the same stock kernels (the n-gram drafter equal at batch 1, slower at batch 4 with its
+widths padded), while the eager loop with the oneDNN kernels (which inductor cannot lower) stays faster: a SmolLM2
+token is bound by the matrix-vector kernels there, not by dispatch. The switch is for GPUs, where the eager loop is
+dispatch-bound (``tests/gpu`` runs it there).
 
 Not covered yet: ``dk.dlm.generate`` (its forwards are canvas-wide, and the dual / dKV caches plan with
 ``write_at`` / ``attend``), the early-exit family's partial forwards, and CUDA itself (written, not yet run).
