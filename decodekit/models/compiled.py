@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from decodekit.checks import check_choice
+from decodekit.models.lean import attention_inputs
 
 __all__ = [
     "CAPACITY_STEP",
@@ -183,13 +184,7 @@ class StaticForward:
         for number, layer in enumerate(decoder.layers._modules.values(), start=1):  # all blocks: no selection here
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            head_shape = (batch, width, -1, attn.head_dim)
-            q, k = attn.q_proj(h).view(head_shape), attn.k_proj(h).view(head_shape)
-            if self.qk_norm:
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-            v = attn.v_proj(h).view(head_shape).transpose(1, 2)
-            q, k = self.rotate(q, k, cos, sin)
+            q, k, v = attention_inputs(attn, h, cos, sin, self.qk_norm, self.rotate)
             k_buf, v_buf = keys[attn.layer_idx], values[attn.layer_idx]
             k_buf.scatter_(2, index.expand_as(k), k)
             v_buf.scatter_(2, index.expand_as(v), v)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["COVERED_LAYERS", "LeanDecoder", "lean_decoder"]
+__all__ = ["COVERED_LAYERS", "LeanDecoder", "attention_inputs", "lean_decoder"]
 
 # model_type -> the class-name prefix of its decoder, blocks and attention modules
 _FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
@@ -42,6 +42,21 @@ def _replaced(module: torch.nn.Module) -> bool:
         or module._backward_pre_hooks
         or "forward" in module.__dict__
     )
+
+
+def attention_inputs(
+    attn: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qk_norm: bool, rotate: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A covered attention module's rotated queries ``[B, Hq, N, D]`` and keys / values ``[B, Hkv, N, D]`` for its
+    normed input ``h [B, N, H]`` (transformers' operations in its order; Qwen3's per-head norms with ``qk_norm``)."""
+    head_shape = (*h.shape[:-1], -1, attn.head_dim)
+    q, k = attn.q_proj(h).view(head_shape), attn.k_proj(h).view(head_shape)
+    if qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    v = attn.v_proj(h).view(head_shape).transpose(1, 2)
+    q, k = rotate(q, k, cos, sin)
+    return q, k, v
 
 
 def lean_decoder(model: torch.nn.Module, decoder: torch.nn.Module) -> LeanDecoder | None:
@@ -124,13 +139,7 @@ class LeanDecoder:
         for layer in layers:  # iteration: the running call's selection
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            head_shape = (*tokens.shape, -1, attn.head_dim)
-            q, k = attn.q_proj(h).view(head_shape), attn.k_proj(h).view(head_shape)
-            if self.qk_norm:
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-            v = attn.v_proj(h).view(head_shape).transpose(1, 2)
-            q, k = self.rotate(q, k, cos, sin)
+            q, k, v = attention_inputs(attn, h, cos, sin, self.qk_norm, self.rotate)
             k, v = cache.update(k, v, attn.layer_idx)
             dropout = attn.attention_dropout if attn.training else 0.0
             out, _ = attention(attn, q, k, v, mask, dropout=dropout, scaling=attn.scaling)
