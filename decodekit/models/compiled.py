@@ -43,18 +43,25 @@ Not covered yet: ``dk.dlm.generate`` (its forwards are canvas-wide, and the dual
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 import types
 import warnings
-from collections.abc import Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from decodekit.checks import check_choice
+from decodekit.models.compile_switch import (
+    CAPACITY_STEP,
+    WIDTHS,
+    CompileScope,
+    capacity_bucket,
+    compile_scope,
+    compiling,
+    resolve_compile,
+    width_bucket,
+)
 from decodekit.models.lean import attention_inputs
 
 __all__ = [
@@ -65,69 +72,31 @@ __all__ = [
     "capacity_bucket",
     "compile_scope",
     "compiling",
+    "eager_reason",
     "resolve_compile",
     "width_bucket",
 ]
 
-WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # padded query widths; wider forwards (prefills) run eager
-CAPACITY_STEP = 256  # cache capacities under compile are multiples of this
 
+def eager_reason(adapter: Any, lean: bool, partial: bool, restricted: bool) -> str | None:
+    """Why a forward of ``adapter`` (an :class:`~decodekit.models.hf.HFCausalLM`) cannot run compiled, for the
+    call's one warning, or None: it runs through :class:`StaticForward` where the forward's shape allows.
 
-def width_bucket(num_new: int) -> int | None:
-    """The padded width of a forward over ``num_new`` tokens, or None past the widest bucket (it runs eager)."""
-    return next((w for w in WIDTHS if w >= num_new), None)
-
-
-def capacity_bucket(capacity: int) -> int:
-    """A cache capacity for compiled forwards: room for ``capacity`` tokens and a padded draft, rounded up to a
-    multiple of :data:`CAPACITY_STEP` (so prompts of other lengths give the same key length)."""
-    need = capacity + WIDTHS[-1]
-    return -(-need // CAPACITY_STEP) * CAPACITY_STEP
-
-
-def resolve_compile(value: Any, device: torch.device) -> bool:
-    """``generate``'s ``compile=``: True, False, or ``"auto"`` (on for CUDA, where the eager loop is dispatch-bound;
-    off on the CPU, where it was measured not to pay)."""
-    check_choice("compile", value, (True, False, "auto"))
-    if value == "auto":
-        return torch.device(device).type == "cuda"
-    return bool(value)
-
-
-class CompileScope:
-    """One call's compile switch: the warnings it has given (one per reason)."""
-
-    def __init__(self) -> None:
-        self.warned: set[str] = set()
-
-    def eager(self, reason: str) -> None:
-        """Say once in this call that forwards run eager, and why."""
-        if reason not in self.warned:
-            self.warned.add(reason)
-            warnings.warn(f"compile=True: {reason}; those forwards run eager", stacklevel=4)
-
-
-_SCOPE: ContextVar[CompileScope | None] = ContextVar("decodekit_compile", default=None)
-
-
-def compile_scope() -> CompileScope | None:
-    """The running call's :class:`CompileScope` (None: forwards run eager)."""
-    return _SCOPE.get()
-
-
-@contextlib.contextmanager
-def compiling(on: bool = True) -> Iterator[CompileScope | None]:
-    """Within the block, covered forwards run static and compiled (module docstring); ``on=False`` changes
-    nothing."""
-    if not on:
-        yield None
-        return
-    scope = CompileScope()
-    token = _SCOPE.set(scope)
-    try:
-        yield scope
-    finally:
-        _SCOPE.reset(token)
+    Args:
+        lean: the eager forward would take the lean path (no hooks on the modules, no per-layer masks).
+        partial: an early-exit or layer-skipping forward; restricted: ``attend=`` or attention recording.
+    """
+    name = type(adapter.hf).__name__
+    if adapter._static is None:
+        return (
+            f"{name} is not run by decodekit's Llama-family forward (Llama, Mistral, Qwen2, Qwen3 with sdpa "
+            "attention and full-attention layers only)"
+        )
+    if partial:
+        return f"{name}'s early-exit and layer-skipping forwards (a self-speculative drafter)"
+    if restricted or not lean or adapter.hf.training:
+        return f"{name}'s forwards with restricted or recorded attention, hooks on its modules, or in training mode"
+    return None
 
 
 class StaticForward:
@@ -211,6 +180,8 @@ class StaticForward:
         """Run ``tokens [B, N]`` at ``positions [B, N]`` under ``mask [B, 1, N, S]`` (bool) against ``cache``,
         writing the slots :meth:`KVCache.stage` planned. Returns the normed output ``[B, N, H]`` and the hidden
         states asked for (each ``[B, N, H]``), or None where this forward must run eager (nothing was written)."""
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1:
+            return None  # per-layer, per-head or additive masks
         slots = cache.staged_slots()
         width = width_bucket(tokens.shape[1])
         if self.failed is not None or slots is None or width is None or cache.get_seq_length() == 0:

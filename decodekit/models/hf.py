@@ -18,7 +18,7 @@ from decodekit.masks import to_additive
 from decodekit.models.attention_scores import recorded_attention, restricted_masks
 from decodekit.models.base import LanguageModel, ModelOutput, check_layer
 from decodekit.models.call_scope import Call, call_scope, selectable
-from decodekit.models.compiled import StaticForward, capacity_bucket, compile_scope
+from decodekit.models.compiled import StaticForward, capacity_bucket, compile_scope, eager_reason
 from decodekit.models.grouped_attention import TORCH_HAS_GQA, grouped_query_sdpa
 from decodekit.models.hf_attention import attention_plan, per_layer_masks
 from decodekit.models.hf_support import CHAIN_ONLY, cache_argument, check_supported
@@ -203,22 +203,12 @@ class HFCausalLM(LanguageModel):
         lean = self._lean is not None and layer_masks is None and self._lean.ready()
         scope = compile_scope()
         if scope is not None:  # dk.generate(compile=True): a static-shape compiled forward where it applies
-            static = self._compiled_forward(
-                scope,
-                lean,
-                tokens,
-                positions,
-                attention_mask,
-                cache,
-                sink,
-                hidden_layers,
-                exit_layer,
-                skip_layers,
-                attend,
-            )
-            if static is not None:
-                last, hidden = static
-                return self._output(last, hidden, logits_at, return_hidden)
+            why = eager_reason(self, lean, exit_layer is not None or bool(skip_layers), (attend, sink) != (None, None))
+            static = None if why else self._static(tokens, positions, attention_mask, cache, hidden_layers)
+            if why:
+                scope.eager(why)
+            elif static is not None:
+                return self._output(*static, logits_at, return_hidden)
         with (
             call_scope(self.layers if self._layers_attr is not None else None, selected) as call,
             grouped_query_sdpa() if self._grouped else contextlib.nullcontext(),
@@ -248,39 +238,6 @@ class HFCausalLM(LanguageModel):
         if self._spread:  # the last layers' device: back to the inputs'
             last, hidden = last.to(self.device), {i: h.to(self.device) for i, h in hidden.items()}
         return ModelOutput(self.head(picked), hidden, last if return_hidden else None)
-
-    def _compiled_forward(
-        self,
-        scope: Any,
-        lean: bool,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        mask: Any,
-        cache: KVCache,
-        sink: Any,
-        hidden_layers: Sequence[int],
-        exit_layer: int | None,
-        skip_layers: Sequence[int],
-        attend: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | None:
-        """This forward at static shapes, compiled (:mod:`decodekit.models.compiled`), or None to run it eager
-        (saying why once a call where the reason is the model's or the component's, not the forward's shape)."""
-        name = type(self.hf).__name__
-        if self._static is None:
-            scope.eager(
-                f"{name} is not run by decodekit's Llama-family forward (Llama, Mistral, Qwen2, Qwen3 with "
-                "sdpa attention and full-attention layers only)"
-            )
-            return None
-        if exit_layer is not None or skip_layers:
-            scope.eager(f"{name}'s early-exit and layer-skipping forwards (a self-speculative drafter)")
-            return None
-        if attend is not None or sink is not None or not lean or self.hf.training:
-            scope.eager(f"{name}'s forwards with restricted or recorded attention, or hooks on its modules")
-            return None
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape[1] != 1:
-            return None
-        return self._static(tokens, positions, mask, cache, hidden_layers)
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         """As :meth:`LanguageModel.new_cache`; under ``compile=True`` the capacity is rounded up to a bucket
