@@ -25,7 +25,7 @@ from decodekit.draft import Draft
 from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import RoundCounters, SpecStats
 from decodekit.models import LanguageModel, load_model
-from decodekit.models.compiled import compiling, resolve_compile
+from decodekit.models.compile_switch import compiling, resolve_compile
 from decodekit.options import (
     build_processors,
     call_options,

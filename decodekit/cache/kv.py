@@ -162,11 +162,7 @@ class KVCache(Cache):
         """
         if self._plan is None:
             raise RuntimeError("KVCache.update called without stage(): run models through decodekit's adapters")
-        while len(self.keys) <= layer_idx:
-            shape = (self.batch_size, key_states.shape[1], self.capacity + 1, key_states.shape[3])
-            self.keys.append(key_states.new_zeros(shape))
-            self.values.append(value_states.new_zeros(shape[:3] + (value_states.shape[3],)))
-            self._extent.append(0)
+        self.allocate(layer_idx + 1, key_states.shape[1], key_states.shape[3], key_states, value_states.shape[3])
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
         if self._plan == _ATTEND:
             cached = self._kv_len
@@ -179,8 +175,8 @@ class KVCache(Cache):
             index = self._write_index.to(key_states.device)[:, None, :, None]
             k_buf.scatter_(2, index.expand_as(key_states), key_states)
             v_buf.scatter_(2, index.expand_as(value_states), value_states)
-        if self._plan == _STAGE and self._offset <= self._extent[layer_idx]:
-            self._extent[layer_idx] = max(self._extent[layer_idx], self._end)
+        if self._plan == _STAGE:
+            self._book_staged(layer_idx)
         return k_buf[:, :, : self._kv_len], v_buf[:, :, : self._kv_len]
 
     # ------------------------------------------------------------------------------ explicit-slot forwards
@@ -195,21 +191,29 @@ class KVCache(Cache):
         start = self._write_start + torch.arange(self._end - self._offset, device=self._lengths.device)
         return start.expand(self.batch_size, -1)
 
-    def allocate(self, num_layers: int, kv_heads: int, head_dim: int, like: torch.Tensor) -> None:
-        """Make sure layers ``0 .. num_layers - 1`` have their ``[B, kv_heads, capacity + 1, head_dim]`` buffers
-        (dtype and device of ``like``), as :meth:`update` makes them on a layer's first write."""
+    def allocate(
+        self, num_layers: int, kv_heads: int, head_dim: int, like: torch.Tensor, value_dim: int | None = None
+    ) -> None:
+        """Make sure layers ``0 .. num_layers - 1`` have their key buffers ``[B, kv_heads, capacity + 1, head_dim]``
+        and value buffers (``value_dim`` wide, default ``head_dim``), of ``like``'s dtype and device: what
+        :meth:`update` does on a layer's first write."""
         shape = (self.batch_size, kv_heads, self.capacity + 1, head_dim)
         while len(self.keys) < num_layers:
             self.keys.append(like.new_zeros(shape))
-            self.values.append(like.new_zeros(shape))
+            self.values.append(like.new_zeros(shape[:3] + (head_dim if value_dim is None else value_dim,)))
             self._extent.append(0)
 
     def staged_written(self, num_layers: int) -> None:
         """Book a forward that wrote the staged block itself into layers ``0 .. num_layers - 1`` (what
         :meth:`update` books per layer: the staged extent)."""
         for i in range(num_layers):
-            if self._offset <= self._extent[i]:
-                self._extent[i] = max(self._extent[i], self._end)
+            self._book_staged(i)
+
+    def _book_staged(self, layer_idx: int) -> None:
+        """Layer ``layer_idx`` now holds the staged block: it extends the contiguous staged extent when it starts
+        within it."""
+        if self._offset <= self._extent[layer_idx]:
+            self._extent[layer_idx] = max(self._extent[layer_idx], self._end)
 
     def key_positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Position of the token at each key index the planned forward sees (for position-dependent masks such as

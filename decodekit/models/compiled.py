@@ -3,18 +3,18 @@
 The eager adapter runs a forward at whatever shape the ragged state has: ``N`` tokens per row (the pending token and
 this round's draft), ``S = max(L) + N`` keys, its K/V written where :meth:`KVCache.stage` planned. Compiled code (and
 a CUDA graph above all) wants a forward whose shapes take few values and that reads nothing from the host. Under
-:func:`compiling`, a covered family's forward (Llama, Mistral, Qwen2, Qwen3 through
+:func:`~decodekit.models.compile_switch.compiling`, a covered family's forward (Llama, Mistral, Qwen2, Qwen3 through
 :class:`~decodekit.models.lean.LeanDecoder`'s arithmetic) runs as :class:`StaticForward` instead:
 
 - **explicit slots**: the forward gets the slots it writes as a ``[B, N]`` tensor (:meth:`KVCache.staged_slots`,
   gpt-fast's ``input_pos``) and scatters its K/V into the cache's buffers itself;
 - **a fixed key length**: attention always reads the whole buffer, ``capacity + 1`` slots (the last is scratch),
-  under the caller's mask padded with False; under :func:`compiling` new caches get a capacity rounded up to a
-  multiple of :data:`CAPACITY_STEP` (with room for a padded draft), so calls with other prompt lengths see the same
-  key length;
-- **width buckets**: ``N`` is padded to the next of :data:`WIDTHS` (1, 2, 4, 8, 16, 32, 64); padded queries write to
-  the scratch slot and attend only to it, and their outputs are dropped. Wider forwards and prefills (a forward
-  into an empty cache, whose width is the prompt's) run eager.
+  under the caller's mask padded with False; under ``compiling`` new caches get a capacity rounded up to a
+  multiple of ``compile_switch.CAPACITY_STEP`` (with room for a padded draft), so calls with other prompt lengths
+  see the same key length;
+- **width buckets**: ``N`` is padded to the next of ``compile_switch.WIDTHS`` (1, 2, 4, 8, 16, 32, 64); padded
+  queries write to the scratch slot and attend only to it, and their outputs are dropped. Wider forwards and
+  prefills (a forward into an empty cache, whose width is the prompt's) run eager.
 
 The step is one ``torch.compile`` per adapter (inductor; ``mode="reduce-overhead"``, i.e. CUDA graphs, on CUDA),
 kept across calls. The batch, width and key-length dimensions are marked dynamic (one graph serves every batch size
@@ -52,30 +52,10 @@ from typing import Any
 
 import torch
 
-from decodekit.models.compile_switch import (
-    CAPACITY_STEP,
-    WIDTHS,
-    CompileScope,
-    capacity_bucket,
-    compile_scope,
-    compiling,
-    resolve_compile,
-    width_bucket,
-)
-from decodekit.models.lean import attention_inputs
+from decodekit.models.compile_switch import width_bucket
+from decodekit.models.lean import LeanDecoder, attention_inputs
 
-__all__ = [
-    "CAPACITY_STEP",
-    "WIDTHS",
-    "CompileScope",
-    "StaticForward",
-    "capacity_bucket",
-    "compile_scope",
-    "compiling",
-    "eager_reason",
-    "resolve_compile",
-    "width_bucket",
-]
+__all__ = ["StaticForward", "eager_reason"]
 
 
 def eager_reason(adapter: Any, lean: bool, partial: bool, restricted: bool) -> str | None:
@@ -103,16 +83,16 @@ class StaticForward:
     """A covered decoder stack's forward at static shapes, compiled once (module docstring).
 
     Args:
-        decoder: the ``*Model`` under the LM head (Llama family, eval mode, ``sdpa``).
-        qk_norm: the attention normalises queries and keys per head (Qwen3).
+        lean: the eager lean forward of the same decoder (its modules, per-head norms and rotary function).
     """
 
-    def __init__(self, decoder: torch.nn.Module, qk_norm: bool) -> None:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
+    def __init__(self, lean: LeanDecoder) -> None:
         from decodekit.models.grouped_attention import TORCH_HAS_GQA
 
-        self.decoder, self.qk_norm, self.rotate, self.gqa = decoder, qk_norm, apply_rotary_pos_emb, TORCH_HAS_GQA
+        self.decoder, self.qk_norm, self.rotate, self.gqa = lean.decoder, lean.qk_norm, lean.rotate, TORCH_HAS_GQA
+        config = self.decoder.config
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.failed: str | None = None  # why compiling failed (then every forward runs eager)
         self._compiled: Any = None
         self._lock = threading.Lock()  # dynamo's compiling is not thread-safe: one compiled forward at a time
@@ -188,10 +168,8 @@ class StaticForward:
             return None  # a prefill (an empty cache: its width is the prompt's) or a plan other than stage()
         batch, num_new = tokens.shape
         decoder = self.decoder
-        config = decoder.config
         layers = len(decoder.layers._modules)
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        cache.allocate(layers, config.num_key_value_heads, head_dim, decoder.embed_tokens.weight)
+        cache.allocate(layers, self.kv_heads, self.head_dim, decoder.embed_tokens.weight)
         scratch = cache.capacity
         if width > num_new:  # padded queries: token 0 at the last position, writing to and attending the scratch slot
             pad = width - num_new
@@ -231,16 +209,11 @@ class StaticForward:
         return out[:, :num_new], {i: h[:, :num_new] for i, h in hidden.items()}
 
 
-def _marked(
-    tokens: torch.Tensor,
-    positions: torch.Tensor,
-    mask: torch.Tensor,
-    slots: torch.Tensor,
-    keys: list[torch.Tensor],
-    values: list[torch.Tensor],
-) -> tuple[Any, ...]:
-    """The step's inputs with their batch, width and key-length dimensions marked dynamic (one graph for every batch
+def _marked(*inputs: Any) -> tuple[Any, ...]:
+    """The step's inputs (``tokens``, ``positions``, ``mask``, ``slots``, ``keys``, ``values`` as :meth:`StaticForward
+    ._step` takes them) with their batch, width and key-length dimensions marked dynamic (one graph for every batch
     size, width bucket and cache capacity; dynamo still keeps a size of 1 apart)."""
+    tokens, positions, mask, slots, keys, values = inputs
     for tensor in (tokens, positions, mask, slots, *keys, *values):
         torch._dynamo.maybe_mark_dynamic(tensor, 0)
     for tensor in (tokens, positions, slots):

@@ -18,7 +18,8 @@ from decodekit.masks import to_additive
 from decodekit.models.attention_scores import recorded_attention, restricted_masks
 from decodekit.models.base import LanguageModel, ModelOutput, check_layer
 from decodekit.models.call_scope import Call, call_scope, selectable
-from decodekit.models.compiled import StaticForward, capacity_bucket, compile_scope, eager_reason
+from decodekit.models.compile_switch import capacity_bucket, compile_scope
+from decodekit.models.compiled import StaticForward, eager_reason
 from decodekit.models.grouped_attention import TORCH_HAS_GQA, grouped_query_sdpa
 from decodekit.models.hf_attention import attention_plan, per_layer_masks
 from decodekit.models.hf_support import CHAIN_ONLY, cache_argument, check_supported
@@ -133,7 +134,7 @@ class HFCausalLM(LanguageModel):
         self._spread = len(set(map(str, device_map.values()))) > 1  # layers on several devices (device_map)
         plain_sdpa = self.attention.plain and not self._additive_mask and not device_map  # no accelerate hooks
         self._lean = lean_decoder(model, self.decoder) if plain_sdpa else None  # Llama family: no per-call Python
-        self._static = StaticForward(self.decoder, self._lean.qk_norm) if self._lean is not None else None
+        self._static = StaticForward(self._lean) if self._lean is not None else None
 
     @property
     def device(self) -> torch.device:
@@ -204,10 +205,9 @@ class HFCausalLM(LanguageModel):
         scope = compile_scope()
         if scope is not None:  # dk.generate(compile=True): a static-shape compiled forward where it applies
             why = eager_reason(self, lean, exit_layer is not None or bool(skip_layers), (attend, sink) != (None, None))
-            static = None if why else self._static(tokens, positions, attention_mask, cache, hidden_layers)
             if why:
                 scope.eager(why)
-            elif static is not None:
+            elif (static := self._static(tokens, positions, attention_mask, cache, hidden_layers)) is not None:
                 return self._output(*static, logits_at, return_hidden)
         with (
             call_scope(self.layers if self._layers_attr is not None else None, selected) as call,
@@ -241,7 +241,7 @@ class HFCausalLM(LanguageModel):
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         """As :meth:`LanguageModel.new_cache`; under ``compile=True`` the capacity is rounded up to a bucket
-        (:func:`~decodekit.models.compiled.capacity_bucket`), so compiled forwards see few key lengths."""
+        (:func:`~decodekit.models.compile_switch.capacity_bucket`), so compiled forwards see few key lengths."""
         if compile_scope() is not None and self._static is not None:
             capacity = capacity_bucket(capacity)
         return super().new_cache(batch_size, capacity)

@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 import decodekit as dk
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.errors import ConfigError
-from decodekit.models.compiled import capacity_bucket, width_bucket
+from decodekit.models.compile_switch import capacity_bucket, width_bucket
 from decodekit.models.tiny import perturbed, tiny_llama
 from decodekit.policies import FixedLength
 
