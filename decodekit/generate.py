@@ -15,7 +15,7 @@ import functools
 import time
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -62,7 +62,7 @@ def generate(
     seed: int | Sequence[int] | None = None,
     streamer: Any = None,
     debug: bool = False,
-    compile: bool | str = False,
+    compile: bool | Literal["auto", "max-autotune"] = False,
     generation_config: Any = None,
     do_sample: bool | None = None,
     max_length: int | None = None,
@@ -110,10 +110,12 @@ def generate(
             component that made it). A round that commits nothing to a live row raises
             :class:`~decodekit.errors.NoProgressError` either way.
         compile: run the target's (and a draft model's) decode and verification forwards at static shapes through
-            ``torch.compile`` (CUDA graphs on CUDA; :mod:`decodekit.models.compiled`): Llama, Mistral, Qwen2 and
-            Qwen3; other models and early-exit forwards run eager with one warning. ``"auto"``: on for CUDA only
-            (on the CPU it was measured not to pay). The first call compiles (seconds to a minute); later calls
-            reuse it. Same tokens as eager.
+            ``torch.compile`` (:mod:`decodekit.models.compiled`): Llama, Mistral, Qwen2 and Qwen3; other models and
+            early-exit forwards run eager with one warning. True: inductor's default kernels (CUDA graphs on CUDA);
+            ``"max-autotune"``: the weights frozen into the compiled step and its linear layers as inductor's tuned
+            GEMM templates (on the CPU 1.7x plain decoding over eager for SmolLM2-135M, docs/benchmarks.md; the
+            first compile takes minutes, cached on disk; a weight changed later recompiles); ``"auto"``: True on
+            CUDA, eager on the CPU. The first call compiles; later calls reuse it. Same tokens as eager.
 
     transformers' conventions (:mod:`decodekit.conventions`): ``generation_config`` (a ``GenerationConfig``: its
     set fields are defaults the keywords override), ``do_sample`` (False = greedy whatever the temperature; True
@@ -158,7 +160,7 @@ def generate(
     debug = check_bool("debug", debug)
     check_model_spec("model", model)
     model = load_model(model)
-    compiled = resolve_compile(compile, model.device)
+    compiled = resolve_compile(compile, model.device)  # None (eager) or the mode forwards compile in
     rows = _prompt_ids(prompts_or_input_ids(prompts, input_ids, attention_mask), model)
     max_new_tokens = max_new_tokens_for(options, rows)
     seed = check_seed(seed, len(rows))

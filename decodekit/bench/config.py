@@ -89,7 +89,7 @@ def check_bench_config(cfg: Any) -> None:
         if spec.get("fresh") is not None:
             check_bool(f"methods.{name}.fresh", spec.get("fresh"))
         if spec.get("compile") is not None:
-            check_choice(f"methods.{name}.compile", spec.get("compile"), (True, False, "auto"))
+            check_choice(f"methods.{name}.compile", spec.get("compile"), (True, False, "auto", "max-autotune"))
     baselines = cfg.get("baselines") or {}
     if not isinstance(baselines, Mapping):
         raise ConfigTypeError(

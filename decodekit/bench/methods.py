@@ -52,8 +52,8 @@ class Method:
     prompts (warm-up, passes), so a component that remembers earlier calls would otherwise hold the timed prompt's
     own output from the second pass on.
 
-    ``compile``: ``dk.generate``'s ``compile=`` (True, False, ``"auto"``); the benchmark's warm-up call compiles,
-    so timed calls see compiled forwards only (the compile time is not in the table)."""
+    ``compile``: ``dk.generate``'s ``compile=`` (True, False, ``"auto"``, ``"max-autotune"``); the benchmark's
+    warm-up call compiles, so timed calls see compiled forwards only (the compile time is not in the table)."""
 
     name: str
     drafter: Any = None

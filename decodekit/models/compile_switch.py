@@ -15,6 +15,7 @@ from decodekit.checks import check_choice
 
 __all__ = [
     "CAPACITY_STEP",
+    "MODES",
     "WIDTHS",
     "CompileScope",
     "capacity_bucket",
@@ -24,6 +25,7 @@ __all__ = [
     "width_bucket",
 ]
 
+MODES = ("default", "max-autotune")  # what a call's compile= resolves to (None: eager)
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # padded query widths; wider forwards (prefills) run eager
 CAPACITY_STEP = 256  # cache capacities under compile are multiples of this
 
@@ -40,19 +42,31 @@ def capacity_bucket(capacity: int) -> int:
     return -(-need // CAPACITY_STEP) * CAPACITY_STEP
 
 
-def resolve_compile(value: Any, device: torch.device) -> bool:
-    """``generate``'s ``compile=``: True, False, or ``"auto"`` (on for CUDA, where the eager loop is dispatch-bound;
-    off on the CPU, where it was measured not to pay)."""
-    check_choice("compile", value, (True, False, "auto"))
+def resolve_compile(value: Any, device: torch.device) -> str | None:
+    """``generate``'s ``compile=`` as the mode its forwards run in: None (eager), ``"default"`` or
+    ``"max-autotune"``.
+
+    Args:
+        value: True (``"default"``: inductor's default kernels; CUDA graphs on CUDA), False, ``"auto"`` (``"default"``
+            on CUDA, where the eager loop is dispatch-bound; eager on the CPU, where a compile of minutes does not
+            pay back in one call) or ``"max-autotune"`` (weights frozen into the compiled step and the linear layers
+            run as inductor's tuned GEMM templates: on the CPU its C++ micro-GEMMs, on CUDA torch's max-autotune
+            with CUDA graphs; the first compile takes minutes, cached on disk for later processes).
+    """
+    check_choice("compile", value, (True, False, "auto", "max-autotune"))
     if value == "auto":
-        return torch.device(device).type == "cuda"
-    return bool(value)
+        return "default" if torch.device(device).type == "cuda" else None
+    if value == "max-autotune":
+        return value
+    return "default" if value else None
 
 
 class CompileScope:
-    """One call's compile switch: the warnings it has given (one per reason)."""
+    """One call's compile switch: its mode (one of :data:`MODES`) and the warnings it has given (one per reason)."""
 
-    def __init__(self) -> None:
+    def __init__(self, mode: str = "default") -> None:
+        check_choice("mode", mode, MODES)
+        self.mode = mode
         self.warned: set[str] = set()
 
     def eager(self, reason: str) -> None:
@@ -71,13 +85,13 @@ def compile_scope() -> CompileScope | None:
 
 
 @contextlib.contextmanager
-def compiling(on: bool = True) -> Iterator[CompileScope | None]:
-    """Within the block, covered forwards run static and compiled (module docstring); ``on=False`` changes
-    nothing."""
-    if not on:
+def compiling(mode: str | None = "default") -> Iterator[CompileScope | None]:
+    """Within the block, covered forwards run static and compiled in ``mode`` (one of :data:`MODES`, as
+    :func:`resolve_compile` gives it); None changes nothing."""
+    if mode is None:
         yield None
         return
-    scope = CompileScope()
+    scope = CompileScope(mode)
     token = _SCOPE.set(scope)
     try:
         yield scope

@@ -43,11 +43,12 @@ Not covered yet: ``dk.dlm.generate`` (its forwards are canvas-wide, and the dual
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -55,7 +56,9 @@ import torch
 from decodekit.models.compile_switch import width_bucket
 from decodekit.models.lean import LeanDecoder, attention_inputs
 
-__all__ = ["StaticForward", "eager_reason"]
+__all__ = ["CPU_AUTOTUNE", "StaticForward", "eager_reason"]
+
+CPU_AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}  # inductor's options: "max-autotune"
 
 
 def eager_reason(adapter: Any, lean: bool, partial: bool, restricted: bool) -> str | None:
@@ -86,29 +89,42 @@ class StaticForward:
         lean: the eager lean forward of the same decoder (its modules, per-head norms and rotary function).
     """
 
-    def __init__(self, lean: LeanDecoder) -> None:
+    def __init__(
+        self,
+        lean: LeanDecoder,
+        head: Callable[[torch.Tensor], torch.Tensor],
+        weights: Callable[[], Iterable[torch.Tensor]],
+    ) -> None:
         from decodekit.models.grouped_attention import TORCH_HAS_GQA
 
         self.decoder, self.qk_norm, self.rotate, self.gqa = lean.decoder, lean.qk_norm, lean.rotate, TORCH_HAS_GQA
+        self.head, self.weights = head, weights
         config = self.decoder.config
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.failed: str | None = None  # why compiling failed (then every forward runs eager)
-        self._compiled: Any = None
+        self._reset()
         self._lock = threading.Lock()  # dynamo's compiling is not thread-safe: one compiled forward at a time
-        self._single: set[bool] = set()  # width classes (width > 1) whose one-row graph exists
+
+    def _reset(self) -> None:
+        """Forget every compiled step (each mode compiles its own again at its next forward)."""
+        self._compiled: dict[str, Any] = {}  # mode -> its compiled step
+        self._single: set[tuple[str, bool]] = set()  # (mode, width > 1) whose one-row graph exists
+        self._frozen: dict[str, list[tuple[int, int]]] = {}  # mode -> the weights frozen into it (id, version)
 
     def __deepcopy__(self, memo: dict) -> StaticForward:
         """A copy for a copied model (a deep copy of a model deep-copies its adapter): everything but the compiled
-        step, which is bound to this instance and so to the original model's modules; the copy compiles its own."""
+        steps, which are bound to this instance and so to the original model's modules; the copy compiles its
+        own."""
         import copy
 
         twin = StaticForward.__new__(StaticForward)
         memo[id(self)] = twin
         for name, value in vars(self).items():
-            if name not in ("_compiled", "_lock", "_single"):
+            if name not in ("_compiled", "_lock", "_single", "_frozen"):
                 setattr(twin, name, copy.deepcopy(value, memo))
-        twin._compiled, twin._lock, twin._single = None, threading.Lock(), set()
+        twin._reset()
+        twin._lock = threading.Lock()
         return twin
 
     def _step(
@@ -120,10 +136,12 @@ class StaticForward:
         keys: list[torch.Tensor],
         values: list[torch.Tensor],
         hidden_layers: tuple[int, ...],
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        logits: bool,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], torch.Tensor | None]:
         """The traced forward: ``tokens``, ``positions``, ``slots [B, W]``, ``mask [B, 1, W, S_buf]``; writes the
         K/V at ``slots`` of each layer's ``keys`` / ``values [B, Hkv, S_buf, D]``; returns the normed output
-        ``[B, W, H]`` and the requested layers' outputs (0 = embeddings)."""
+        ``[B, W, H]``, the requested layers' outputs (0 = embeddings) and, if ``logits``, the output head's
+        ``[B, W, V]``."""
         decoder = self.decoder
         batch, width = tokens.shape
         x = decoder.embed_tokens(tokens)
@@ -147,7 +165,8 @@ class StaticForward:
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             if number in hidden_layers:
                 hidden[number] = x
-        return decoder.norm(x), hidden
+        last = decoder.norm(x)
+        return last, hidden, self.head(last) if logits else None
 
     def __call__(
         self,
@@ -156,10 +175,13 @@ class StaticForward:
         mask: torch.Tensor,
         cache: Any,
         hidden_layers: Sequence[int] = (),
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | None:
+        logits: bool = False,
+        mode: str = "default",
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], torch.Tensor | None] | None:
         """Run ``tokens [B, N]`` at ``positions [B, N]`` under ``mask [B, 1, N, S]`` (bool) against ``cache``,
-        writing the slots :meth:`KVCache.stage` planned. Returns the normed output ``[B, N, H]`` and the hidden
-        states asked for (each ``[B, N, H]``), or None where this forward must run eager (nothing was written)."""
+        writing the slots :meth:`KVCache.stage` planned, compiled in ``mode`` (``compile_switch.MODES``). Returns
+        the normed output ``[B, N, H]``, the hidden states asked for (each ``[B, N, H]``) and, if ``logits``, the
+        output head's logits ``[B, N, V]``; or None where this forward must run eager (nothing was written)."""
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1:
             return None  # per-layer, per-head or additive masks
         slots = cache.staged_slots()
@@ -188,16 +210,14 @@ class StaticForward:
             for buf in (*keys, *values):
                 torch._dynamo.mark_static_address(buf)
         try:
-            with self._lock:
-                if self._compiled is None:
-                    mode = "reduce-overhead" if tokens.device.type == "cuda" else None
-                    self._compiled = torch.compile(_own_code(self._step), dynamic=None, mode=mode)
+            with self._lock, _frozen_weights(mode, tokens.device):
+                step = self._step_for(mode, tokens.device)
                 layer_ids = tuple(sorted(hidden_layers))
-                if (width > 1) not in self._single and batch > 1:  # compile the one-row graph now (module docstring)
+                if (mode, width > 1) not in self._single and batch > 1:  # the one-row graph now (module docstring)
                     row = [t[:1].clone() for t in inputs[:4]] + [[b[:1].clone() for b in bs] for bs in inputs[4:]]
-                    self._compiled(*_marked(*row), layer_ids)
-                self._single.add(width > 1)
-                out, hidden = self._compiled(*inputs, layer_ids)
+                    step(*_marked(*row), layer_ids, logits)
+                self._single.add((mode, width > 1))
+                out, hidden, scores = step(*inputs, layer_ids, logits)
         except Exception as error:  # inductor without a compiler, an op it cannot trace: eager from now on
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
             warnings.warn(
@@ -206,7 +226,48 @@ class StaticForward:
             )
             return None
         cache.staged_written(layers)
-        return out[:, :num_new], {i: h[:, :num_new] for i, h in hidden.items()}
+        scores = None if scores is None else scores[:, :num_new]
+        return out[:, :num_new], {i: h[:, :num_new] for i, h in hidden.items()}, scores
+
+    def _step_for(self, mode: str, device: torch.device) -> Any:
+        """The compiled step of ``mode``, compiled now if this is its first forward, or again if weights frozen
+        into it have changed since (replaced, or updated in place: their version counters moved)."""
+        frozen = self._frozen.get(mode)
+        if frozen is not None and frozen != _versions(self.weights()):
+            self._compiled.pop(mode, None)
+            self._single = {key for key in self._single if key[0] != mode}
+        if mode not in self._compiled:
+            if mode == "max-autotune" and device.type != "cuda":
+                self._compiled[mode] = torch.compile(_own_code(self._step), dynamic=None, options=CPU_AUTOTUNE)
+                self._frozen[mode] = _versions(self.weights())
+            else:
+                cuda_mode = "reduce-overhead" if mode == "default" else "max-autotune"
+                compile_mode = cuda_mode if device.type == "cuda" else None
+                self._compiled[mode] = torch.compile(_own_code(self._step), dynamic=None, mode=compile_mode)
+        return self._compiled[mode]
+
+
+def _versions(weights: Iterable[torch.Tensor]) -> list[tuple[int, int]]:
+    """Each weight's identity and in-place version counter: what a frozen compiled step was compiled against."""
+    return [(id(w), _version(w)) for w in weights]
+
+
+def _version(weight: torch.Tensor) -> int:
+    try:
+        return weight._version
+    except RuntimeError:  # an inference tensor (made under torch.inference_mode) keeps no version counter
+        return -1
+
+
+def _frozen_weights(mode: str, device: torch.device) -> Any:
+    """Inductor's freezing (weights folded into the compiled code as constants, so its GEMM templates can pack
+    them once) for a CPU ``"max-autotune"`` step; read when a graph compiles, so it is set around every call (a
+    later call may compile another graph)."""
+    if mode == "max-autotune" and device.type != "cuda":
+        import torch._inductor.config as inductor_config
+
+        return inductor_config.patch(freezing=True)
+    return contextlib.nullcontext()
 
 
 def _marked(*inputs: Any) -> tuple[Any, ...]:

@@ -134,7 +134,7 @@ class HFCausalLM(LanguageModel):
         self._spread = len(set(map(str, device_map.values()))) > 1  # layers on several devices (device_map)
         plain_sdpa = self.attention.plain and not self._additive_mask and not device_map  # no accelerate hooks
         self._lean = lean_decoder(model, self.decoder) if plain_sdpa else None  # Llama family: no per-call Python
-        self._static = StaticForward(self._lean) if self._lean is not None else None
+        self._static = StaticForward(self._lean, self.head, self.hf.parameters) if self._lean is not None else None
 
     @property
     def device(self) -> torch.device:
@@ -207,8 +207,12 @@ class HFCausalLM(LanguageModel):
             why = eager_reason(self, lean, exit_layer is not None or bool(skip_layers), (attend, sink) != (None, None))
             if why:
                 scope.eager(why)
-            elif (static := self._static(tokens, positions, attention_mask, cache, hidden_layers)) is not None:
-                return self._output(*static, logits_at, return_hidden)
+            elif (
+                static := self._static(
+                    tokens, positions, attention_mask, cache, hidden_layers, logits_at is None, scope.mode
+                )
+            ) is not None:
+                return self._output(*static[:2], logits_at, return_hidden, logits=static[2])
         with (
             call_scope(self.layers if self._layers_attr is not None else None, selected) as call,
             grouped_query_sdpa() if self._grouped else contextlib.nullcontext(),
@@ -229,15 +233,23 @@ class HFCausalLM(LanguageModel):
         return self._output(last, hidden, logits_at, return_hidden)
 
     def _output(
-        self, last: torch.Tensor, hidden: dict[int, torch.Tensor], logits_at: torch.Tensor | None, return_hidden: bool
+        self,
+        last: torch.Tensor,
+        hidden: dict[int, torch.Tensor],
+        logits_at: torch.Tensor | None,
+        return_hidden: bool,
+        logits: torch.Tensor | None = None,
     ) -> ModelOutput:
-        """Logits at ``logits_at`` (all positions: None) from the normed output ``last [B, N, H]``."""
-        picked = last
-        if logits_at is not None:
-            picked = last.gather(1, logits_at.to(last.device)[..., None].expand(-1, -1, last.shape[-1]))
+        """Logits at ``logits_at`` (all positions: None) from the normed output ``last [B, N, H]`` (or ``logits``
+        already computed at every position, by a compiled forward)."""
+        if logits is None:
+            picked = last
+            if logits_at is not None:
+                picked = last.gather(1, logits_at.to(last.device)[..., None].expand(-1, -1, last.shape[-1]))
+            logits = self.head(picked)
         if self._spread:  # the last layers' device: back to the inputs'
             last, hidden = last.to(self.device), {i: h.to(self.device) for i, h in hidden.items()}
-        return ModelOutput(self.head(picked), hidden, last if return_hidden else None)
+        return ModelOutput(logits, hidden, last if return_hidden else None)
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         """As :meth:`LanguageModel.new_cache`; under ``compile=True`` the capacity is rounded up to a bucket
