@@ -16,8 +16,15 @@ a CUDA graph above all) wants a forward whose shapes take few values and that re
   queries write to the scratch slot and attend only to it, and their outputs are dropped. Wider forwards and
   prefills (a forward into an empty cache, whose width is the prompt's) run eager.
 
-The step is one ``torch.compile`` per adapter (inductor; ``mode="reduce-overhead"``, i.e. CUDA graphs, on CUDA),
-kept across calls. The batch, width and key-length dimensions are marked dynamic (one graph serves every batch size
+The step is one ``torch.compile`` per adapter and mode, kept across calls, with the output head inside when the
+caller wants logits at every position (the speculative loop does). ``compile=True`` compiles with inductor's default
+kernels (``mode="reduce-overhead"``, i.e. CUDA graphs, on CUDA); ``compile="max-autotune"`` freezes the weights
+into the compiled code (inductor's ``freezing``: constants it packs once) and runs the linear layers as its tuned
+GEMM templates (on the CPU its C++ micro-GEMMs, ``CPU_AUTOTUNE``; on CUDA torch's ``max-autotune`` mode, CUDA
+graphs included). A frozen step is compiled against the weights as they were: each forward compares the weights'
+identities and in-place version counters with those it froze, and compiles again where they changed (a head trained
+in place, ``load_state_dict``), so a stale copy never runs.
+The batch, width and key-length dimensions are marked dynamic (one graph serves every batch size
 after compaction, every width bucket and every capacity; dynamo keeps a size of 1 apart, and CUDA graphs record one
 graph per shape). Dynamo compiles a batch of one apart from larger ones, and a batch shrinks to one row as rows
 finish, so the first batched forward of each width class (one token; more) also runs a copy of its first row alone:
@@ -31,11 +38,13 @@ Where a forward cannot run this way it runs eager: silently for prefills and the
 early-exit or layer-skipping forward, a restricted attention (``attend=``, attention recording), and once per
 adapter when compiling itself fails (no C++ compiler for inductor, an unsupported op in a custom kernel).
 
-Measured on a 2-core CPU (docs/benchmarks.md, "Compiled forwards on the CPU"): the same tokens, 0.99-1.04x plain
-decoding over eager with the same stock kernels (the n-gram drafter equal at batch 1, slower at batch 4 with its
-widths padded), while the eager loop with the oneDNN kernels (which inductor cannot lower) stays faster: a SmolLM2
-token is bound by the matrix-vector kernels there, not by dispatch. The switch is for GPUs, where the eager loop is
-dispatch-bound (``tests/gpu`` runs it there).
+Measured on a 2-core CPU (docs/benchmarks.md, "Compiled forwards on the CPU"): ``compile=True`` gives the same
+tokens at 0.99-1.04x the eager loop with the same stock kernels (a SmolLM2 token is bound by the matrix-vector
+products, which it leaves to the same ATen kernels); ``"max-autotune"`` streams the weights at close to the
+machine's read bandwidth instead and decodes plain greedy 1.9x faster than the eager loop with
+stock kernels at batch 1 and 4 (lookup + EAGLE-3
+head 2.6x, n-gram 3.3x at batch 1; ``python -m decodekit.bench.token_profile`` says where a
+token's time goes).
 
 Not covered yet: ``dk.dlm.generate`` (its forwards are canvas-wide, and the dual / dKV caches plan with
 ``write_at`` / ``attend``), the early-exit family's partial forwards, and CUDA itself (written, not yet run).
