@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     compile_arg = {"false": False, "true": True}.get(args.compile, args.compile)
     model = dk.load_model(args.model, kernels=None if args.kernels == "none" else args.kernels)
-    prompt = model.tokenizer("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n").input_ids
+    prompt = model.tokenizer('def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n').input_ids
     result = token_profile(model, prompt, args.tokens, compile_arg)
     print(f"{args.model}, kernels={args.kernels}, compile={args.compile}: {result['ms_per_token']:.1f} ms a token")
     for name in (*CATEGORIES.values(), "other"):

@@ -41,9 +41,8 @@ adapter when compiling itself fails (no C++ compiler for inductor, an unsupporte
 Measured on a 2-core CPU (docs/benchmarks.md, "Compiled forwards on the CPU"): ``compile=True`` gives the same
 tokens at 0.99-1.04x the eager loop with the same stock kernels (a SmolLM2 token is bound by the matrix-vector
 products, which it leaves to the same ATen kernels); ``"max-autotune"`` streams the weights at close to the
-machine's read bandwidth instead and decodes plain greedy 1.9x faster than the eager loop with
-stock kernels at batch 1 and 4 (lookup + EAGLE-3
-head 2.6x, n-gram 3.3x at batch 1; ``python -m decodekit.bench.token_profile`` says where a
+machine's read bandwidth instead: plain greedy decoding 1.9x the eager loop with stock kernels at batch 1 and 4
+(lookup + EAGLE-3 head 2.6x, n-gram 3.3x at batch 1; ``python -m decodekit.bench.token_profile`` says where a
 token's time goes).
 
 Not covered yet: ``dk.dlm.generate`` (its forwards are canvas-wide, and the dual / dKV caches plan with
@@ -246,7 +245,7 @@ class StaticForward:
             self._compiled.pop(mode, None)
             self._single = {key for key in self._single if key[0] != mode}
         if mode not in self._compiled:
-            if mode == "max-autotune" and device.type != "cuda":
+            if _freezes(mode, device):
                 self._compiled[mode] = torch.compile(_own_code(self._step), dynamic=None, options=CPU_AUTOTUNE)
                 self._frozen[mode] = _versions(self.weights())
             else:
@@ -268,11 +267,16 @@ def _version(weight: torch.Tensor) -> int:
         return -1
 
 
+def _freezes(mode: str, device: torch.device) -> bool:
+    """Whether ``mode``'s step on ``device`` folds the weights in as constants (CPU ``"max-autotune"``)."""
+    return mode == "max-autotune" and device.type != "cuda"
+
+
 def _frozen_weights(mode: str, device: torch.device) -> Any:
     """Inductor's freezing (weights folded into the compiled code as constants, so its GEMM templates can pack
     them once) for a CPU ``"max-autotune"`` step; read when a graph compiles, so it is set around every call (a
     later call may compile another graph)."""
-    if mode == "max-autotune" and device.type != "cuda":
+    if _freezes(mode, device):
         import torch._inductor.config as inductor_config
 
         return inductor_config.patch(freezing=True)
