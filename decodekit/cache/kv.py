@@ -180,11 +180,12 @@ class KVCache(Cache):
         return k_buf[:, :, : self._kv_len], v_buf[:, :, : self._kv_len]
 
     # ------------------------------------------------------------------------------ explicit-slot forwards
-    def staged_slots(self) -> torch.Tensor | None:
-        """``[B, N]`` long: the slots the forward planned by :meth:`stage` writes, as a tensor (gpt-fast's
-        ``input_pos``), for a forward that writes the buffers itself (:mod:`decodekit.models.compiled`); None after
-        :meth:`write_at` / :meth:`attend` or with nothing planned. No host sync."""
-        if self._plan != _STAGE:
+    def planned_slots(self) -> torch.Tensor | None:
+        """``[B, N]`` long: the slots the forward planned by :meth:`stage` or :meth:`write_at` writes (``write_at``'s
+        padding: the scratch slot ``capacity``), as a tensor (gpt-fast's ``input_pos``), for a forward that writes
+        the buffers itself (:mod:`decodekit.models.compiled`); None after :meth:`attend` or with nothing planned. No
+        host sync."""
+        if self._plan not in (_STAGE, _WRITE_AT):
             return None
         if self._write_index is not None:
             return self._write_index
@@ -203,11 +204,12 @@ class KVCache(Cache):
             self.values.append(like.new_zeros(shape[:3] + (head_dim if value_dim is None else value_dim,)))
             self._extent.append(0)
 
-    def staged_written(self, num_layers: int) -> None:
-        """Book a forward that wrote the staged block itself into layers ``0 .. num_layers - 1`` (what
-        :meth:`update` books per layer: the staged extent)."""
-        for i in range(num_layers):
-            self._book_staged(i)
+    def planned_written(self, num_layers: int) -> None:
+        """Book a forward that wrote the planned slots itself into layers ``0 .. num_layers - 1`` (what
+        :meth:`update` books per layer: after :meth:`stage`, the staged extent; after :meth:`write_at`, nothing)."""
+        if self._plan == _STAGE:
+            for i in range(num_layers):
+                self._book_staged(i)
 
     def _book_staged(self, layer_idx: int) -> None:
         """Layer ``layer_idx`` now holds the staged block: it extends the contiguous staged extent when it starts

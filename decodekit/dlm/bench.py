@@ -84,8 +84,8 @@ def run(
         methods: name -> ``{rule: <dlm_rule object or None>, cache: <dlm_cache object or None>, schedule:
             <dlm_schedule object or None>, draft: <dlm_draft object or None>, tokens_per_step: <int, default 1:
             steps = G / tokens_per_step>, uncached:
-            <the name of the same method without its cache, for vs_uncached>}``, already built (the recipe
-            instantiates them).
+            <the name of the same method without its cache, for vs_uncached>, compile: <dk.dlm.generate's
+            compile=, default False; the warm-up call compiles>}``, already built (the recipe instantiates them).
         base: the reference sampler's spec, as a method's (``rule`` must stay LLaDA's: None); default the uncached
             base. A cache that equals the uncached base token for token may stand in to save time: the exact
             ``BlockCausalCache`` on a block-causal model (at G = 256 the recompute takes ~15 min a prompt on 2 CPU
@@ -206,7 +206,7 @@ def run(
     return save()
 
 
-METHOD_KEYS = ("rule", "cache", "schedule", "draft", "tokens_per_step", "uncached")
+METHOD_KEYS = ("rule", "cache", "schedule", "draft", "tokens_per_step", "uncached", "compile")
 """What a method's spec may hold (:func:`run`'s ``methods``)."""
 
 
@@ -245,6 +245,8 @@ def _spec(name: str, spec: Any) -> dict[str, Any]:
     for key, (protocol, what) in parts.items():
         check_instance(f"{name}.{key}", spec.get(key), protocol, what=what)
     check_int(f"{name}.tokens_per_step", spec.get("tokens_per_step"), low=1, optional=True)
+    if spec.get("compile") is not None:
+        check_choice(f"{name}.compile", spec["compile"], (True, False, "auto", "max-autotune"))
     uncached = spec.get("uncached")
     if uncached is not None and not isinstance(uncached, str):
         raise ConfigTypeError(f"{name}.uncached must be None or a method's name, got {describe(uncached)}")
@@ -296,6 +298,7 @@ def _generate(dlm: Any, prompts: list[list[int]], spec: dict[str, Any], gen: int
     return dk.dlm.generate(
         dlm, prompts, gen_length=gen, block_length=block, steps=_steps(spec, gen), rule=spec.get("rule"),
         cache=spec.get("cache"), schedule=spec.get("schedule"), draft=spec.get("draft"), seed=[seed] * len(prompts),
+        compile=spec.get("compile") or False,
     )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from decodekit.checks import check_choice
 __all__ = [
     "CAPACITY_STEP",
     "MODES",
+    "WIDE_STEP",
     "WIDTHS",
     "CompileScope",
     "capacity_bucket",
@@ -28,18 +29,29 @@ __all__ = [
 MODES = ("default", "max-autotune")  # what a call's compile= resolves to (None: eager)
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # padded query widths; wider forwards (prefills) run eager
 CAPACITY_STEP = 256  # cache capacities under compile are multiples of this
+WIDE_STEP = 32  # canvas-wide forwards (dk.dlm.generate) past the widest bucket are padded to multiples of this
 
 
-def width_bucket(num_new: int) -> int | None:
-    """The padded width of a forward over ``num_new`` tokens, or None past the widest bucket (it runs eager)."""
+def width_bucket(num_new: int, canvas: bool = False) -> int | None:
+    """The padded width of a forward over ``num_new`` tokens, or None past the widest bucket (it runs eager);
+    ``canvas`` (a diffusion LM's canvas-wide forwards): past it, the next multiple of :data:`WIDE_STEP`."""
+    if canvas and num_new > WIDTHS[-1]:
+        return _round_up(num_new, WIDE_STEP)
     return next((w for w in WIDTHS if w >= num_new), None)
 
 
-def capacity_bucket(capacity: int) -> int:
+def capacity_bucket(capacity: int, canvas: bool = False) -> int:
     """A cache capacity for compiled forwards: room for ``capacity`` tokens and a padded draft, rounded up to a
-    multiple of :data:`CAPACITY_STEP` (so prompts of other lengths give the same key length)."""
-    need = capacity + WIDTHS[-1]
-    return -(-need // CAPACITY_STEP) * CAPACITY_STEP
+    multiple of :data:`CAPACITY_STEP` (so prompts of other lengths give the same key length); ``canvas`` (a
+    diffusion LM's cache, made for one canvas of ``capacity`` slots and read whole by every forward): ``capacity``
+    rounded up to a multiple of :data:`WIDE_STEP` only, so attention reads few slots past the canvas."""
+    if canvas:
+        return _round_up(capacity, WIDE_STEP)
+    return _round_up(capacity + WIDTHS[-1], CAPACITY_STEP)
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
 
 
 def resolve_compile(value: Any, device: torch.device) -> str | None:
@@ -62,11 +74,13 @@ def resolve_compile(value: Any, device: torch.device) -> str | None:
 
 
 class CompileScope:
-    """One call's compile switch: its mode (one of :data:`MODES`) and the warnings it has given (one per reason)."""
+    """One call's compile switch: its mode (one of :data:`MODES`), whether it is a diffusion LM's call (``canvas``:
+    forwards into an empty cache and widths past :data:`WIDTHS` compile too, padded by :func:`width_bucket`) and the
+    warnings it has given (one per reason)."""
 
-    def __init__(self, mode: str = "default") -> None:
+    def __init__(self, mode: str = "default", canvas: bool = False) -> None:
         check_choice("mode", mode, MODES)
-        self.mode = mode
+        self.mode, self.canvas = mode, canvas
         self.warned: set[str] = set()
 
     def eager(self, reason: str) -> None:
@@ -85,13 +99,14 @@ def compile_scope() -> CompileScope | None:
 
 
 @contextlib.contextmanager
-def compiling(mode: str | None = "default") -> Iterator[CompileScope | None]:
+def compiling(mode: str | None = "default", canvas: bool = False) -> Iterator[CompileScope | None]:
     """Within the block, covered forwards run static and compiled in ``mode`` (one of :data:`MODES`, as
-    :func:`resolve_compile` gives it); None changes nothing."""
+    :func:`resolve_compile` gives it; ``canvas``: a diffusion LM's call, :class:`CompileScope`); None changes
+    nothing."""
     if mode is None:
         yield None
         return
-    scope = CompileScope(mode)
+    scope = CompileScope(mode, canvas)
     token = _SCOPE.set(scope)
     try:
         yield scope

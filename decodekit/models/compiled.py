@@ -1,4 +1,4 @@
-"""Static-shape, compiled forwards: ``dk.generate(..., compile=True)``.
+"""Static-shape, compiled forwards: ``dk.generate(..., compile=True)`` and ``dk.dlm.generate(..., compile=True)``.
 
 The eager adapter runs a forward at whatever shape the ragged state has: ``N`` tokens per row (the pending token and
 this round's draft), ``S = max(L) + N`` keys, its K/V written where :meth:`KVCache.stage` planned. Compiled code (and
@@ -6,15 +6,19 @@ a CUDA graph above all) wants a forward whose shapes take few values and that re
 :func:`~decodekit.models.compile_switch.compiling`, a covered family's forward (Llama, Mistral, Qwen2, Qwen3 through
 :class:`~decodekit.models.lean.LeanDecoder`'s arithmetic) runs as :class:`StaticForward` instead:
 
-- **explicit slots**: the forward gets the slots it writes as a ``[B, N]`` tensor (:meth:`KVCache.staged_slots`,
-  gpt-fast's ``input_pos``) and scatters its K/V into the cache's buffers itself;
+- **explicit slots**: the forward gets the slots it writes as a ``[B, N]`` tensor (:meth:`KVCache.planned_slots`,
+  after ``stage`` or ``write_at``: gpt-fast's ``input_pos``) and scatters its K/V into the cache's buffers itself;
 - **a fixed key length**: attention always reads the whole buffer, ``capacity + 1`` slots (the last is scratch),
   under the caller's mask padded with False; under ``compiling`` new caches get a capacity rounded up to a
   multiple of ``compile_switch.CAPACITY_STEP`` (with room for a padded draft), so calls with other prompt lengths
   see the same key length;
 - **width buckets**: ``N`` is padded to the next of ``compile_switch.WIDTHS`` (1, 2, 4, 8, 16, 32, 64); padded
   queries write to the scratch slot and attend only to it, and their outputs are dropped. Wider forwards and
-  prefills (a forward into an empty cache, whose width is the prompt's) run eager.
+  prefills (a forward into an empty cache, whose width is the prompt's) run eager;
+- **canvases**: a diffusion LM's call (``compiling(..., canvas=True)``) compiles those too: a width past 64 is
+  padded to the next multiple of ``compile_switch.WIDE_STEP`` (32), and a canvas's cache gets a capacity rounded up
+  to a multiple of 32 only (every forward reads the whole buffer: a 256-slot step would make attention read
+  several times the canvas).
 
 The step is one ``torch.compile`` per adapter and mode, kept across calls, with the output head inside when the
 caller wants logits at every position (the speculative loop does). ``compile=True`` compiles with inductor's default
@@ -27,16 +31,17 @@ in place, ``load_state_dict``), so a stale copy never runs.
 The batch, width and key-length dimensions are marked dynamic (one graph serves every batch size
 after compaction, every width bucket and every capacity; dynamo keeps a size of 1 apart, and CUDA graphs record one
 graph per shape). Dynamo compiles a batch of one apart from larger ones, and a batch shrinks to one row as rows
-finish, so the first batched forward of each width class (one token; more) also runs a copy of its first row alone:
+finish, so the first batched forward of each kind (one token or more; the hidden layers it returns; the output head
+inside or not) also runs a copy of its first row alone:
 the one-row graph compiles up front, not in the middle of a later call. A cache compacted in place (its buffers then
 views of the larger ones, which dynamo would trace as other graphs) is copied once at the next compiled forward.
 A first batched call compiles four graphs, a later call with other prompt lengths or batch sizes none
 (``tests/unit/test_compiled.py`` counts dynamo's compiles).
 
-Where a forward cannot run this way it runs eager: silently for prefills and the diffusion half's cache plans
-(``write_at`` / ``attend``), with one warning a call naming why for a model outside the covered families, an
-early-exit or layer-skipping forward, a restricted attention (``attend=``, attention recording), and once per
-adapter when compiling itself fails (no C++ compiler for inductor, an unsupported op in a custom kernel).
+Where a forward cannot run this way it runs eager: silently for the speculative loop's prefills and for
+``attend`` plans (the diffusion drafter's), with one warning a call naming why for a model outside the covered
+families, an early-exit or layer-skipping forward, a restricted attention (``attend=``, attention recording), and
+once per adapter when compiling itself fails (no C++ compiler for inductor, an unsupported op in a custom kernel).
 
 Measured on a 2-core CPU (docs/benchmarks.md, "Compiled forwards on the CPU"): ``compile=True`` gives the same
 tokens at 0.99-1.04x the eager loop with the same stock kernels (a SmolLM2 token is bound by the matrix-vector
@@ -45,8 +50,9 @@ machine's read bandwidth instead: plain greedy decoding 1.9x the eager loop with
 (lookup + EAGLE-3 head 2.6x, n-gram 3.3x at batch 1; ``python -m decodekit.bench.token_profile`` says where a
 token's time goes).
 
-Not covered yet: ``dk.dlm.generate`` (its forwards are canvas-wide, and the dual / dKV caches plan with
-``write_at`` / ``attend``), the early-exit family's partial forwards, and CUDA itself (written, not yet run).
+A diffusion LM's canvas forward is bound by its matrix products on the CPU: compiled it runs at the eager speed
+(``python -m decodekit dlm-bench experiment=compiled``). Not covered yet: the early-exit family's partial forwards,
+and CUDA itself (written, not yet run).
 """
 
 from __future__ import annotations
@@ -117,7 +123,8 @@ class StaticForward:
     def _reset(self) -> None:
         """Forget every compiled step (each mode compiles its own again at its next forward)."""
         self._compiled: dict[str, Any] = {}  # mode -> its compiled step
-        self._single: set[tuple[str, bool]] = set()  # (mode, width > 1) whose one-row graph exists
+        self._single: set[tuple[str, bool, tuple[int, ...], bool]] = set()  # whose one-row graph exists: (mode,
+        # width > 1, the hidden layers returned, logits inside)
         self._frozen: dict[str, list[tuple[int, int]]] = {}  # mode -> the weights frozen into it (id, version)
 
     def __deepcopy__(self, memo: dict) -> StaticForward:
@@ -185,17 +192,20 @@ class StaticForward:
         hidden_layers: Sequence[int] = (),
         logits: bool = False,
         mode: str = "default",
+        canvas: bool = False,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], torch.Tensor | None] | None:
         """Run ``tokens [B, N]`` at ``positions [B, N]`` under ``mask [B, 1, N, S]`` (bool) against ``cache``,
-        writing the slots :meth:`KVCache.stage` planned, compiled in ``mode`` (``compile_switch.MODES``). Returns
-        the normed output ``[B, N, H]``, the hidden states asked for (each ``[B, N, H]``) and, if ``logits``, the
-        output head's logits ``[B, N, V]``; or None where this forward must run eager (nothing was written)."""
+        writing the slots :meth:`KVCache.stage` or :meth:`KVCache.write_at` planned, compiled in ``mode``
+        (``compile_switch.MODES``); ``canvas``: a diffusion LM's forward (a canvas-wide width, an empty cache).
+        Returns the normed output ``[B, N, H]``, the hidden states asked for (each ``[B, N, H]``) and, if
+        ``logits``, the output head's logits ``[B, N, V]``; or None where this forward must run eager (nothing
+        was written)."""
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1:
             return None  # per-layer, per-head or additive masks
-        slots = cache.staged_slots()
-        width = width_bucket(tokens.shape[1])
-        if self.failed is not None or slots is None or width is None or cache.get_seq_length() == 0:
-            return None  # a prefill (an empty cache: its width is the prompt's) or a plan other than stage()
+        slots = cache.planned_slots()
+        width = width_bucket(tokens.shape[1], canvas)
+        if self.failed is not None or slots is None or width is None or (cache.get_seq_length() == 0 and not canvas):
+            return None  # a prefill (an empty cache: its width is the prompt's) or attend()'s plan
         batch, num_new = tokens.shape
         decoder = self.decoder
         layers = len(decoder.layers._modules)
@@ -221,10 +231,11 @@ class StaticForward:
             with self._lock, _frozen_weights(mode, tokens.device):
                 step = self._step_for(mode, tokens.device)
                 layer_ids = tuple(sorted(hidden_layers))
-                if (mode, width > 1) not in self._single and batch > 1:  # the one-row graph now (module docstring)
+                kind = (mode, width > 1, layer_ids, logits)  # what guards a graph besides the marked sizes
+                if kind not in self._single and batch > 1:  # the one-row graph now (module docstring)
                     row = [t[:1].clone() for t in inputs[:4]] + [[b[:1].clone() for b in bs] for bs in inputs[4:]]
                     step(*_marked(*row), layer_ids, logits)
-                self._single.add((mode, width > 1))
+                self._single.add(kind)
                 out, hidden, scores = step(*inputs, layer_ids, logits)
         except Exception as error:  # inductor without a compiler, an op it cannot trace: eager from now on
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
@@ -233,7 +244,7 @@ class StaticForward:
                 stacklevel=4,
             )
             return None
-        cache.staged_written(layers)
+        cache.planned_written(layers)
         scores = None if scores is None else scores[:, :num_new]
         return out[:, :num_new], {i: h[:, :num_new] for i, h in hidden.items()}, scores
 

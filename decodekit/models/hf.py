@@ -209,7 +209,7 @@ class HFCausalLM(LanguageModel):
                 scope.eager(why)
             elif (
                 static := self._static(
-                    tokens, positions, attention_mask, cache, hidden_layers, logits_at is None, scope.mode
+                    tokens, positions, attention_mask, cache, hidden_layers, logits_at is None, scope.mode, scope.canvas
                 )
             ) is not None:
                 return self._output(*static[:2], logits_at, return_hidden, logits=static[2])
@@ -254,8 +254,9 @@ class HFCausalLM(LanguageModel):
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         """As :meth:`LanguageModel.new_cache`; under ``compile=True`` the capacity is rounded up to a bucket
         (:func:`~decodekit.models.compile_switch.capacity_bucket`), so compiled forwards see few key lengths."""
-        if compile_scope() is not None and self._static is not None:
-            capacity = capacity_bucket(capacity)
+        scope = compile_scope()
+        if scope is not None and self._static is not None:
+            capacity = capacity_bucket(capacity, scope.canvas)
         return super().new_cache(batch_size, capacity)
 
     def record_attention(self, sink: dict[int, torch.Tensor]) -> None:

@@ -1,8 +1,9 @@
 """``compile=True`` on a GPU (skipped without CUDA): CUDA-graph replays (torch.compile's ``reduce-overhead``) give the
-eager CUDA tokens for plain decoding, chains, trees and a draft model, with rows stopping apart; a later call with
-other prompt lengths compiles nothing. Not run yet (no GPU was lent when it was written): the first GPU session
-runs ``python -m pytest -q tests/gpu`` and ``python -m decodekit bench experiment=compiled model.device=cuda
-batch_sizes=[1,8]``."""
+eager CUDA tokens for plain decoding, chains, trees and a draft model, with rows stopping apart, and for the diffusion
+half's caches; a later call with other prompt lengths compiles nothing. Not run yet (no GPU was lent when it was
+written): the first GPU session runs ``python -m pytest -q tests/gpu``, ``python -m decodekit bench
+experiment=compiled model.device=cuda batch_sizes=[1,8]`` and ``python -m decodekit dlm-bench experiment=compiled
+device=cuda``."""
 
 from __future__ import annotations
 
@@ -42,3 +43,23 @@ def test_compiled_equals_eager_on_cuda(ragged_prompts):
         == dk.generate(target, others, dk.drafters.NGramDrafter(), max_new_tokens=20, eos_token_id=()).sequences
     )
     assert counters["stats"]["unique_graphs"] == graphs  # "auto" is on for CUDA; nothing new compiled
+
+
+def test_dlm_compiled_equals_eager_on_cuda():
+    """The diffusion half under CUDA graphs: the recompute, dual, dKV and block-causal caches (Spiffy drafts on the
+    last), greedy, compiled = eager; a second call with other prompt lengths compiles nothing."""
+    dlm = dk.dlm.load_model(tiny_llama(3, init=0.6), mask_token_id=127, device="cuda")
+    caches = [
+        {},
+        {"cache": dk.build("dlm_cache", "dual")},
+        {"cache": dk.build("dlm_cache", "dkv", refresh=3)},
+        {"cache": dk.build("dlm_cache", "block_causal"), "draft": dk.build("dlm_draft", "spiffy")},
+    ]
+    settings = dict(gen_length=32, block_length=8, steps=32)
+    for prompts in ([[5, 6, 7, 8, 9], [10, 11, 12]], [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]):
+        graphs = counters["stats"]["unique_graphs"]
+        for parts in caches:
+            eager = dk.dlm.generate(dlm, prompts, **parts, **settings)
+            compiled = dk.dlm.generate(dlm, prompts, **parts, compile=True, **settings)
+            assert compiled.sequences == eager.sequences, parts
+    assert counters["stats"]["unique_graphs"] == graphs  # the second prompt set compiled nothing

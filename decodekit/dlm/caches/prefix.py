@@ -9,7 +9,7 @@ from decodekit.checks import check_int
 from decodekit.dlm.caches.base import RegionSpans, full_forward, refreshes
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState, SlotLogits
-from decodekit.masks import attend_layout, bidirectional_mask
+from decodekit.masks import bidirectional_mask, staged_layout
 from decodekit.registry import register
 
 
@@ -58,8 +58,8 @@ class PrefixCache:
             return logits
         fed = state.gen_length - first
         tokens = state.canvas.gather(1, state.starts[:, None] + first + torch.arange(fed, device=state.device))
-        kv_len = self.cache.attend(fed)
-        mask, positions = bidirectional_mask(attend_layout(self.cache.lengths, fed, kv_len - fed))
+        kv_len = self.cache.stage(fed)  # staged past the prefix, never kept: the next step writes there again
+        mask, positions = bidirectional_mask(staged_layout(self.cache.lengths, fed, kv_len))
         width = state.gen_length - state.block[0]
         at = torch.arange(width, device=state.device).expand(state.batch_size, width)
         fresh = dlm.lm.forward(tokens, positions, mask, self.cache, logits_at=at).logits.float()
