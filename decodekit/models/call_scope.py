@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
 
 import torch
 
-__all__ = ["Call", "SelectableModuleList", "call_scope", "current_call", "selectable"]
+from decodekit.errors import ConfigError
+from decodekit.models.base import check_layer
+
+__all__ = ["Call", "SelectableModuleList", "call_scope", "captured", "current_call", "selectable", "selected_blocks"]
 
 
 class Call:
@@ -102,3 +105,57 @@ def selectable(layers: torch.nn.ModuleList) -> torch.nn.ModuleList:
                 _CLASSES[cls] = type(f"Selectable{cls.__name__}", (_Selectable, cls), {"__module__": __name__})
             layers.__class__ = _CLASSES[cls]
     return layers
+
+
+def selected_blocks(
+    layers: torch.nn.ModuleList,
+    exit_layer: int | None,
+    skip_layers: Sequence[int],
+    hidden_layers: Sequence[int],
+    plain: bool,
+    model: Any,
+) -> tuple[torch.nn.Module, ...]:
+    """The blocks of ``layers`` a forward of ``model`` runs: the first ``exit_layer`` (None: all), less
+    ``skip_layers`` (1-based). Each keeps its own cache slot (transformers indexes the cache by the block's
+    ``layer_idx``); the layer list is left as it is, the forward's own :func:`call_scope` selects these.
+
+    Raises:
+        ConfigError: a layer out of range, skips on a model whose layers attend differently (``plain`` False:
+            sliding-window or chunked layers), or ``hidden_layers`` the forward does not run.
+    """
+    last = len(layers) if exit_layer is None else exit_layer
+    check_layer(last, 1, len(layers), "exit_layer must be an integer")
+    for i in skip_layers:
+        check_layer(i, 1, len(layers), "skip_layers entries must be integers")
+    if skip_layers and not plain:
+        raise ConfigError(
+            f"skip_layers needs every layer to attend the same way; {model!r} has sliding-window or chunked layers"
+        )
+    skipped = set(skip_layers)
+    not_run = sorted({i for i in hidden_layers if isinstance(i, int) and (i > last or i in skipped)})
+    if not_run:
+        raise ConfigError(
+            f"hidden_layers {not_run} are not run by this forward (exit_layer={exit_layer}, "
+            f"skip_layers={sorted(skipped)}); ask only for layers it runs"
+        )
+    selectable(layers)  # a layer list put on the decoder after the adapter was made
+    return tuple(layers[i - 1] for i in range(1, last + 1) if i not in skipped)  # indexing: never a selection
+
+
+@contextlib.contextmanager
+def captured(modules: dict[int, torch.nn.Module], into: dict[int, torch.Tensor], call: Call) -> Iterator[None]:
+    """Record the output of each of ``modules`` (layer number -> module) into ``into`` under its number during the
+    block, from this ``call`` only (the hooks do nothing for another forward of the model in the meantime)."""
+    handles = []
+    for i, module in modules.items():
+
+        def hook(_module: Any, _args: Any, output: Any, i: int = i) -> None:
+            if call.active:
+                into[i] = output[0] if isinstance(output, tuple) else output
+
+        handles.append(module.register_forward_hook(hook))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

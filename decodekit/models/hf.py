@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -17,7 +17,7 @@ from decodekit.errors import ConfigError, UnsupportedModelError
 from decodekit.masks import to_additive
 from decodekit.models.attention_scores import recorded_attention, restricted_masks
 from decodekit.models.base import LanguageModel, ModelOutput, check_layer
-from decodekit.models.call_scope import Call, call_scope, selectable
+from decodekit.models.call_scope import call_scope, captured, selectable, selected_blocks
 from decodekit.models.compile_switch import capacity_bucket, compile_scope
 from decodekit.models.compiled import StaticForward, eager_reason
 from decodekit.models.grouped_attention import TORCH_HAS_GQA, grouped_query_sdpa
@@ -198,7 +198,9 @@ class HFCausalLM(LanguageModel):
         layer_masks = attention_mask if isinstance(attention_mask, list) else None
         hidden: dict[int, torch.Tensor] = {}
         sink = self._take_sink()
-        selected = self._selected_layers(exit_layer, skip_layers, hidden_layers)
+        selected = None  # every block
+        if exit_layer is not None or skip_layers:
+            selected = selected_blocks(self.layers, exit_layer, skip_layers, hidden_layers, self.attention.plain, self)
         for i in hidden_layers:
             check_layer(i, 0, self.num_layers, "hidden_layers entries must be integers")
         lean = self._lean is not None and layer_masks is None and self._lean.ready()
@@ -217,7 +219,7 @@ class HFCausalLM(LanguageModel):
             call_scope(self.layers if self._layers_attr is not None else None, selected) as call,
             grouped_query_sdpa() if self._grouped else contextlib.nullcontext(),
             recorded_attention(sink) if sink is not None else contextlib.nullcontext(),
-            contextlib.nullcontext() if lean else self._capture(hidden_layers, hidden, call),
+            contextlib.nullcontext() if lean else captured(self._hooked(hidden_layers), hidden, call),
             self._per_layer(layer_masks),
         ):
             if lean:  # the same arithmetic without transformers' per-call work (decodekit.models.lean)
@@ -285,55 +287,9 @@ class HFCausalLM(LanguageModel):
             return contextlib.nullcontext()
         return per_layer_masks(self.layers, masks, self._biases)
 
-    def _selected_layers(
-        self, exit_layer: int | None, skip_layers: Sequence[int], hidden_layers: Sequence[int]
-    ) -> tuple[torch.nn.Module, ...] | None:
-        """The blocks a forward runs: the first ``exit_layer``, less ``skip_layers`` (None: all of them). Each keeps
-        its own cache slot (transformers indexes the cache by the block's ``layer_idx``). The model's layer list is
-        left as it is; the forward's own call selects these (:mod:`decodekit.models.call_scope`)."""
-        if exit_layer is None and not skip_layers:
-            return None
-        layers = self.layers
-        last = len(layers) if exit_layer is None else exit_layer
-        check_layer(last, 1, len(layers), "exit_layer must be an integer")
-        for i in skip_layers:
-            check_layer(i, 1, len(layers), "skip_layers entries must be integers")
-        if skip_layers and not self.attention.plain:
-            raise ConfigError(
-                f"skip_layers needs every layer to attend the same way; {self!r} has sliding-window or chunked layers"
-            )
-        skipped = set(skip_layers)
-        not_run = sorted({i for i in hidden_layers if isinstance(i, int) and (i > last or i in skipped)})
-        if not_run:
-            raise ConfigError(
-                f"hidden_layers {not_run} are not run by this forward (exit_layer={exit_layer}, "
-                f"skip_layers={sorted(skipped)}); ask only for layers it runs"
-            )
-        selectable(layers)  # a layer list put on the decoder after this adapter was made
-        return tuple(layers[i - 1] for i in range(1, last + 1) if i not in skipped)  # indexing: never a selection
-
-    @contextlib.contextmanager
-    def _capture(self, layer_ids: Sequence[int], into: dict[int, torch.Tensor], call: Call) -> Iterator[None]:
-        """Record the outputs of the requested layers (0 = embeddings) into ``into`` during the block, from this
-        ``call`` only (the hooks do nothing for another forward of the model in the meantime)."""
-        if not layer_ids:
-            yield
-            return
-        layers = self.layers
-        handles = []
-        for i in sorted(set(layer_ids)):  # checked by forward
-            module = self._embeddings if i == 0 else layers[i - 1]
-
-            def hook(_module: Any, _args: Any, output: Any, i: int = i) -> None:
-                if call.active:
-                    into[i] = output[0] if isinstance(output, tuple) else output
-
-            handles.append(module.register_forward_hook(hook))
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
+    def _hooked(self, layer_ids: Sequence[int]) -> dict[int, torch.nn.Module]:
+        """The modules whose outputs are layers ``layer_ids`` (0 = embeddings)."""
+        return {i: self._embeddings if i == 0 else self.layers[i - 1] for i in sorted(set(layer_ids))}
 
     def __repr__(self) -> str:
         return f"HFCausalLM({type(self.hf).__name__}, vocab={self.vocab_size}, device={self.device})"
