@@ -9,6 +9,7 @@ from typing import Any
 from decodekit.bench.load import RETRIES
 from decodekit.checks import check_bool, check_choice, check_int
 from decodekit.errors import ConfigError, ConfigTypeError
+from decodekit.models.compile_switch import CHOICES as COMPILE_CHOICES
 
 GENERIC_METHOD = "speculative"  # bench.yaml's method built from the drafter / verifier / policy groups
 
@@ -89,7 +90,7 @@ def check_bench_config(cfg: Any) -> None:
         if spec.get("fresh") is not None:
             check_bool(f"methods.{name}.fresh", spec.get("fresh"))
         if spec.get("compile") is not None:
-            check_choice(f"methods.{name}.compile", spec.get("compile"), (True, False, "auto", "max-autotune"))
+            check_choice(f"methods.{name}.compile", spec.get("compile"), COMPILE_CHOICES)
     baselines = cfg.get("baselines") or {}
     if not isinstance(baselines, Mapping):
         raise ConfigTypeError(

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from decodekit.checks import check_bool, check_choice, check_instance, check_int, describe, is_int, parse_device
 from decodekit.dlm.synthetic import STYLES
 from decodekit.errors import ConfigError, ConfigTypeError
+from decodekit.models.compile_switch import CHOICES as COMPILE_CHOICES
 
 COLUMNS = (
     "method",
@@ -246,7 +247,7 @@ def _spec(name: str, spec: Any) -> dict[str, Any]:
         check_instance(f"{name}.{key}", spec.get(key), protocol, what=what)
     check_int(f"{name}.tokens_per_step", spec.get("tokens_per_step"), low=1, optional=True)
     if spec.get("compile") is not None:
-        check_choice(f"{name}.compile", spec["compile"], (True, False, "auto", "max-autotune"))
+        check_choice(f"{name}.compile", spec["compile"], COMPILE_CHOICES)
     uncached = spec.get("uncached")
     if uncached is not None and not isinstance(uncached, str):
         raise ConfigTypeError(f"{name}.uncached must be None or a method's name, got {describe(uncached)}")

@@ -15,6 +15,7 @@ from decodekit.checks import check_choice
 
 __all__ = [
     "CAPACITY_STEP",
+    "CHOICES",
     "MODES",
     "WIDE_STEP",
     "WIDTHS",
@@ -26,6 +27,7 @@ __all__ = [
     "width_bucket",
 ]
 
+CHOICES = (True, False, "auto", "max-autotune")  # what a call's (or a bench method's) compile= may be
 MODES = ("default", "max-autotune")  # what a call's compile= resolves to (None: eager)
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # padded query widths; wider forwards (prefills) run eager
 CAPACITY_STEP = 256  # cache capacities under compile are multiples of this
@@ -65,7 +67,7 @@ def resolve_compile(value: Any, device: torch.device) -> str | None:
             run as inductor's tuned GEMM templates: on the CPU its C++ micro-GEMMs, on CUDA torch's max-autotune
             with CUDA graphs; the first compile takes minutes, cached on disk for later processes).
     """
-    check_choice("compile", value, (True, False, "auto", "max-autotune"))
+    check_choice("compile", value, CHOICES)
     if value == "auto":
         return "default" if torch.device(device).type == "cuda" else None
     if value == "max-autotune":
