@@ -5,9 +5,10 @@
 >>> out = dk.generate(model, [[1, 2, 3]], drafter=dk.drafters.NGramDrafter())   # doctest: +SKIP
 """
 
-from decodekit import diagnostics, dlm, drafters, policies, registry, train, verifiers
+import sys as _sys
+
+from decodekit import dlm, drafters, policies, registry, spec, train, verifiers  # noqa: F401 - the wings, as attributes
 from decodekit.cache import KVCache
-from decodekit.diagnostics import Divergence, first_divergence, first_divergences
 from decodekit.errors import (
     ConfigError,
     ContextLengthError,
@@ -18,7 +19,6 @@ from decodekit.errors import (
     UnknownComponentError,
     VocabMismatchError,
 )
-from decodekit.generate import generate
 from decodekit.interfaces import (
     Begins,
     ChecksSampling,
@@ -40,9 +40,32 @@ from decodekit.interfaces import (
 from decodekit.metrics import DLMStats, SpecStats
 from decodekit.models import LanguageModel, ModelOutput, load_model
 from decodekit.registry import available, build, register
-from decodekit.round import NEEDS, Round
-from decodekit.state import DecodeState
+from decodekit.spec import diagnostics
+from decodekit.spec.diagnostics import Divergence, first_divergence, first_divergences
+from decodekit.spec.loop import generate
+from decodekit.spec.round import NEEDS, Round
+from decodekit.spec.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, DraftStep, GenerationOutput, SamplingParams, Verdict
+
+# Modules that moved into the two wings (issue 56) stay importable by their old names, as the same module objects
+# (``from decodekit.state import DecodeState`` keeps working, without a file at the root).
+_MOVED = {
+    "budget": "draft.budget",
+    "components": "spec.components",
+    "conventions": "spec.conventions",
+    "diagnostics": "spec.diagnostics",
+    "generate": "spec.loop",
+    "options": "spec.options",
+    "outputs": "spec.outputs",
+    "processors": "spec.processors",
+    "prompts": "spec.prompts",
+    "round": "spec.round",
+    "state": "spec.state",
+    "trees": "draft.templates",
+}
+for _old, _new in _MOVED.items():
+    __import__(f"decodekit.{_new}")
+    _sys.modules.setdefault(f"decodekit.{_old}", _sys.modules[f"decodekit.{_new}"])
 
 __version__ = "0.1.0"
 

@@ -10,7 +10,7 @@ each with ``isinstance`` once per call and calls what is there:
                        target adapter and its :class:`~decodekit.cache.KVCache` (self-speculation, feature heads)
 :class:`Observes`      ``observe(state, round)``: after every round, once the state holds the new tokens
 :class:`SelectsRows`   ``select_rows(rows)``: rows finished; keep only ``rows [B']`` of any per-row state
-:class:`Needs`         ``needs``: what the :class:`~decodekit.round.Round` should carry (see :mod:`decodekit.round`)
+:class:`Needs`         ``needs``: what the :class:`~decodekit.spec.round.Round` should carry (see its module)
 :class:`DeclaresKind`  ``draft_kind(sampling)`` (drafters): checked against the verifier before anything runs
 :class:`HasVocab`      ``vocab_size`` (drafters): checked against the target's
 :class:`ChecksSampling` ``check(sampling)`` (verifiers): raise ``ConfigError`` for unsupported settings
@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-from decodekit.budget import DraftBudget
 from decodekit.draft import Draft, DraftKind
+from decodekit.draft.budget import DraftBudget
 from decodekit.sampling import Generator
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams, Verdict
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from decodekit.dlm.model import DLMModel
     from decodekit.dlm.state import DLMState, Proposal, SlotLogits
     from decodekit.models.base import LanguageModel
-    from decodekit.round import Round
+    from decodekit.spec.round import Round
 
 
 @runtime_checkable

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decodekit.budget import DraftBudget, DraftStep
 from decodekit.checks import check_float, check_int, describe
 from decodekit.draft import Draft, DraftKind
+from decodekit.draft.budget import DraftBudget, DraftStep
 from decodekit.errors import ComponentOutputError, ConfigError
 
 if TYPE_CHECKING:

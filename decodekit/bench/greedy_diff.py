@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from decodekit.diagnostics import Divergence, first_divergences
 from decodekit.models import LanguageModel
+from decodekit.spec.diagnostics import Divergence, first_divergences
 
 
 @dataclass(frozen=True)

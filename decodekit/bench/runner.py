@@ -18,7 +18,7 @@ passes, with their min-max spread. Every timed call is kept (:class:`Call`, in `
   loop's overhead, not an upper bound over drafters; ``ceiling`` is the same with every drafted token accepted;
 * ``greedy_match``: at temperature 0, the fraction of prompts whose output equals the reference's, so a speedup
   is never reported for different output; ``greedy_diffs`` explains each prompt that differs (the first differing
-  token and the target's top-2 margin there, :func:`decodekit.diagnostics.first_divergence`), so a floating-point
+  token and the target's top-2 margin there, :func:`decodekit.spec.diagnostics.first_divergence`), so a floating-point
   near-tie is told apart from a bug. The diagnostics run after all timing;
 * ``warnings``: a wide spread across passes, calls still disturbed after their re-runs (the machine was busy),
   and decodekit's autoregressive loop slower than transformers' ``generate`` by more than 10%.

@@ -308,7 +308,7 @@ class KVCache(Cache):
         """Keep only ``rows [B']`` (indices into the current batch), in that order.
 
         ``host_rows``: the same indices on the host, which keeps the host mirror valid and, when every row that
-        changes place comes from past the first ``B'`` (the engine's order, :func:`decodekit.outputs.fill_holes`),
+        changes place comes from past the first ``B'`` (the engine's order, :func:`decodekit.spec.outputs.fill_holes`),
         lets the buffers move only those rows in place and keep a view of the first ``B'``, instead of copying
         every kept row of every layer (the buffers hold the whole context: at batch 8 a finishing row otherwise
         costs a copy of the full cache, tens of milliseconds on a CPU).

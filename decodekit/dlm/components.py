@@ -1,6 +1,6 @@
 """Checks of what a diffusion sampler's parts return (rule, cache strategy, region schedule, draft strategy), as
-:mod:`decodekit.components` checks a drafter's drafts and a verifier's verdicts: a user's component with a bug fails
-at once with a :class:`~decodekit.errors.ComponentOutputError` naming it and the field, not deep in the loop or by
+:mod:`decodekit.spec.components` checks a drafter's drafts and a verifier's verdicts: a user's component with a bug
+fails at once with a :class:`~decodekit.errors.ComponentOutputError` naming it and the field, not deep in the loop or by
 spinning forever.
 
 The loop checks host metadata (type, shape, dtype, device) every step: free, no device read. Values are checked where

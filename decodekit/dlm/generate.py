@@ -42,8 +42,8 @@ from decodekit.dlm.state import DLMState, Proposal, carry_tails, output_at, prop
 from decodekit.errors import ConfigError, ConfigTypeError, ContextLengthError, NoProgressError
 from decodekit.metrics import DLMStats
 from decodekit.models.compile_switch import compiling, resolve_compile
-from decodekit.prompts import prompt_ids
 from decodekit.sampling import begin_round, make_generator
+from decodekit.spec.prompts import prompt_ids
 
 
 @dataclass

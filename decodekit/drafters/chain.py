@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import torch
 
-from decodekit.budget import DraftBudget, DraftStep
 from decodekit.draft import Draft, DraftKind
-from decodekit.processors import process_next
+from decodekit.draft.budget import DraftBudget, DraftStep
 from decodekit.sampling import probs_from_logits, sample
-from decodekit.state import DecodeState
+from decodekit.spec.processors import process_next
+from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams
 
 Advance = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]

@@ -32,15 +32,15 @@ from typing import Any
 
 import torch
 
-from decodekit.budget import DraftBudget
 from decodekit.checks import check_bool, check_float, check_int, check_model_spec
 from decodekit.draft import Draft
+from decodekit.draft.budget import DraftBudget
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.model import feed_unseen
 from decodekit.errors import ConfigError
 from decodekit.masks import attend_layout, bidirectional_mask, block_causal_mask
 from decodekit.registry import register
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 
 __all__ = ["DiffusionDrafter"]
 

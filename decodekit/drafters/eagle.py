@@ -36,10 +36,10 @@ from typing import Any
 
 import torch
 
-from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
 from decodekit.checks import check_bool, check_choice, check_float, check_int
 from decodekit.draft import Draft, DraftKind
+from decodekit.draft.budget import DraftBudget
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.eagle3_release import Eagle3ReleaseHead, OwnLogits
 from decodekit.drafters.eagle_head import DEFAULT_WEIGHTS, RETRAIN, EagleHead, default_weights, load_head
@@ -51,8 +51,8 @@ from decodekit.masks import chain_mask
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.registry import register
 from decodekit.resources import shipped_weights
-from decodekit.round import Round
-from decodekit.state import DecodeState
+from decodekit.spec.round import Round
+from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams
 
 SHAPES = ("chain", "dynamic")

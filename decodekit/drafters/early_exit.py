@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
 from decodekit.checks import check_float, check_int
 from decodekit.draft import Draft
+from decodekit.draft.budget import DraftBudget
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.exit_head import ExitHead, default_weights, load_exit_head
 from decodekit.drafters.head_files import TrimmedHead
@@ -39,7 +39,7 @@ from decodekit.errors import ConfigError
 from decodekit.masks import chain_mask
 from decodekit.models.base import LanguageModel
 from decodekit.registry import register
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 
 
 @register("drafter", "early_exit")

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from decodekit.checks import check_instance, check_int
-from decodekit.components import begin_component, takes_keyword
 from decodekit.drafters.recycling import RecyclingDrafter
 from decodekit.drafters.suffix import SuffixDrafter
 from decodekit.errors import ConfigError, IncompatibleDraftError
@@ -22,13 +21,14 @@ from decodekit.interfaces import (
 )
 from decodekit.policies.fixed import policy_for
 from decodekit.registry import register
-from decodekit.state import DecodeState
+from decodekit.spec.components import begin_component, takes_keyword
+from decodekit.spec.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
 
 if TYPE_CHECKING:
     from decodekit.cache import KVCache
     from decodekit.models.base import LanguageModel, ModelOutput
-    from decodekit.round import Round
+    from decodekit.spec.round import Round
 
 
 @register("drafter", "fallback")

@@ -41,8 +41,8 @@ from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.masks import chain_mask
 from decodekit.models.base import LanguageModel
 from decodekit.registry import register
-from decodekit.round import Round
-from decodekit.state import DecodeState
+from decodekit.spec.round import Round
+from decodekit.spec.state import DecodeState
 
 
 @register("drafter", "layer_skip")

@@ -25,19 +25,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
 from decodekit.checks import check_int
 from decodekit.draft import Draft, DraftKind
+from decodekit.draft.budget import DraftBudget
+from decodekit.draft.templates import TreeTemplate, fit_template, resolve_template
 from decodekit.drafters.head_files import TrimmedHead, load_tensors, on_target, read_head, save_head
 from decodekit.drafters.medusa_release import ReleasedMedusaHeads, load_release, release_file
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.registry import register
 from decodekit.resources import shipped_weights
-from decodekit.round import Round
-from decodekit.state import DecodeState
-from decodekit.trees import TreeTemplate, fit_template, resolve_template
+from decodekit.spec.round import Round
+from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams
 
 DEFAULT_WEIGHTS = "medusa_smollm2-135m-instruct.safetensors"
@@ -103,8 +103,9 @@ class MedusaDrafter:
         weights: a heads file (:meth:`MedusaHeads.save`), or a Medusa-1 release directory (its own output layers:
             :mod:`decodekit.drafters.medusa_release`); None = the heads shipped for ``smollm2-135m-instruct``.
         target: optionally the target to load the heads for now (a mismatch is refused here, not at the first call).
-        template: None = chains; a :class:`~decodekit.trees.TreeTemplate` or a name in ``decodekit.trees.TEMPLATES``
-            = trees (depth capped at the number of heads; give the policy a node budget).
+        template: None = chains; a :class:`~decodekit.draft.templates.TreeTemplate` or a name in
+            ``decodekit.draft.templates.TEMPLATES`` = trees (depth capped at the number of heads; give the policy a
+            node budget).
     """
 
     shares_target = True

@@ -6,14 +6,14 @@ from typing import Any
 
 import torch
 
-from decodekit.budget import DraftBudget
 from decodekit.checks import check_float, check_model_spec
 from decodekit.draft import Draft
+from decodekit.draft.budget import DraftBudget
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.models import LanguageModel, load_model
 from decodekit.registry import register
-from decodekit.round import Round
-from decodekit.state import DecodeState
+from decodekit.spec.round import Round
+from decodekit.spec.state import DecodeState
 
 
 def feed_unseen(
@@ -42,7 +42,7 @@ class ModelDrafter(SamplesLikeTheTarget):
     it is called, the whole prompt: the prefill is lazy, so rounds a length policy leaves at ``k = 0`` cost the
     draft model nothing until it drafts again, when it catches up in one forward), then samples
     one token per step, from its logits after the call's logits processors (the target's processing,
-    :func:`~decodekit.processors.process_next`). ``q`` of a sampled draft is exactly the distribution it was
+    :func:`~decodekit.spec.processors.process_next`). ``q`` of a sampled draft is exactly the distribution it was
     drawn from, so lossless verification needs no assumption; at temperature 0 it drafts the argmax (a
     deterministic draft) and, when a component needs ``"kl"``, reports its softmax in ``Draft.draft_probs``.
 

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decodekit.budget import DraftBudget
 from decodekit.draft import Draft, DraftKind
+from decodekit.draft.budget import DraftBudget
+from decodekit.draft.templates import TreeTemplate, fit_template
 from decodekit.drafters.staged import StagedTree, process_paths
 from decodekit.sampling import probs_from_logits
-from decodekit.state import DecodeState
-from decodekit.trees import TreeTemplate, fit_template
+from decodekit.spec.state import DecodeState
 
 if TYPE_CHECKING:
     from decodekit.drafters.model_tree import ModelTreeDrafter

@@ -11,18 +11,18 @@ from typing import Any
 
 import torch
 
-from decodekit.budget import DraftBudget
 from decodekit.checks import check_choice, check_int
 from decodekit.draft import Draft, DraftKind
+from decodekit.draft.budget import DraftBudget
+from decodekit.draft.templates import TreeTemplate, resolve_template
 from decodekit.drafters.model import ModelDrafter
 from decodekit.drafters.model_template import template_tree
 from decodekit.drafters.staged import StagedTree, dynamic_tree, process_paths
 from decodekit.errors import ConfigError
 from decodekit.registry import register
-from decodekit.round import Round
 from decodekit.sampling import probs_from_logits, sample
-from decodekit.state import DecodeState
-from decodekit.trees import TreeTemplate, resolve_template
+from decodekit.spec.round import Round
+from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams
 
 SHAPES = ("iid", "without_replacement", "dynamic", "template")
@@ -46,9 +46,9 @@ class ModelTreeDrafter(ModelDrafter):
       all candidates (an ancestor-closed set: a child never outscores its parent) form the draft. Kind
       ``DETERMINISTIC`` (verified as point masses); the drafter's distributions go to ``Draft.draft_probs`` when a
       component needs ``"kl"``. Scores use the drafter's warped distribution (the plain softmax at temperature 0).
-    * ``"template"`` (Medusa / EAGLE-1 static trees): a :class:`~decodekit.trees.TreeTemplate` (or the name of one
-      in ``decodekit.trees.TEMPLATES``), node ``(r1, ..., rd)`` being the ``rd``-th most likely token after its
-      parent's path under the same distribution; fitted to each round's budget as for every template drafter
+    * ``"template"`` (Medusa / EAGLE-1 static trees): a :class:`~decodekit.draft.templates.TreeTemplate` (or the name
+      of one in ``decodekit.draft.templates.TEMPLATES``), node ``(r1, ..., rd)`` being the ``rd``-th most likely token
+      after its parent's path under the same distribution; fitted to each round's budget as for every template drafter
       (:func:`~decodekit.drafters.model_template.template_tree`). Kind ``DETERMINISTIC``.
 
     At temperature 0 the i.i.d. rollouts would all be the same argmax chain, so the rollout shapes draft the ``K``
@@ -58,7 +58,7 @@ class ModelTreeDrafter(ModelDrafter):
     Budget: ``width`` caps ``K`` (and ``top_k``); a row with fewer than ``K`` nodes drafts that many branches;
     nodes past a row's ``nodes`` / ``depth`` are invalid. Each level is drawn with one keyed
     :func:`~decodekit.sampling.sample` per level (per sibling for without-replacement draws), so per-row seeds stay
-    per row; the call's logits processors see each node's exact path (:func:`~decodekit.processors.process_next`).
+    per row; the call's logits processors see each node's exact path (:func:`~decodekit.spec.processors.process_next`).
     A policy's per-step stop rule (``budget.stop``) is for chains and is refused.
 
     Cache and cost per round: one forward commits the tokens the draft cache has not seen (as :class:`ModelDrafter`),
@@ -74,7 +74,7 @@ class ModelTreeDrafter(ModelDrafter):
         branches: ``K``, the rollouts of the rollout shapes.
         temperature: the drafter's temperature; None = the call's sampling parameters. 0 = deterministic trees.
         top_k: ``"dynamic"`` only: children per expanded node and nodes expanded per level (None = 4).
-        template: ``"template"`` only: a :class:`~decodekit.trees.TreeTemplate` or a name in ``TEMPLATES``
+        template: ``"template"`` only: a :class:`~decodekit.draft.templates.TreeTemplate` or a name in ``TEMPLATES``
             (None = ``"smollm2_16"``).
     """
 

@@ -9,7 +9,7 @@ import torch
 from decodekit.checks import check_int, describe
 from decodekit.errors import ConfigError
 from decodekit.registry import register
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
 
 

@@ -27,16 +27,16 @@ import math
 
 import torch
 
-from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
 from decodekit.checks import check_float, check_int
 from decodekit.draft import Draft
+from decodekit.draft.budget import DraftBudget
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
 from decodekit.registry import register
-from decodekit.round import Round
-from decodekit.state import DecodeState
+from decodekit.spec.round import Round
+from decodekit.spec.state import DecodeState
 
 
 @register("drafter", "pillar")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from decodekit.checks import check_int
+from decodekit.draft.templates import TreeTemplate, fit_template, resolve_template
 from decodekit.errors import ConfigError
 from decodekit.registry import register
-from decodekit.round import Round
-from decodekit.state import DecodeState
-from decodekit.trees import TreeTemplate, fit_template, resolve_template
+from decodekit.spec.round import Round
+from decodekit.spec.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
 
 
@@ -29,8 +29,8 @@ class RecyclingDrafter:
     size. Drafts are deterministic (given the matrix).
 
     Faithfulness: the matrix, its replace-not-merge update from every scored position, the hot start and the BFS
-    over a static template follow the paper; the templates are ours (``decodekit.trees.TEMPLATES``), chosen the
-    paper's way (greedily, by measured acceptance) but for SmolLM2 and far smaller than its 80 nodes, which suit a
+    over a static template follow the paper; the templates are ours (``decodekit.draft.templates.TEMPLATES``), chosen
+    the paper's way (greedily, by measured acceptance) but for SmolLM2 and far smaller than its 80 nodes, which suit a
     GPU where verifying 80 tokens costs about one; a budget smaller than the template keeps its shallowest nodes.
 
     Memory: ``(V + 1) * k`` int64, 3 MiB for SmolLM2 (V = 49152, k = 8), on the device of the first round's logits
@@ -42,7 +42,7 @@ class RecyclingDrafter:
     CPU a 16-node verification costs 1.4 one-token forwards.
 
     Args:
-        template: a :class:`~decodekit.trees.TreeTemplate`, or the name of one in ``TEMPLATES``.
+        template: a :class:`~decodekit.draft.templates.TreeTemplate`, or the name of one in ``TEMPLATES``.
         k: successors kept per token (the template's ranks must be below it).
     """
 

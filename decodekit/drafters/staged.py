@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
 from decodekit.draft import Draft, DraftKind
+from decodekit.draft.budget import DraftBudget
 from decodekit.masks import tree_mask
-from decodekit.processors import process_next
 from decodekit.sampling import probs_from_logits
-from decodekit.state import DecodeState
+from decodekit.spec.processors import process_next
+from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams
 
 if TYPE_CHECKING:

@@ -15,11 +15,11 @@ from decodekit.errors import ConfigError
 from decodekit.policies.fixed import FixedLength
 from decodekit.registry import register
 from decodekit.resources import shipped_weights
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
 
 if TYPE_CHECKING:
-    from decodekit.round import Round
+    from decodekit.spec.round import Round
 
 
 @register("drafter", "suffix")

@@ -76,15 +76,15 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from decodekit.checks import check_seed, describe
-from decodekit.components import check_components
 from decodekit.errors import ConfigError
-from decodekit.generate import generate
 from decodekit.hf.inputs import check_model_kwargs, check_no_padding_needed, check_positions, real_token_mask
 from decodekit.hf.options import check_mode, check_outputs, pad_token, sampling_options, stopping_options
 from decodekit.hf.streaming import VERIFIED_TRANSFORMERS, StreamerAdapter, check_streamer, dropped_generate_arguments
 from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import SpecStats
 from decodekit.models import load_model
+from decodekit.spec.components import check_components
+from decodekit.spec.loop import generate
 
 __all__ = ["VERIFIED_TRANSFORMERS", "DecodeKitGenerateOutput", "custom_generate"]
 

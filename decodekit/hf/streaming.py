@@ -16,7 +16,7 @@ from transformers.generation.utils import GenerationMixin
 
 from decodekit.checks import check_signature, describe
 from decodekit.errors import ConfigError, ConfigTypeError
-from decodekit.outputs import StreamerAdapter
+from decodekit.spec.outputs import StreamerAdapter
 
 __all__ = [
     "VERIFIED_TRANSFORMERS",

@@ -6,7 +6,7 @@ import torch
 
 from decodekit.checks import check_float, check_int
 from decodekit.registry import register
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 from decodekit.types import DraftBudget, DraftStep
 
 

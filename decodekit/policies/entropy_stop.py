@@ -9,11 +9,11 @@ import torch
 from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.registry import register
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 from decodekit.types import DraftBudget, DraftStep
 
 if TYPE_CHECKING:
-    from decodekit.round import Round
+    from decodekit.spec.round import Round
 
 
 class EntropyRule:

@@ -6,7 +6,7 @@ from decodekit.checks import check_int
 from decodekit.errors import ConfigError
 from decodekit.interfaces import HasDefaultPolicy, LengthPolicy
 from decodekit.registry import register
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 from decodekit.types import DraftBudget
 
 

@@ -12,11 +12,11 @@ from decodekit.errors import ConfigError
 from decodekit.policies.confidence import ConfidenceStop
 from decodekit.policies.lengths import check_tree_args, drafted_depth, length_budget
 from decodekit.registry import register
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 from decodekit.types import DraftBudget
 
 if TYPE_CHECKING:
-    from decodekit.round import Round
+    from decodekit.spec.round import Round
 
 
 @register("policy", "gammatune")

@@ -15,11 +15,11 @@ from decodekit.policies.analytic import CostModel, cost_at, expected_tokens, set
 from decodekit.policies.calibration import ProbePrice, RoundClock
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 from decodekit.types import DraftBudget, SamplingParams
 
 if TYPE_CHECKING:
-    from decodekit.round import Round
+    from decodekit.spec.round import Round
 
 
 @register("policy", "goodput")

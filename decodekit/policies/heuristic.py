@@ -10,11 +10,11 @@ from decodekit.checks import check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.lengths import drafted_depth, length_budget
 from decodekit.registry import register
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 from decodekit.types import DraftBudget
 
 if TYPE_CHECKING:
-    from decodekit.round import Round
+    from decodekit.spec.round import Round
 
 
 _STEPS = ("initial", "increase", "decrease")

@@ -11,11 +11,11 @@ from decodekit.checks import check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.lengths import batch_cap, check_batch_cap, check_tree_args, length_budget
 from decodekit.registry import register
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 from decodekit.types import DraftBudget
 
 if TYPE_CHECKING:
-    from decodekit.round import Round
+    from decodekit.spec.round import Round
 
 
 @register("policy", "kld_stability")

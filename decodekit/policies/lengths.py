@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from decodekit.budget import DraftBudget, DraftStep
 from decodekit.checks import check_float, check_int
 from decodekit.draft import Draft
+from decodekit.draft.budget import DraftBudget, DraftStep
 from decodekit.errors import ConfigError
 
 BATCH_CAPS = ("mean", "max")

@@ -13,12 +13,12 @@ from decodekit.draft import Draft
 from decodekit.errors import ConfigError
 from decodekit.policies.analytic import CostModel
 from decodekit.policies.fixed import FixedLength
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 from decodekit.types import DraftBudget
 from decodekit.verifiers import GreedyVerifier
 
 if TYPE_CHECKING:
-    from decodekit.round import Round
+    from decodekit.spec.round import Round
 
 
 class _Filler:

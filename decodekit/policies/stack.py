@@ -7,17 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from decodekit.budget import DraftBudget, DraftStep, call_stop
 from decodekit.checks import check_instance
+from decodekit.draft.budget import DraftBudget, DraftStep, call_stop
 from decodekit.errors import ConfigError
 from decodekit.interfaces import LengthPolicy
 from decodekit.policies.lengths import batch_cap, check_batch_cap, host_batch_cap
 from decodekit.registry import register
-from decodekit.round import check_needs
-from decodekit.state import DecodeState
+from decodekit.spec.round import check_needs
+from decodekit.spec.state import DecodeState
 
 if TYPE_CHECKING:
-    from decodekit.round import Round
+    from decodekit.spec.round import Round
 
 
 @register("policy", "stack")
@@ -117,7 +117,8 @@ def _any_stop(
     rules: list[Callable[[DraftStep], torch.Tensor]],
 ) -> Callable[[DraftStep], torch.Tensor] | None:
     """One stop rule that fires when any of ``rules`` does (every rule sees every step, to keep its state); it asks
-    for the drafter's hidden states (``needs_hidden``, see :class:`~decodekit.budget.DraftStep`) if any rule does."""
+    for the drafter's hidden states (``needs_hidden``, see :class:`~decodekit.draft.budget.DraftStep`) if any rule
+    does."""
     if len(rules) <= 1:
         return rules[0] if rules else None
 

@@ -14,7 +14,7 @@ from decodekit.checks import check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.registry import register
 from decodekit.resources import shipped_weights
-from decodekit.state import DecodeState
+from decodekit.spec.state import DecodeState
 from decodekit.types import DraftBudget, DraftStep
 
 DEFAULT_WEIGHTS = "threshold_head_smollm2-135m-instruct-int8.safetensors"  # the zoo's draft (drafter=model)

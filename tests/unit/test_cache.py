@@ -169,7 +169,7 @@ def test_crop_and_select_rows_match_recompute(rows):
 def test_dropping_finished_rows_moves_only_the_rows_that_change_place(rows, finished):
     """The engine's order (fill_holes): rows past the new batch size fill the gaps; the cache then overwrites those
     rows in place and keeps a view of the prefix (no copy of the rest), and the logits match a recompute."""
-    from decodekit.outputs import fill_holes
+    from decodekit.spec.outputs import fill_holes
 
     hf_model = llama()
     model = dk.load_model(hf_model)

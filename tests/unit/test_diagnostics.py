@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.diagnostics import NEAR_TIE_ULPS, first_divergence, first_divergences, logit_ulp
 from decodekit.errors import ConfigError, EmptyPromptError
 from decodekit.models.tiny import tiny_llama
+from decodekit.spec.diagnostics import NEAR_TIE_ULPS, first_divergence, first_divergences, logit_ulp
 
 PROMPT = [5, 6, 7, 8, 5, 6]
 OTHER = [1, 2, 3]

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import decodekit as dk
+from decodekit.draft.templates import TreeTemplate
 from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
 from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import PackedLinear
 from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.train.medusa import medusa_loss
-from decodekit.trees import TreeTemplate
 from decodekit.verifiers import RejectionVerifier, TraversalVerifier
 from tests.conftest import assert_greedy_twice
 from tests.unit.eagle_release import first_round

@@ -18,12 +18,12 @@ import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
 import decodekit as dk
+from decodekit.draft.templates import TreeTemplate
 from decodekit.drafters import DelayedTreeDrafter, ModelTreeDrafter
 from decodekit.errors import ConfigError
 from decodekit.models.tiny import perturbed, tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.sampling import probs_from_logits
-from decodekit.trees import TreeTemplate
 from decodekit.verifiers import GreedyVerifier, SpecInferVerifier, TraversalVerifier
 from tests.unit.test_host_syncs import count_syncs
 from tests.unit.test_lossless import PROMPTS, ROWS_PER_PROMPT, SETTINGS, VOCAB, assert_matches

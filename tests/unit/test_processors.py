@@ -23,8 +23,8 @@ import decodekit as dk
 from decodekit.drafters import ModelDrafter, NGramDrafter
 from decodekit.models.tiny import perturbed, tiny_llama
 from decodekit.policies import FixedLength
-from decodekit.processors import process_next
 from decodekit.sampling import probs_from_logits
+from decodekit.spec.processors import process_next
 from decodekit.verifiers import RejectionVerifier
 from tests.unit.stats import chi_square_pvalue, total_variation, tv_noise
 from tests.unit.test_drafts_and_budgets import BranchyTree
@@ -223,6 +223,6 @@ def test_processing_without_the_draft_path_is_detected(small, monkeypatch):
     def committed_context_only(state, logits, draft):
         return torch.stack([process_next(state, logits[:, s]) for s in range(logits.shape[1])], 1)
 
-    monkeypatch.setattr(sys.modules["decodekit.generate"], "process_scored", committed_context_only)
+    monkeypatch.setattr(sys.modules["decodekit.spec.loop"], "process_scored", committed_context_only)
     counts = sample_counts(target, ModelDrafter(draft), SETTINGS["T1"], Bump(1.5), seed=22)
     assert min(p for p, _ in pvalues(target, counts, SETTINGS["T1"], Bump(1.5))) < 1e-6

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import decodekit as dk
+from decodekit.draft.templates import TreeTemplate
 from decodekit.drafters import NGramDrafter
 from decodekit.drafters.recycling import RecyclingDrafter
 from decodekit.policies import FixedLength
-from decodekit.trees import TreeTemplate
 from decodekit.verifiers import GreedyVerifier
 from tests.conftest import assert_greedy_twice
 

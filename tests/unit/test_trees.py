@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.trees import TEMPLATES, TreeTemplate
+from decodekit.draft.templates import TEMPLATES, TreeTemplate
 
 
 def test_choice_list_becomes_a_parents_first_tree():

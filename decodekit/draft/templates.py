@@ -22,7 +22,7 @@ from decodekit.checks import check_int, describe
 from decodekit.errors import ConfigError, ConfigTypeError
 
 if TYPE_CHECKING:
-    from decodekit.budget import DraftBudget
+    from decodekit.draft.budget import DraftBudget
 
 Choice = tuple[int, ...]
 

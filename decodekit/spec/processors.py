@@ -40,7 +40,7 @@ from decodekit.draft import Draft
 from decodekit.errors import ComponentOutputError
 
 if TYPE_CHECKING:
-    from decodekit.state import DecodeState
+    from decodekit.spec.state import DecodeState
 
 __all__ = ["LogitsProcessing", "Processor", "process_next", "process_scored"]
 

@@ -10,10 +10,10 @@ import torch
 
 from decodekit.cache import KVCache
 from decodekit.checks import check_signature, describe
-from decodekit.components import Components
 from decodekit.errors import ConfigError, ConfigTypeError
 from decodekit.metrics import SpecStats
-from decodekit.state import DecodeState
+from decodekit.spec.components import Components
+from decodekit.spec.state import DecodeState
 from decodekit.types import GenerationOutput
 
 __all__ = ["Outputs", "StopStrings", "StreamerAdapter", "as_streamer", "check_streamer", "is_transformers_streamer"]

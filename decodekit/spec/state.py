@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decodekit.prompts import pad_rows
 from decodekit.sampling import RowGenerators
+from decodekit.spec.prompts import pad_rows
 from decodekit.types import SamplingParams
 
 if TYPE_CHECKING:
-    from decodekit.processors import LogitsProcessing
+    from decodekit.spec.processors import LogitsProcessing
 
 
 @dataclass
@@ -41,7 +41,7 @@ class DecodeState:
             as ``Draft.draft_probs`` for "kl", can skip it when nobody asked).
         processing: the call's logits processors (``repetition_penalty``, ``logits_processor=...``), or None. A
             drafter that samples from a model's distribution passes its logits through
-            :func:`decodekit.processors.process_next` so that it drafts from what the target will verify against.
+            :func:`decodekit.spec.processors.process_next` so that it drafts from what the target will verify against.
         vocab_size: the target's vocabulary size (token ids in ``[0, vocab_size)``), or None when unknown; a drafter
             with tables over token ids (suffix tries, Token Recycling's successors) resets them when it changes.
     """

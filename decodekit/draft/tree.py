@@ -17,7 +17,7 @@ from decodekit.errors import ComponentOutputError, IncompatibleDraftError
 from decodekit.masks import tree_ancestors
 
 if TYPE_CHECKING:
-    from decodekit.budget import DraftBudget
+    from decodekit.draft.budget import DraftBudget
 
 
 class DraftKind(str, enum.Enum):

@@ -8,7 +8,7 @@ a transformers streamer. Differences, each deliberate:
 
 * keywords alone never add transformers' sampling defaults: ``do_sample=True`` samples at temperature 1.0 with no
   top-k unless ``top_k`` is given (a ``GenerationConfig`` brings the values it holds);
-* processors see each position's exact context, never padding (:mod:`decodekit.processors`).
+* processors see each position's exact context, never padding (:mod:`decodekit.spec.processors`).
 
 Every other ``generate()`` option is refused by name with what to do instead (:data:`ADVICE`), and so is a
 ``GenerationConfig`` field that would change the output; fields that cannot change it (``bos_token_id``,

@@ -4,8 +4,8 @@ Host syncs (reads of device values that make the CPU wait for the GPU) per round
 and row lengths at the end of the round, plus one for the used width of a non-empty draft
 (:meth:`~decodekit.draft.Draft.trimmed`); step-wise drafters add their own (``ModelDrafter``: one per draft step
 when the policy has a stop rule). A streamer adds one per round. ``tests/unit/test_host_syncs.py`` counts them.
-Logits processors and stop strings (:mod:`decodekit.processors`, :mod:`decodekit.outputs`) add none of their own,
-except one per round for a tree draft's paths and whatever a processor itself reads from the device.
+Logits processors and stop strings (:mod:`decodekit.spec.processors`, :mod:`decodekit.spec.outputs`) add none of their
+own, except one per round for a tree draft's paths and whatever a processor itself reads from the device.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ from typing import Any, Literal
 import torch
 
 from decodekit.checks import check_bool, check_model_spec, check_seed, eos_ids
-from decodekit.components import Components, check_components
 from decodekit.draft import Draft
 from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import RoundCounters, SpecStats
 from decodekit.models import LanguageModel, load_model
 from decodekit.models.compile_switch import compiling, resolve_compile
-from decodekit.options import (
+from decodekit.policies.fixed import policy_for
+from decodekit.sampling import begin_round, make_generator, next_token
+from decodekit.spec.components import Components, check_components
+from decodekit.spec.options import (
     build_processors,
     call_options,
     max_new_tokens_for,
@@ -34,13 +36,11 @@ from decodekit.options import (
     prompts_or_input_ids,
     tokenizer_for,
 )
-from decodekit.outputs import Outputs, StopStrings, as_streamer, check_streamer
-from decodekit.policies.fixed import policy_for
-from decodekit.processors import LogitsProcessing, Processor, process_next, process_scored
-from decodekit.prompts import prompt_ids
-from decodekit.round import Round, kept_inputs, round_extras
-from decodekit.sampling import begin_round, make_generator, next_token
-from decodekit.state import DecodeState
+from decodekit.spec.outputs import Outputs, StopStrings, as_streamer, check_streamer
+from decodekit.spec.processors import LogitsProcessing, Processor, process_next, process_scored
+from decodekit.spec.prompts import prompt_ids
+from decodekit.spec.round import Round, kept_inputs, round_extras
+from decodekit.spec.state import DecodeState
 from decodekit.timing import PhaseTimer
 from decodekit.types import GenerationOutput, SamplingParams, Verdict
 from decodekit.verifiers import GreedyVerifier, RejectionVerifier, TraversalVerifier
@@ -118,13 +118,13 @@ def generate(
             first compile takes minutes, cached on disk; a weight changed later recompiles); ``"auto"``: True on
             CUDA, eager on the CPU. The first call compiles; later calls reuse it. Same tokens as eager.
 
-    transformers' conventions (:mod:`decodekit.conventions`): ``generation_config`` (a ``GenerationConfig``: its
+    transformers' conventions (:mod:`decodekit.spec.conventions`): ``generation_config`` (a ``GenerationConfig``: its
     set fields are defaults the keywords override), ``do_sample`` (False = greedy whatever the temperature; True
     samples at ``temperature`` or 1.0), ``max_length`` (prompt + generated, counted from the longest prompt, as
     transformers counts from the padded width), ``min_new_tokens`` (per row), ``repetition_penalty``,
     ``no_repeat_ngram_size``, ``bad_words_ids``, ``suppress_tokens`` and ``logits_processor`` (processors ``f(input_ids
     [n, T], scores [n, V])``, applied to the target's and a model drafter's distributions alike before temperature
-    / top-k / top-p, so speculation stays lossless for the processed distribution: :mod:`decodekit.processors`),
+    / top-k / top-p, so speculation stays lossless for the processed distribution: :mod:`decodekit.spec.processors`),
     ``stop_strings`` (with ``tokenizer``, default the model's), ``pad_token_id`` (for :meth:`GenerationOutput.padded`,
     model.generate's ``[B, T + G]`` tensor), ``input_ids`` / ``attention_mask`` instead of ``prompts``. Other
     ``model.generate`` keywords are refused by name with what to do instead.
@@ -307,7 +307,7 @@ def _round_tokens(draft: Draft, verdict: Verdict) -> tuple[torch.Tensor, torch.T
 
 def _prompt_ids(prompts: Any, model: LanguageModel) -> list[list[int]]:
     """Normalise prompts to a non-empty list of non-empty id lists that fit the context (see
-    :func:`decodekit.prompts.prompt_ids`)."""
+    :func:`decodekit.spec.prompts.prompt_ids`)."""
     return prompt_ids(prompts, model)
 
 

@@ -7,7 +7,7 @@ choice and two correct implementations may disagree; everywhere else a differing
 :func:`first_divergence` tells the two apart: it finds the first position where two continuations differ,
 recomputes the target's logits there and classifies the gap.
 
->>> from decodekit.diagnostics import first_divergence, first_divergences
+>>> from decodekit.spec.diagnostics import first_divergence, first_divergences
 >>> print(first_divergence(model, prompt, plain.sequences[0], spec.sequences[0]))  # doctest: +SKIP
 token 4: reference 32 / candidate 0; target top-2 32 4.23733 / 96 3.37131, margin 0.87 (1.82e+06 ulp float32,
 tolerance 0.00012): MISMATCH, candidate 0 is 1.8 below the top

@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from decodekit.budget import DraftBudget
 from decodekit.cache import KVCache
 from decodekit.checks import check_instance, describe, is_int
 from decodekit.draft import Draft, DraftKind
+from decodekit.draft.budget import DraftBudget
 from decodekit.errors import (
     ComponentOutputError,
     ConfigTypeError,
@@ -37,8 +37,8 @@ from decodekit.interfaces import (
     Verifier,
 )
 from decodekit.models.base import LanguageModel, ModelOutput
-from decodekit.round import Round, check_needs
-from decodekit.state import DecodeState
+from decodekit.spec.round import Round, check_needs
+from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams, Verdict
 
 _WHAT = {

@@ -1,6 +1,6 @@
 """One call's options, transformers-style, merged and checked: :func:`call_options` (``GenerationConfig`` <
-keywords, see :mod:`decodekit.conventions` for what is accepted, ignored and refused), then the values that need the
-model or the prompts (processors, ``max_length``, the pad id, the stop strings' tokenizer)."""
+keywords, see :mod:`decodekit.spec.conventions` for what is accepted, ignored and refused), then the values that need
+the model or the prompts (processors, ``max_length``, the pad id, the stop strings' tokenizer)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decodekit.checks import check_bool, check_callable, check_float, check_int, check_signature, describe, is_int
-from decodekit.conventions import REFUSED_PROCESSORS, config_fields, refuse_extra
 from decodekit.errors import ConfigError, ConfigTypeError
 from decodekit.models import LanguageModel
+from decodekit.spec.conventions import REFUSED_PROCESSORS, config_fields, refuse_extra
 
 __all__ = [
     "CallOptions",
