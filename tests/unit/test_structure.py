@@ -1,0 +1,76 @@
+"""The house's layout (issue 56): a small ground floor at the package root, the speculative loop's modules in
+``decodekit/spec/``, the draft types in ``decodekit/draft/``; the old module names still import, as the same module
+objects; no runtime import cycle among decodekit's modules (imports at module level, outside ``TYPE_CHECKING``)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import decodekit
+
+PKG = Path(decodekit.__file__).parent
+
+
+def test_the_root_holds_the_ground_floor_only():
+    root = sorted(p.stem for p in PKG.glob("*.py"))
+    assert len(root) <= 14, root
+    assert {"generate", "state", "round", "draft", "budget", "trees"}.isdisjoint(root)
+
+
+def test_moved_modules_import_by_their_old_names_as_the_same_objects():
+    for old, new in decodekit._MOVED.items():
+        assert importlib.import_module(f"decodekit.{old}") is importlib.import_module(f"decodekit.{new}"), old
+    from decodekit.state import DecodeState
+
+    from decodekit.draft import Draft
+
+    assert Draft is decodekit.Draft and DecodeState is decodekit.DecodeState
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _runtime_imports(body: list[ast.stmt], modules: dict[str, Path]) -> set[str]:
+    """decodekit modules imported when ``body`` runs at module level (``if TYPE_CHECKING:`` bodies skipped)."""
+    found: set[str] = set()
+    for node in body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found |= _runtime_imports(node.orelse, modules)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for block in (getattr(node, "body", []), getattr(node, "orelse", []), getattr(node, "finalbody", [])):
+                found |= _runtime_imports(block, modules)
+            for handler in getattr(node, "handlers", []):
+                found |= _runtime_imports(handler.body, modules)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # ``from pkg import sub`` imports the submodule; ``from mod import name`` the module
+            found |= {
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names
+            }
+    return found & modules.keys()
+
+
+def test_no_runtime_import_cycle():
+    modules = _modules()
+    graph = {m: _runtime_imports(ast.parse(p.read_text()).body, modules) - {m} for m, p in modules.items()}
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError("runtime import cycle: " + " -> ".join(path[path.index(module) :] + [module]))
+        if module in done:
+            return
+        for other in sorted(graph[module]):
+            visit(other, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
