@@ -1,7 +1,7 @@
 """The draft types every drafter, verifier and policy shares (the ground floor of both wings):
 
-* :mod:`~decodekit.draft.tree`: :class:`Draft`, the token tree a drafter proposes, and :class:`DraftKind`, how its
-  tokens were drawn;
+* :mod:`~decodekit.draft.tree`: :class:`Draft`, the token tree a drafter proposes (checked by
+  :mod:`~decodekit.draft.validate`), and :mod:`~decodekit.draft.kind`: :class:`DraftKind`, how its tokens were drawn;
 * :mod:`~decodekit.draft.budget`: :class:`DraftBudget`, how much each row may draft in a round, and
   :class:`DraftStep`, the record a stop rule reads;
 * :mod:`~decodekit.draft.templates`: static token-tree templates (:class:`TreeTemplate`, ``TEMPLATES``).

@@ -5,40 +5,19 @@ Shapes: ``B`` live rows, ``N`` draft nodes, ``V`` vocabulary size, ``D`` accepte
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
 
-from decodekit.checks import describe
-from decodekit.errors import ComponentOutputError, IncompatibleDraftError
+from decodekit.draft.kind import DraftKind
+from decodekit.draft.validate import check_draft, check_fields, check_rows
+from decodekit.errors import IncompatibleDraftError
 from decodekit.masks import tree_ancestors
 
 if TYPE_CHECKING:
     from decodekit.draft.budget import DraftBudget
-
-
-class DraftKind(str, enum.Enum):
-    """How the tokens of a draft were produced; verifiers declare which kinds they can verify losslessly.
-
-    * ``SAMPLED``: each node was drawn from ``Draft.q`` at that node, siblings independently (i.i.d. from their
-      parent's distribution); ``q`` is required and exact.
-    * ``SAMPLED_WITHOUT_REPLACEMENT``: siblings were drawn one after another from their parent's distribution
-      with the earlier siblings removed (listed in draw order); ``q`` is the parent's distribution *before* any
-      removal.
-    * ``DETERMINISTIC``: the tokens are a function of the context (lookup, argmax, a static tree); verified as
-      point masses.
-    """
-
-    SAMPLED = "sampled"
-    SAMPLED_WITHOUT_REPLACEMENT = "sampled_without_replacement"
-    DETERMINISTIC = "deterministic"
-
-    @property
-    def needs_q(self) -> bool:
-        return self is not DraftKind.DETERMINISTIC
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,60 +48,8 @@ class Draft:
     draft_probs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        self._check_types()
-        shape = tuple(self.tokens.shape)
-        if self.tokens.ndim != 2 or self.parents.shape != self.tokens.shape or self.valid.shape != self.tokens.shape:
-            raise ComponentOutputError(
-                "Draft.tokens, parents and valid must all be [B, N]; got "
-                f"{shape}, {tuple(self.parents.shape)}, {tuple(self.valid.shape)}"
-            )
-        if self.kind.needs_q and self.q is None:
-            raise IncompatibleDraftError(
-                f"a {self.kind.value} draft needs q, the distributions its tokens were drawn from; "
-                "pass q=... or mark the draft DETERMINISTIC"
-            )
-        if self.q is not None:
-            per_node = self.q_index is None
-            if self.q.ndim != 3 or self.q.shape[0] != shape[0] or (per_node and self.q.shape[1] != shape[1]):
-                got = tuple(self.q.shape)
-                raise ComponentOutputError(f"Draft.q must be [B, N, V], or [B, P, V] with q_index; got {got}")
-            if not per_node and tuple(self.q_index.shape) != shape:
-                raise ComponentOutputError(f"Draft.q_index must be [B, N] = {shape}, got {tuple(self.q_index.shape)}")
-        probs = self.draft_probs
-        if probs is not None and (probs.ndim != 3 or tuple(probs.shape[:2]) != shape):
-            got = tuple(probs.shape)
-            raise ComponentOutputError(f"Draft.draft_probs must be [B, N, V] with [B, N] = {shape}, got {got}")
+        check_fields(self)
 
-    def _check_types(self) -> None:
-        """dtypes, devices and the kind (host metadata, no sync)."""
-        expected = {"tokens": torch.long, "parents": torch.long, "valid": torch.bool, "q_index": torch.long}
-        for name, dtype in expected.items():
-            value = getattr(self, name)
-            if name == "q_index" and value is None:
-                continue
-            if not isinstance(value, torch.Tensor) or value.dtype != dtype:
-                fix = "; use .bool()" if dtype == torch.bool else "; use .long()"
-                raise ComponentOutputError(f"Draft.{name} must be a {dtype} tensor, got {describe(value)}{fix}")
-        for name in ("q", "draft_probs"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point):
-                raise ComponentOutputError(f"Draft.{name} must be a floating-point tensor, got {describe(value)}")
-        for name in ("parents", "valid", "q", "q_index", "draft_probs"):
-            value = getattr(self, name)
-            if value is not None and value.device != self.tokens.device:
-                raise ComponentOutputError(
-                    f"Draft.{name} is on {value.device} but Draft.tokens on {self.tokens.device}: use one device"
-                )
-        if not isinstance(self.kind, DraftKind):
-            try:
-                object.__setattr__(self, "kind", DraftKind(self.kind))
-            except ValueError:
-                kinds = ", ".join(k.value for k in DraftKind)
-                raise ComponentOutputError(
-                    f"Draft.kind must be a DraftKind ({kinds}), got {describe(self.kind)}"
-                ) from None
-
-    # ----------------------------------------------------------------------------------------------- builders
     @classmethod
     def chain(
         cls,
@@ -140,7 +67,7 @@ class Draft:
             ComponentOutputError: ``tokens`` is not a 2-D tensor, or ``valid`` not a tensor (shapes, dtypes and
                 devices are checked as for every draft; host metadata, no sync).
         """
-        _check_rows("Draft.chain", tokens=tokens, valid=valid)
+        check_rows("Draft.chain", tokens=tokens, valid=valid)
         batch, n = tokens.shape
         parents = (torch.arange(n, device=tokens.device) - 1).expand(batch, n)
         if valid is None:
@@ -160,7 +87,7 @@ class Draft:
             ComponentOutputError: ``tokens``, ``parents`` or ``valid`` is not a 2-D tensor ``[B, N]`` (shapes,
                 dtypes and devices are checked as for every draft; host metadata, no sync).
         """
-        _check_rows("Draft.tree", tokens=tokens, parents=parents, valid=valid)
+        check_rows("Draft.tree", tokens=tokens, parents=parents, valid=valid)
         draft = cls(tokens=tokens, parents=parents, valid=valid.bool(), **fields)  # type: ignore[arg-type]
         draft.__dict__["is_chain"] = False
         return draft
@@ -370,79 +297,4 @@ class Draft:
         with :meth:`chain` really a chain, and row ``b`` within ``budget`` (nodes, depth, width). One host sync;
         :func:`decodekit.generate` runs it on the first round and, with ``debug=True``, on every round. ``source``
         names who returned it."""
-        if self.batch_size != batch_size:
-            raise ComponentOutputError(
-                f"{source} returned a draft of {self.batch_size} rows, the batch has {batch_size}"
-            )
-        if self.num_nodes == 0:
-            return
-        ar = torch.arange(self.num_nodes, device=self.tokens.device)
-        parent_valid = self.valid.gather(1, self.parents.clamp(0, self.num_nodes - 1)) | (self.parents < 0)
-        safe = tree_ancestors(self.parents.clamp(-1, self.num_nodes - 1), self.valid)  # even for malformed parents
-        depth = safe.sum(-1) * self.valid
-        ok_tree = (~self.valid | ((self.parents < ar) & (self.parents >= -1) & parent_valid)).all()
-        checks = [
-            (ok_tree, "every valid node needs -1 <= parents[i] < i and a valid parent (list nodes parents-first)"),
-            (
-                (~self.valid | ((self.tokens >= 0) & (self.tokens < vocab_size))).all(),
-                f"draft token ids must be in [0, {vocab_size}) (the target vocabulary)",
-            ),
-            (
-                (self.num_valid <= budget.nodes.to(ar.device)).all(),
-                "the drafter returned more nodes than its budget allows (budget.nodes)",
-            ),
-            (
-                (depth.max(-1).values <= budget.depth_or_nodes.to(ar.device)).all(),
-                "the drafter returned a deeper tree than its budget allows (budget.depth, budget.lengths)",
-            ),
-        ]
-        if budget.width is not None:
-            has_parent = (self.valid & (self.parents >= 0)).long()
-            children = torch.zeros_like(self.tokens).scatter_add_(
-                1, self.parents.clamp(0, self.num_nodes - 1), has_parent
-            )
-            roots = (self.valid & (self.parents < 0)).sum(-1)
-            too_wide = (children.max(-1).values > budget.width) | (roots > budget.width)
-            checks.append((~too_wide.any(), f"a node has more than budget.width={budget.width} children"))
-        if self.q_index is not None and self.q is not None:
-            rows = self.q.shape[1]
-            inside = (self.q_index >= 0) & (self.q_index < rows)
-            checks.append(
-                ((inside | ~self.valid).all(), f"q_index must point at rows of q, in [0, {rows}), at valid nodes")
-            )
-        if self.__dict__.get("is_chain"):
-            prefix = (self.valid == (ar < self.num_valid[:, None])).all()
-            checks.append((prefix, "Draft.chain needs valid to be a prefix mask in every row (valid nodes first)"))
-        if "used_width" in self.__dict__:  # a declared width (knowing_width): the valid nodes must end there
-            declared, exact = self.__dict__["used_width"], self.__dict__.get("_width_exact", True)
-            if exact:
-                claim = (
-                    f"the draft declared a used width of {declared} (knowing_width) that its valid nodes do not have"
-                )
-                checks.append((self._valid_width() == declared, claim))
-            else:
-                claim = f"the draft has valid nodes past the bound on its width it declared, {declared} (knowing_width)"
-                checks.append((self._valid_width() <= declared, claim))
-        if self.host_counts is not None:
-            counts = torch.tensor(self.host_counts, device=self.valid.device)
-            claim = f"the draft declared {list(self.host_counts)} valid nodes per row (knowing_counts), not what it has"
-            checks.append(((self.num_valid == counts).all(), claim))
-        results = torch.stack([ok for ok, _ in checks]).tolist()
-        for ok, (_, message) in zip(results, checks):
-            if not ok:
-                raise ComponentOutputError(f"{source} returned a malformed Draft: {message}")
-
-
-def _check_rows(builder: str, **tensors: torch.Tensor | None) -> None:
-    """Refuse a builder argument that is not a 2-D tensor ``[B, N]`` (None is skipped: a default), with the fix for
-    a single row given as 1-D (host metadata, no sync)."""
-    for name, value in tensors.items():
-        if value is None:
-            continue
-        if not isinstance(value, torch.Tensor):
-            raise ComponentOutputError(f"{builder}: {name} must be a tensor [B, N], got {describe(value)}")
-        if value.ndim != 2:
-            fix = f"; for one row use {name}[None]" if value.ndim == 1 else ""
-            raise ComponentOutputError(
-                f"{builder}: {name} must be [B, N] (a row of nodes per sequence), got {describe(value)}{fix}"
-            )
+        check_draft(self, batch_size, vocab_size, budget, source)
