@@ -141,7 +141,7 @@ def test_dlm_bench_reports_speed_next_to_quality(tmp_path, smollm2_cut):
     """The benchmark on a real model (an untrained wrapping of SmolLM2 cut to 8 layers stands in for the adapter; the
     cut scores too): every method's row, the base sampler agreeing with itself, a threshold rule taking fewer
     forwards; the synthetic table has every method (and the autoregressive reference) on every task."""
-    from decodekit.dlm.bench import run
+    from decodekit.bench.dlm import run
 
     m = dk.dlm.load_model(dk.load_model(smollm2_cut), mask_token_id=16, shift_logits=True)
     rule = dk.dlm.ThresholdRule(0.0)
@@ -173,7 +173,7 @@ def test_dlm_bench_on_a_block_causal_model_runs_its_base_with_the_exact_cache_an
     base, run as a method, agrees with it token for token, and so does the cache measured against it; a
     bidirectional cache is listed with the model's reason instead of run; a base with another rule, or one the model
     cannot run, is refused before any call."""
-    from decodekit.dlm.bench import run
+    from decodekit.bench.dlm import run
 
     m = dk.dlm.load_model(dk.load_model(smollm2_cut), mask_token_id=16, shift_logits=True, block_length=4)
     kwargs = dict(SHORT, scorer=smollm2_cut, num_prompts=1, gen_lengths=[8], block_length=4, synthetic=0)

@@ -530,14 +530,14 @@ def test_synthetic_items_as_chat_turns_ask_the_same_cases(task):
 
 
 def test_dlm_bench_refuses_an_unknown_synthetic_style_before_loading(tmp_path):
-    from decodekit.dlm.bench import run
+    from decodekit.bench.dlm import run
 
     with pytest.raises(ConfigError, match="synthetic_style"):
         run(tmp_path, model="no-such-model", synthetic_style="prose")
 
 
 def test_dlm_bench_refuses_unknown_kernels_before_loading(tmp_path):
-    from decodekit.dlm.bench import run
+    from decodekit.bench.dlm import run
 
     with pytest.raises(ConfigError, match="unknown kernels"):
         run(tmp_path, model="no-such-model", kernels="mkl")
@@ -562,7 +562,7 @@ def test_onednn_kernels_give_the_sampler_its_tokens():
 
 def test_dlm_bench_refuses_an_uncached_reference_to_a_disabled_method(tmp_path):
     """Found before any model loads or any call runs (a disabled reference once failed a 24-minute run at the end)."""
-    from decodekit.dlm.bench import run
+    from decodekit.bench.dlm import run
 
     methods = {"cached": {"rule": None, "cache": dk.dlm.DKVCache(), "uncached": "threshold"}, "threshold": None}
     with pytest.raises(ConfigError, match="not an enabled method"):
@@ -611,7 +611,7 @@ def test_dlm_bench_experiments_compose_and_build(experiment):
 
 
 def test_dlm_bench_similarity_tells_a_late_shift_from_a_different_text():
-    from decodekit.dlm.bench import similarity
+    from decodekit.bench.dlm import similarity
 
     base = list(range(20))
     shifted = base[:5] + base[6:] + [99]  # one dropped token: every later slot disagrees

@@ -306,7 +306,7 @@ def test_a_draft_strategys_malformed_variants_are_refused(dlm, out, message):
 )
 def test_dlm_bench_refuses_bad_overrides_before_loading(tmp_path, overrides, error, message):
     """Each refused before any model loads (``no-such-model`` would fail to load), naming the override."""
-    from decodekit.dlm.bench import run
+    from decodekit.bench.dlm import run
 
     with pytest.raises(error, match=message):
         run(tmp_path, **{"model": "no-such-model", "gen_lengths": [128], **overrides})
