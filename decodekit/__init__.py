@@ -7,7 +7,7 @@
 
 import sys as _sys
 
-from decodekit import dlm, drafters, policies, registry, spec, train, verifiers  # noqa: F401 - the wings, as attributes
+from decodekit import dlm, drafters, policies, registry, spec, train, verifiers
 from decodekit.cache import KVCache
 from decodekit.errors import (
     ConfigError,
@@ -41,7 +41,11 @@ from decodekit.metrics import DLMStats, SpecStats
 from decodekit.models import LanguageModel, ModelOutput, load_model
 from decodekit.registry import available, build, register
 from decodekit.spec import diagnostics
-from decodekit.spec.diagnostics import Divergence, first_divergence, first_divergences
+from decodekit.spec.diagnostics import (
+    Divergence,
+    first_divergence,
+    first_divergences,
+)
 from decodekit.spec.loop import generate
 from decodekit.spec.round import NEEDS, Round
 from decodekit.spec.state import DecodeState
@@ -69,21 +73,13 @@ for _old, _new in _MOVED.items():
 
 __version__ = "0.1.0"
 
+# The public root: the loop, the three roles, the draft types, the registry and the packages. The optional-hook
+# Protocols (``Begins``, ``Observes``, ...) and the specific errors stay importable here but are listed in
+# ``dk.interfaces`` and ``dk.errors``; the diffusion roles in ``dk.dlm``.
 __all__ = [
     "NEEDS",
-    "Begins",
-    "ChecksSampling",
-    "DeclaresKind",
-    "HasDefaultPolicy",
-    "HasVocab",
-    "ModelOutput",
-    "Needs",
-    "Observes",
-    "Round",
-    "SelectsRows",
-    "SharesTarget",
     "ConfigError",
-    "ContextLengthError",
+    "DLMStats",
     "DecodeKitError",
     "DecodeState",
     "Draft",
@@ -91,33 +87,25 @@ __all__ = [
     "DraftKind",
     "DraftStep",
     "Drafter",
-    "EmptyPromptError",
     "GenerationOutput",
-    "IncompatibleDraftError",
     "KVCache",
     "LanguageModel",
     "LengthPolicy",
-    "MissingDependencyError",
+    "ModelOutput",
+    "Round",
     "SamplingParams",
     "SpecStats",
-    "DLMStats",
-    "UnmaskRule",
-    "DLMCache",
-    "DLMDraft",
-    "RegionSchedule",
-    "UnknownComponentError",
     "Verdict",
     "Verifier",
-    "VocabMismatchError",
     "available",
     "build",
     "diagnostics",
     "dlm",
-    "Divergence",
-    "first_divergence",
-    "first_divergences",
     "drafters",
+    "errors",
+    "first_divergence",
     "generate",
+    "interfaces",
     "load_model",
     "policies",
     "register",

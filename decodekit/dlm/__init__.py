@@ -23,8 +23,13 @@ from decodekit.dlm.rules import (
 )
 from decodekit.dlm.schedules import AdaBlock, DeferredWindow, FixedBlocks
 from decodekit.dlm.state import DLMState, Proposal, SlotLogits, dense_logits, propose
+from decodekit.interfaces import DLMCache, DLMDraft, RegionSchedule, UnmaskRule
 
 __all__ = [
+    "DLMCache",
+    "DLMDraft",
+    "RegionSchedule",
+    "UnmaskRule",
     "AdaBlock",
     "DeferredWindow",
     "FixedBlocks",

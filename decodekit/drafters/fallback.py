@@ -21,7 +21,7 @@ from decodekit.interfaces import (
 )
 from decodekit.policies.fixed import policy_for
 from decodekit.registry import register
-from decodekit.spec.components import begin_component, takes_keyword
+from decodekit.spec.hooks import begin_component, takes_keyword
 from decodekit.spec.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
 

@@ -83,7 +83,7 @@ from decodekit.hf.streaming import VERIFIED_TRANSFORMERS, StreamerAdapter, check
 from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import SpecStats
 from decodekit.models import load_model
-from decodekit.spec.components import check_components
+from decodekit.spec.component_checks import check_components
 from decodekit.spec.loop import generate
 
 __all__ = ["VERIFIED_TRANSFORMERS", "DecodeKitGenerateOutput", "custom_generate"]

@@ -3,7 +3,8 @@
 * :mod:`~decodekit.spec.loop`: ``generate``, one batched loop for every drafter, verifier and length policy;
 * :mod:`~decodekit.spec.state`: :class:`DecodeState`, what a component sees of the batch;
 * :mod:`~decodekit.spec.round`: :class:`Round`, one verification forward's outputs, and ``NEEDS``;
-* :mod:`~decodekit.spec.components`: the call's drafter, verifier and policy, defaulted and checked together;
+* :mod:`~decodekit.spec.components`: the call's drafter, verifier and policy, checked together, their hooks
+  dispatched (:mod:`~decodekit.spec.hooks`) and their outputs checked (:mod:`~decodekit.spec.component_checks`);
 * :mod:`~decodekit.spec.options`, :mod:`~decodekit.spec.conventions`: the call's keywords and transformers'
   ``generate`` conventions; :mod:`~decodekit.spec.prompts`: the batch of prompts;
   :mod:`~decodekit.spec.processors`: logits processors and stop strings;

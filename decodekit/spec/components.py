@@ -3,11 +3,6 @@ optional hooks resolved once (see :mod:`decodekit.interfaces`)."""
 
 from __future__ import annotations
 
-import inspect
-import warnings
-from collections.abc import Collection, Iterable
-from typing import Any
-
 import torch
 
 from decodekit.cache import KVCache
@@ -24,7 +19,6 @@ from decodekit.errors import (
 )
 from decodekit.interfaces import (
     HOOKS,
-    Begins,
     ChecksModel,
     ChecksSampling,
     DeclaresKind,
@@ -37,23 +31,18 @@ from decodekit.interfaces import (
     Verifier,
 )
 from decodekit.models.base import LanguageModel, ModelOutput
+from decodekit.spec.component_checks import (
+    WHAT,
+    check_accepts,
+    check_components,
+    check_hidden_layers,
+    check_kind,
+    explain_failure,
+)
+from decodekit.spec.hooks import begin_component, takes_keyword, warn_near_hooks
 from decodekit.spec.round import Round, check_needs
 from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams, Verdict
-
-_WHAT = {
-    "drafter": (Drafter, "a propose(state, budget) method"),
-    "verifier": (Verifier, "accepts, lossless and a verify(draft, logits, sampling, generator) method"),
-    "policy": (LengthPolicy, "a plan(state) method"),
-}
-
-
-def check_components(drafter: Any, verifier: Any, policy: Any) -> None:
-    """Refuse a component that does not implement its Protocol, or a class passed instead of an instance (None
-    is fine: the default)."""
-    for name, value in (("drafter", drafter), ("verifier", verifier), ("policy", policy)):
-        protocol, what = _WHAT[name]
-        check_instance(name, value, protocol, what=what)
 
 
 class Components:
@@ -74,7 +63,7 @@ class Components:
         tree_verifier: Verifier | None = None,
     ) -> None:
         check_components(drafter, verifier, policy)
-        check_instance("verifier", verifier, Verifier, what=_WHAT["verifier"][1], optional=False)
+        check_instance("verifier", verifier, Verifier, what=WHAT["verifier"][1], optional=False)
         self.drafter, self.verifier, self.policy = drafter, verifier, policy
         roles = {"drafter": drafter, "verifier": verifier, "policy": policy if drafter is not None else None}
         self.all = [c for c in roles.values() if c is not None]
@@ -270,47 +259,10 @@ class Components:
         verdict: Verdict | None = None,
         round_index: int | None = None,
     ) -> None:
-        """After ``error`` surfaced deep inside torch (the target's forward, a draft model's, the cache's
-        bookkeeping), raise a :class:`ComponentOutputError` naming the component whose output explains it: a pending
-        token outside the vocabulary (the last verifier's ``next_token``), a draft token outside it or a malformed
-        draft (the drafter), a malformed verdict (the verifier). Their values are checked on the first rounds only,
-        so a later round's are found here, on the error path (host syncs). Returns when none explains it (the
-        caller re-raises ``error``), or when the device cannot be read any more (a CUDA assert)."""
-        where = "" if round_index is None else f" on round {round_index}"
-        failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        debug = (
-            "outputs' values are checked on the first rounds only; run with debug=True to check every round's "
-            "budget, draft and verdict where it is made"
-        )
-        vocab = self.vocab_size
-        try:
-            checks = [((state.pending < 0) | (state.pending >= vocab)).any()]
-            if draft is not None and draft.num_nodes:
-                checks.append((draft.valid & ((draft.tokens < 0) | (draft.tokens >= vocab))).any())
-            bad = torch.stack(checks).tolist()
-        except Exception:  # the device is unusable: nothing more to learn from it
-            return
-        if bad[0]:
-            raise ComponentOutputError(
-                f"{type(self.current_verifier).__name__}.verify returned a next_token outside the vocabulary "
-                f"[0, {vocab}){where}; it became the pending token the model failed on ({failed}). {debug}"
-            ) from error
-        drafter = type(self.drafter).__name__
-        if len(bad) > 1 and bad[1]:
-            raise ComponentOutputError(
-                f"{drafter}.propose returned draft token ids outside the target's vocabulary [0, {vocab}){where}; the "
-                f"target's forward failed on them ({failed}). {debug}"
-            ) from error
-        try:
-            if draft is not None and draft.num_nodes:
-                anything = DraftBudget.uniform(state.lengths, draft.num_nodes)  # the structure only, not the budget
-                draft.check(state.batch_size, vocab, anything, f"{drafter}.propose")
-            if verdict is not None and draft is not None:
-                verdict.check(draft, vocab, f"{type(self.current_verifier).__name__}.verify")
-        except ComponentOutputError as found:
-            raise ComponentOutputError(f"{found}{where} ({failed}). {debug}") from error
-        except Exception:
-            return
+        """After ``error`` surfaced deep inside torch, raise a :class:`ComponentOutputError` naming the component
+        whose output explains it, or return (the caller re-raises): see
+        :func:`decodekit.spec.component_checks.explain_failure`."""
+        explain_failure(self, error, state, draft, verdict, round_index)
 
     def check_progress(self, before: list[int], after: list[int], verdict: Verdict) -> None:
         """Refuse a round that committed nothing to a live row (host lengths only: no sync); the loop would never
@@ -325,109 +277,4 @@ class Components:
             )
 
 
-def check_accepts(verifier: Any) -> None:
-    """Refuse a verifier whose ``accepts`` is not a collection of :class:`DraftKind` (a string would be searched
-    for substrings: ``"sampled"`` in ``"sampled_without_replacement"``)."""
-    accepts = verifier.accepts
-    if (
-        isinstance(accepts, (str, bytes))
-        or not isinstance(accepts, Collection)
-        or not all(isinstance(k, DraftKind) for k in accepts)
-    ):
-        raise ConfigTypeError(
-            f"{type(verifier).__name__}.accepts must be a set of DraftKind (e.g. frozenset({{DraftKind.DETERMINISTIC}})"
-            f" or frozenset(DraftKind)), got {describe(accepts)}"
-        )
-
-
-def check_hidden_layers(component: Any, model: LanguageModel) -> tuple[int, ...]:
-    """``component.hidden_layers`` (the target layers whose hidden states it asks for; none without it), refused
-    unless it is a collection of layer indices within the target's layers (0 = embeddings, ``L`` = the last)."""
-    layers = getattr(component, "hidden_layers", ())
-    try:
-        count = model.num_layers
-    except Exception:  # a model without a layer list: only the types are checked
-        count = None
-    bad = isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable)
-    bad = bad or not all(is_int(i) and (count is None or 0 <= i <= count) for i in layers)
-    if bad:
-        within = "" if count is None else f" in [0, {count}]"
-        raise ConfigTypeError(
-            f"{type(component).__name__}.hidden_layers must be a collection of layer indices{within} (0 = the "
-            f"embeddings), got {describe(layers)}"
-        )
-    return tuple(int(i) for i in layers)
-
-
-def check_kind(verifier: Verifier, kind: DraftKind, drafter: Any) -> None:
-    """The one draft-kind check: refuse a verifier that cannot verify ``kind`` drafts without bias."""
-    if kind not in verifier.accepts:
-        raise IncompatibleDraftError(
-            f"{type(verifier).__name__} cannot verify {kind.value} drafts from {type(drafter).__name__} "
-            f"(it accepts: {', '.join(sorted(k.value for k in verifier.accepts))}); choose a verifier that does"
-        )
-
-
-_WARNED: set[tuple[type, str]] = set()
-
-
-def warn_near_hooks(component: object, hooks: tuple[str, ...]) -> None:
-    """Warn (once per class and name) about public names one edit away from a hook (of ``hooks``, the names the
-    loop looks for on a component of this role) that the component lacks."""
-    cls = type(component)
-    names = {n for n in dir(cls) if not n.startswith("_")} | {
-        n for n in getattr(component, "__dict__", {}) if not n.startswith("_")
-    }
-    for name in sorted(names - set(hooks)):
-        for hook in hooks:
-            if hook not in names and _one_edit(name, hook) and (cls, name) not in _WARNED:
-                _WARNED.add((cls, name))
-                warnings.warn(
-                    f"{cls.__name__}.{name} looks like the hook {hook!r}, which {cls.__name__} does not define; "
-                    f"decodekit will not call it. Rename it to {hook!r} if that was meant.",
-                    stacklevel=4,
-                )
-
-
-def _one_edit(a: str, b: str) -> bool:
-    """True when ``a`` becomes ``b`` by one insertion, deletion, substitution or swap of adjacent letters."""
-    if a == b or abs(len(a) - len(b)) > 1:
-        return False
-    if len(a) == len(b):
-        diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
-        return len(diff) == 1 or (
-            len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
-        )
-    short, long = (a, b) if len(a) < len(b) else (b, a)
-    i = next((i for i, (x, y) in enumerate(zip(short, long)) if x != y), len(short))
-    return short[i:] == long[i + 1 :]
-
-
-def begin_component(
-    component: Any,
-    state: DecodeState,
-    target: LanguageModel,
-    cache: KVCache,
-    prefill: ModelOutput | None,
-    *,
-    drafter: bool = True,
-) -> None:
-    """Call ``component``'s ``begin`` hook, if it has one: a drafter with ``shares_target`` gets the target and its
-    cache, and the prefill's output too where its ``begin`` takes a ``prefill`` keyword; anything else gets the
-    state only. ``drafter=False`` for verifiers and policies (never given the target)."""
-    if drafter and getattr(component, "shares_target", False):
-        if takes_keyword(component.begin, "prefill"):
-            component.begin(state, target, cache, prefill=prefill)
-        else:
-            component.begin(state, target, cache)
-    elif isinstance(component, Begins):
-        component.begin(state)
-
-
-def takes_keyword(method: Any, name: str) -> bool:
-    """Whether ``method`` accepts a keyword ``name`` (``select_rows(host_rows=)``, ``begin(prefill=)``; a subclass
-    may override the method without it)."""
-    try:
-        return name in inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return False
+__all__ = ["Components"]

@@ -27,7 +27,8 @@ from decodekit.models import LanguageModel, load_model
 from decodekit.models.compile_switch import compiling, resolve_compile
 from decodekit.policies.fixed import policy_for
 from decodekit.sampling import begin_round, make_generator, next_token
-from decodekit.spec.components import Components, check_components
+from decodekit.spec.component_checks import check_components
+from decodekit.spec.components import Components
 from decodekit.spec.options import (
     build_processors,
     call_options,

@@ -1,6 +1,7 @@
 """The house's layout (issue 56): a small ground floor at the package root, the speculative loop's modules in
 ``decodekit/spec/``, the draft types in ``decodekit/draft/``; the old module names still import, as the same module
-objects; no runtime import cycle among decodekit's modules (imports at module level, outside ``TYPE_CHECKING``)."""
+objects; no runtime import cycle among decodekit's modules (imports at module level, outside ``TYPE_CHECKING``), and
+nothing below the benchmarks and the training recipes imports them."""
 
 from __future__ import annotations
 
@@ -74,3 +75,21 @@ def test_no_runtime_import_cycle():
 
     for module in sorted(graph):
         visit(module, [])
+
+
+def test_the_wings_and_the_ground_floor_import_no_benchmark_or_training_code():
+    """Benchmarks and training recipes sit above both wings: nothing a decoding call runs imports them."""
+    modules = _modules()
+    above = ("decodekit.bench", "decodekit.train", "decodekit.cli", "decodekit.hf")
+    for module, path in modules.items():
+        if module in ("decodekit", "decodekit.__main__") or module.startswith(above):
+            continue
+        upward = {m for m in _runtime_imports(ast.parse(path.read_text()).body, modules) if m.startswith(above)}
+        assert not upward, f"{module} imports {sorted(upward)} at import time"
+
+
+def test_the_public_root_is_small_and_the_hooks_stay_importable():
+    assert len(decodekit.__all__) <= 35 and all(hasattr(decodekit, name) for name in decodekit.__all__)
+    for name in ("Begins", "Observes", "SelectsRows", "SharesTarget", "VocabMismatchError", "UnmaskRule"):
+        assert getattr(decodekit, name) is getattr(decodekit.interfaces, name, None) or getattr(decodekit.errors, name)
+    assert {"UnmaskRule", "DLMCache", "DLMDraft", "RegionSchedule"} <= set(decodekit.dlm.__all__)

@@ -1,0 +1,137 @@
+"""Checks of a call's components before anything runs (their Protocols, a verifier's ``accepts`` and the draft
+kind, ``hidden_layers``) and, after a failure deep inside torch, the component whose output explains it."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from decodekit.checks import check_instance, describe, is_int
+from decodekit.draft import Draft, DraftKind
+from decodekit.draft.budget import DraftBudget
+from decodekit.errors import (
+    ComponentOutputError,
+    ConfigTypeError,
+    IncompatibleDraftError,
+)
+from decodekit.interfaces import (
+    Drafter,
+    LengthPolicy,
+    Verifier,
+)
+from decodekit.models.base import LanguageModel
+from decodekit.spec.state import DecodeState
+from decodekit.types import Verdict
+
+if TYPE_CHECKING:
+    from decodekit.spec.components import Components
+
+WHAT = {
+    "drafter": (Drafter, "a propose(state, budget) method"),
+    "verifier": (Verifier, "accepts, lossless and a verify(draft, logits, sampling, generator) method"),
+    "policy": (LengthPolicy, "a plan(state) method"),
+}
+
+
+def check_components(drafter: Any, verifier: Any, policy: Any) -> None:
+    """Refuse a component that does not implement its Protocol, or a class passed instead of an instance (None
+    is fine: the default)."""
+    for name, value in (("drafter", drafter), ("verifier", verifier), ("policy", policy)):
+        protocol, what = WHAT[name]
+        check_instance(name, value, protocol, what=what)
+
+
+def check_accepts(verifier: Any) -> None:
+    """Refuse a verifier whose ``accepts`` is not a collection of :class:`DraftKind` (a string would be searched
+    for substrings: ``"sampled"`` in ``"sampled_without_replacement"``)."""
+    accepts = verifier.accepts
+    if (
+        isinstance(accepts, (str, bytes))
+        or not isinstance(accepts, Collection)
+        or not all(isinstance(k, DraftKind) for k in accepts)
+    ):
+        raise ConfigTypeError(
+            f"{type(verifier).__name__}.accepts must be a set of DraftKind (e.g. frozenset({{DraftKind.DETERMINISTIC}})"
+            f" or frozenset(DraftKind)), got {describe(accepts)}"
+        )
+
+
+def check_hidden_layers(component: Any, model: LanguageModel) -> tuple[int, ...]:
+    """``component.hidden_layers`` (the target layers whose hidden states it asks for; none without it), refused
+    unless it is a collection of layer indices within the target's layers (0 = embeddings, ``L`` = the last)."""
+    layers = getattr(component, "hidden_layers", ())
+    try:
+        count = model.num_layers
+    except Exception:  # a model without a layer list: only the types are checked
+        count = None
+    bad = isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable)
+    bad = bad or not all(is_int(i) and (count is None or 0 <= i <= count) for i in layers)
+    if bad:
+        within = "" if count is None else f" in [0, {count}]"
+        raise ConfigTypeError(
+            f"{type(component).__name__}.hidden_layers must be a collection of layer indices{within} (0 = the "
+            f"embeddings), got {describe(layers)}"
+        )
+    return tuple(int(i) for i in layers)
+
+
+def check_kind(verifier: Verifier, kind: DraftKind, drafter: Any) -> None:
+    """The one draft-kind check: refuse a verifier that cannot verify ``kind`` drafts without bias."""
+    if kind not in verifier.accepts:
+        raise IncompatibleDraftError(
+            f"{type(verifier).__name__} cannot verify {kind.value} drafts from {type(drafter).__name__} "
+            f"(it accepts: {', '.join(sorted(k.value for k in verifier.accepts))}); choose a verifier that does"
+        )
+
+
+def explain_failure(
+    components: Components,
+    error: BaseException,
+    state: DecodeState,
+    draft: Draft | None = None,
+    verdict: Verdict | None = None,
+    round_index: int | None = None,
+) -> None:
+    """After ``error`` surfaced deep inside torch (the target's forward, a draft model's, the cache's
+    bookkeeping), raise a :class:`ComponentOutputError` naming the component whose output explains it: a pending
+    token outside the vocabulary (the last verifier's ``next_token``), a draft token outside it or a malformed
+    draft (the drafter), a malformed verdict (the verifier). Their values are checked on the first rounds only,
+    so a later round's are found here, on the error path (host syncs). Returns when none explains it (the
+    caller re-raises ``error``), or when the device cannot be read any more (a CUDA assert)."""
+    where = "" if round_index is None else f" on round {round_index}"
+    failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    debug = (
+        "outputs' values are checked on the first rounds only; run with debug=True to check every round's "
+        "budget, draft and verdict where it is made"
+    )
+    vocab = components.vocab_size
+    try:
+        checks = [((state.pending < 0) | (state.pending >= vocab)).any()]
+        if draft is not None and draft.num_nodes:
+            checks.append((draft.valid & ((draft.tokens < 0) | (draft.tokens >= vocab))).any())
+        bad = torch.stack(checks).tolist()
+    except Exception:  # the device is unusable: nothing more to learn from it
+        return
+    if bad[0]:
+        raise ComponentOutputError(
+            f"{type(components.current_verifier).__name__}.verify returned a next_token outside the vocabulary "
+            f"[0, {vocab}){where}; it became the pending token the model failed on ({failed}). {debug}"
+        ) from error
+    drafter = type(components.drafter).__name__
+    if len(bad) > 1 and bad[1]:
+        raise ComponentOutputError(
+            f"{drafter}.propose returned draft token ids outside the target's vocabulary [0, {vocab}){where}; the "
+            f"target's forward failed on them ({failed}). {debug}"
+        ) from error
+    try:
+        if draft is not None and draft.num_nodes:
+            anything = DraftBudget.uniform(state.lengths, draft.num_nodes)  # the structure only, not the budget
+            draft.check(state.batch_size, vocab, anything, f"{drafter}.propose")
+        if verdict is not None and draft is not None:
+            verdict.check(draft, vocab, f"{type(components.current_verifier).__name__}.verify")
+    except ComponentOutputError as found:
+        raise ComponentOutputError(f"{found}{where} ({failed}). {debug}") from error
+    except Exception:
+        return
