@@ -5,6 +5,7 @@
 >>> out = dk.generate(model, [[1, 2, 3]], drafter=dk.drafters.NGramDrafter())   # doctest: +SKIP
 """
 
+import importlib as _importlib
 import sys as _sys
 
 from decodekit import dlm, drafters, policies, registry, spec, train, verifiers
@@ -68,8 +69,7 @@ _MOVED = {
     "trees": "draft.templates",
 }
 for _old, _new in _MOVED.items():
-    __import__(f"decodekit.{_new}")
-    _sys.modules.setdefault(f"decodekit.{_old}", _sys.modules[f"decodekit.{_new}"])
+    _sys.modules.setdefault(f"decodekit.{_old}", _importlib.import_module(f"decodekit.{_new}"))
 
 __version__ = "0.1.0"
 

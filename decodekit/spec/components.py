@@ -37,7 +37,6 @@ from decodekit.spec.component_checks import (
     check_components,
     check_hidden_layers,
     check_kind,
-    explain_failure,
 )
 from decodekit.spec.hooks import begin_component, takes_keyword, warn_near_hooks
 from decodekit.spec.round import Round, check_needs
@@ -240,7 +239,8 @@ class Components:
 
     def check_output(self, sequences: list[list[int]]) -> None:
         """Refuse an output holding a token outside the vocabulary (host ints, read out anyway: no sync). Every other
-        round's tokens went through a forward, which fails on them (:meth:`explain_failure`); the last round's
+        round's tokens went through a forward, which fails on them (and
+        :func:`~decodekit.spec.component_checks.explain_failure` names who returned them); the last round's
         ``next_token`` is the one no forward reads."""
         low = min((min(row) for row in sequences if row), default=0)
         high = max((max(row) for row in sequences if row), default=0)
@@ -250,19 +250,6 @@ class Components:
                 f"[0, {self.vocab_size}) on the last round (the output holds {low if low < 0 else high}); run with "
                 "debug=True to check every round's verdict where it is made"
             )
-
-    def explain_failure(
-        self,
-        error: BaseException,
-        state: DecodeState,
-        draft: Draft | None = None,
-        verdict: Verdict | None = None,
-        round_index: int | None = None,
-    ) -> None:
-        """After ``error`` surfaced deep inside torch, raise a :class:`ComponentOutputError` naming the component
-        whose output explains it, or return (the caller re-raises): see
-        :func:`decodekit.spec.component_checks.explain_failure`."""
-        explain_failure(self, error, state, draft, verdict, round_index)
 
     def check_progress(self, before: list[int], after: list[int], verdict: Verdict) -> None:
         """Refuse a round that committed nothing to a live row (host lengths only: no sync); the loop would never

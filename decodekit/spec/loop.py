@@ -27,7 +27,7 @@ from decodekit.models import LanguageModel, load_model
 from decodekit.models.compile_switch import compiling, resolve_compile
 from decodekit.policies.fixed import policy_for
 from decodekit.sampling import begin_round, make_generator, next_token
-from decodekit.spec.component_checks import check_components
+from decodekit.spec.component_checks import check_components, explain_failure
 from decodekit.spec.components import Components
 from decodekit.spec.options import (
     build_processors,
@@ -226,7 +226,7 @@ def _loop(
                 cache, state.pending, draft, hidden_layers=parts.hidden_layers, return_hidden="hidden" in parts.needs
             )
         except (IndexError, RuntimeError) as error:  # a later round's bad token or tree: name who made it
-            parts.explain_failure(error, state, draft, round_index=index)
+            explain_failure(parts, error, state, draft, round_index=index)
             raise
         logits = process_scored(state, scored.logits, draft)
         verdict = parts.verifier_for(draft).verify(draft, logits, sampling, generator)
@@ -236,7 +236,7 @@ def _loop(
             timer.mark("verify")
             tokens, counts = _round_tokens(draft, verdict)
         except (IndexError, RuntimeError) as error:  # a later round's malformed verdict
-            parts.explain_failure(error, state, draft, verdict, round_index=index)
+            explain_failure(parts, error, state, draft, verdict, round_index=index)
             raise
         counts = out.commit(state, tokens, counts)
         counters.add_round(draft.num_valid, verdict.num_accepted, draft.num_nodes)
@@ -281,7 +281,7 @@ def _propose(parts: Components, state: DecodeState, debug: bool, index: int | No
     try:
         draft = parts.drafter.propose(state, budget)
     except (IndexError, RuntimeError) as error:  # a draft model fed a pending token outside its vocabulary
-        parts.explain_failure(error, state, round_index=index)
+        explain_failure(parts, error, state, round_index=index)
         raise
     parts.check_draft(draft, state, budget, values=validate)
     return draft.trimmed() if draft.num_nodes else draft
