@@ -27,9 +27,6 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_int
-from decodekit.train.arguments import check_arguments
-
 
 def head_loss(
     head: Any,
@@ -66,72 +63,37 @@ def head_loss(
 def train(
     out_dir: str | Path,
     *,
-    base: str = "smollm2-135m-instruct",
-    chat_prompts: int = 256,
-    code_prompts: int = 256,
-    text_chunks: int = 1024,
-    max_prompt_tokens: int = 320,
-    max_new_tokens: int = 128,
-    seq_len: int = 384,
-    gen_batch_size: int = 8,
-    train_vocab: int = 16384,
-    vocab_sizes: tuple[int, ...] = (2048, 4096, 8192, 16384),
     draft_len: int = 4,
-    val_fraction: float = 0.05,
-    epochs: int = 3,
-    batch_size: int = 8,
-    lr: float = 1e-3,
-    weight_decay: float = 0.0,
-    warmup: float = 0.03,
     noise: float = 0.1,
     ce_weight: float = 0.1,
-    save_every: int = 200,
-    resume: bool = False,
     init: str | None = None,
-    device: str | None = None,
-    online: bool | None = None,
-    time_budget_s: float | None = None,
-    data_dir: str | None = None,
-    threads: int | None = None,
-    seed: int = 0,
-    progress: bool = True,
+    **shared: Any,
 ) -> dict[str, Any]:
-    """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
-    ``decodekit/recipes/train/eagle.yaml`` for what each argument does."""
-    check_arguments(locals())  # every override, before the model or the data
+    """Train the head; returns the summary numbers (also in ``summary.json``). The recipe's own knobs: the chain
+    ``draft_len`` the vocabulary pick models, the feature ``noise``, the cross-entropy's ``ce_weight`` and a head to
+    start from (``init``); ``shared``: :class:`~decodekit.train.recipe.HeadConfig`'s (data, optimisation, device).
+    ``decodekit/recipes/train/eagle.yaml`` documents each."""
+    from decodekit.train.recipe import HeadConfig, run_recipe
+
+    cfg = HeadConfig.of("eagle", locals())  # every override, before the model or the data
     from decodekit.drafters.eagle_head import RETRAIN, EagleHead, read_init
     from decodekit.train.eagle_vocab import pick_vocab
-    from decodekit.train.feature_heads import device_settings, finish_run, fit, held_out, start_run
 
-    dev, online = device_settings(device, online, time_budget_s)
-    check_int("draft_len", draft_len, low=1)
     start: dict[str, torch.Tensor] = {}
 
     def check_init(target: Any) -> None:  # a missing or foreign init head fails before the data is built
         if init is not None:
             start.update(read_init(init, target, RETRAIN)[1])
 
-    recipe, out, target, data = start_run(locals(), check_init, device=dev, features=not online)
-    w_d = target.lm_head.weight[data.vocab].detach()
-    head = EagleHead(target.hf.config, data.vocab)
-    head.init_from(target)
-    if start:  # continue from a trained head (its layer and fc; the vocabulary is this run's, EAGLE-3's fuse unused)
-        kept = {k: v.float() for k, v in start.items() if k not in ("vocab", "fuse.weight")}
-        head.load_state_dict(kept, strict=False)
-    head = head.to(dev)
+    def make_head(target: Any, data: Any) -> EagleHead:
+        head = EagleHead(target.hf.config, data.vocab)
+        head.init_from(target)
+        if start:  # continue from a trained head (its layer and fc; the vocabulary is this run's, EAGLE-3's unused)
+            head.load_state_dict({k: v.float() for k, v in start.items() if k not in ("vocab", "fuse.weight")}, False)
+        return head
 
-    def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        tokens, feats, lengths, starts = data.batch(idx, dev, target)
-        return head_loss(head, target.embed, w_d, tokens, feats, lengths, starts, noise, ce_weight)
-
-    trained, history, numbers = fit(
-        head, batch_loss, data, out, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-        warmup=warmup, save_every=save_every, resume=resume, seed=seed, progress=progress, desc="training EAGLE head",
-        device=dev, time_budget_s=time_budget_s,
-    )  # fmt: skip
-    val = held_out(target, data, online, gen_batch_size)
-    return finish_run(
-        trained, data, out, target, recipe, pick=lambda sizes: pick_vocab(trained, target, val, sizes, draft_len),
-        vocab_sizes=vocab_sizes, history=history, numbers=numbers, name="eagle", title="EAGLE head",
-        loss_label=f"SmoothL1 + {ce_weight} CE",
+    return run_recipe(
+        cfg, make_head, lambda head, target, rows, b: head_loss(head, target.embed, rows, *b, noise, ce_weight),
+        pick=lambda head, target, val, sizes: pick_vocab(head, target, val, sizes, draft_len), title="EAGLE head",
+        loss_label=f"SmoothL1 + {ce_weight} CE", check_target=check_init,
     )  # fmt: skip

@@ -44,9 +44,7 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
-from decodekit.train.arguments import check_arguments
 
 
 def ttt_mask(n: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -182,45 +180,24 @@ def fit_fuse(head: Any, taps: torch.Tensor, feats: torch.Tensor, lengths: torch.
 def train(
     out_dir: str | Path,
     *,
-    base: str = "smollm2-135m-instruct",
     layers: tuple[int, ...] | None = None,
-    chat_prompts: int = 256,
-    code_prompts: int = 256,
-    text_chunks: int = 1024,
     self_instruct: int = 0,
-    max_prompt_tokens: int = 320,
-    max_new_tokens: int = 128,
-    seq_len: int = 384,
-    gen_batch_size: int = 8,
-    train_vocab: int = 16384,
-    vocab_sizes: tuple[int, ...] = (2048, 4096, 8192, 16384),
     draft_len: int = 4,
     ttt_steps: int = 3,
     decay: float = 0.8,
-    val_fraction: float = 0.05,
-    epochs: int = 2,
-    batch_size: int = 8,
-    lr: float = 5e-4,
-    weight_decay: float = 0.0,
-    warmup: float = 0.03,
-    save_every: int = 100,
-    resume: bool = False,
     init: str | None = None,
     init_vocab: bool = False,
     fuse_sequences: int = 64,
-    device: str | None = None,
-    online: bool | None = None,
-    time_budget_s: float | None = None,
-    data_dir: str | None = None,
-    threads: int | None = None,
-    seed: int = 0,
-    progress: bool = True,
     architecture: str = "eagle3",
     export: str | None = None,
+    **shared: Any,
 ) -> dict[str, Any]:
-    """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
-    ``decodekit/recipes/train/eagle3.yaml`` for what each argument does."""
-    check_arguments(locals())  # every override, before the model or the data
+    """Train the head; returns the summary numbers (also in ``summary.json``). The recipe's own knobs are above
+    (``decodekit/recipes/train/eagle3.yaml`` documents each); ``shared``: :class:`~decodekit.train.recipe.HeadConfig`'s
+    (data, optimisation, device)."""
+    from decodekit.train.recipe import HeadConfig
+
+    cfg = HeadConfig.of("eagle3", locals(), epochs=2, lr=5e-4, save_every=100)  # every override, before any work
     from decodekit.drafters.eagle3_release import default_layers
     from decodekit.drafters.eagle_head import RELEASE, read_init
     from decodekit.train.eagle_vocab import pick_vocab
@@ -228,13 +205,10 @@ def train(
     from decodekit.train.feature_heads import device_settings, finish_run, fit, start_run
     from decodekit.train.layer_features import cached_layer_states, final_and_layer_states, layer_states
 
-    dev, online = device_settings(device, online, time_budget_s)
-    check_int("draft_len", draft_len, low=1)
-    check_int("ttt_steps", ttt_steps, low=1)
-    check_int("fuse_sequences", fuse_sequences, low=1)
-    if check_bool("init_vocab", init_vocab) and init is None:
+    dev, online = device_settings(cfg.device, cfg.online, cfg.time_budget_s)
+    gen_batch_size, progress = cfg.gen_batch_size, cfg.progress
+    if init_vocab and init is None:
         raise ConfigError("init_vocab=true keeps the init head's draft vocabulary: name the head with init=<file>")
-    check_float("decay", decay, low=0, low_open=True)
     release = architecture == RELEASE
     if export is not None and not release:
         raise ConfigError(f"export={export} writes an EAGLE-3 head of the released architecture: pass "
@@ -258,14 +232,14 @@ def train(
                 )
         return None if online else picked  # cached: the features' forward keeps these layers' states too
 
-    recipe, out, target, data = start_run(locals(), check_target, device=dev, features=not online)
+    recipe, out, target, data = start_run(cfg, check_target, device=dev, features=not online)
     architecture_fields = release_metadata(target) if release else {}
     recipe["layers"] = list(picked)
     if init_vocab:  # the init head's draft vocabulary leads the training vocabulary, so a size-of-it pick keeps it
         data.vocab = lead_with(start[1]["vocab"], data.vocab)
     taps = None
     if not online:
-        where = out / "data" if data_dir is None else Path(data_dir)
+        where = out / "data" if cfg.data_dir is None else Path(cfg.data_dir)
         taps = cached_layer_states(target, data.tokens, data.lengths, picked, where, gen_batch_size, progress)
 
     def states(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -302,16 +276,14 @@ def train(
         return ttt_loss(head, target.embed, w_d, tokens, batch_taps, feats, lengths, starts, ttt_steps, decay)
 
     trained, history, numbers = fit(
-        head, batch_loss, data, out, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-        warmup=warmup, save_every=save_every, resume=resume, seed=seed, progress=progress,
-        desc="training EAGLE-3 head", device=dev, time_budget_s=time_budget_s,
-    )  # fmt: skip
+        head, batch_loss, data, out, **cfg.fit_args(), desc="training EAGLE-3 head", device=dev
+    )
     val = data.subset(data.held)
     val.feats, val_taps = states(data.held.nonzero()[:, 0])
     summary = finish_run(
         trained, data, out, target, recipe,
         pick=lambda sizes: pick_vocab(trained, target, val, sizes, draft_len, val_taps),
-        vocab_sizes=vocab_sizes, history=history, numbers=numbers, name="eagle3", title="EAGLE-3 head",
+        vocab_sizes=tuple(cfg.vocab_sizes), history=history, numbers=numbers, name="eagle3", title="EAGLE-3 head",
         loss_label=f"CE over {ttt_steps} test-time steps", metadata={"layers": list(picked), **architecture_fields},
         keep=(lambda h, v: h.keep_vocab(v)) if release else None, layers=list(picked), fuse_fit_error=fuse_error,
     )  # fmt: skip

@@ -29,8 +29,7 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_int
-from decodekit.train.arguments import check_arguments
+from decodekit.errors import ConfigError
 
 
 @torch.no_grad()
@@ -107,77 +106,24 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
 
 
 def train(
-    out_dir: str | Path,
-    *,
-    base: str = "smollm2-135m-instruct",
-    exit_layer: int = 4,
-    width: int = 1536,
-    chat_prompts: int = 256,
-    code_prompts: int = 256,
-    text_chunks: int = 1024,
-    max_prompt_tokens: int = 320,
-    max_new_tokens: int = 128,
-    seq_len: int = 384,
-    gen_batch_size: int = 8,
-    train_vocab: int = 8192,
-    vocab_sizes: tuple[int, ...] = (1024, 2048, 4096, 8192),
-    draft_len: int = 3,
-    val_fraction: float = 0.05,
-    epochs: int = 3,
-    batch_size: int = 8,
-    lr: float = 1e-3,
-    weight_decay: float = 0.0,
-    warmup: float = 0.03,
-    save_every: int = 200,
-    resume: bool = False,
-    device: str | None = None,
-    online: bool | None = None,
-    time_budget_s: float | None = None,
-    data_dir: str | None = None,
-    threads: int | None = None,
-    seed: int = 0,
-    progress: bool = True,
+    out_dir: str | Path, *, exit_layer: int = 4, width: int = 1536, draft_len: int = 3, **shared: Any
 ) -> dict[str, Any]:
-    """Train the head; returns the summary numbers (also in ``summary.json``). See the module docstring and
-    ``decodekit/recipes/train/exit_head.yaml`` for what each argument does."""
-    check_arguments(locals())  # every override, before the model or the data
-    from decodekit.drafters.exit_head import ExitHead
-    from decodekit.drafters.head_files import head_rows
-    from decodekit.train.feature_heads import device_settings, finish_run, fit, held_out, start_run
+    """Train the head; returns the summary numbers (also in ``summary.json``). The recipe's own knobs: the layer it
+    reads (``exit_layer``), its hidden ``width`` and the chain ``draft_len`` the vocabulary pick models; ``shared``:
+    :class:`~decodekit.train.recipe.HeadConfig`'s (data, optimisation, device).
+    ``decodekit/recipes/train/exit_head.yaml`` documents each."""
+    from decodekit.train.recipe import HeadConfig, run_recipe
 
-    dev, online = device_settings(device, online, time_budget_s)
-    check_int("draft_len", draft_len, low=1)
-    check_int("width", width, low=1)
-    check_int("exit_layer", exit_layer, low=1)
+    cfg = HeadConfig.of("exit_head", locals(), train_vocab=8192, vocab_sizes=(1024, 2048, 4096, 8192))
+    from decodekit.drafters.exit_head import ExitHead
 
     def check_target(target: Any) -> None:  # before the data is built (an hour on a CPU)
-        from decodekit.errors import ConfigError
-
         if exit_layer >= target.num_layers:
             raise ConfigError(f"exit_layer={exit_layer} must be below the target's {target.num_layers} layers")
-        if head_rows(target, torch.zeros(1, dtype=torch.long)) is None:
-            raise ConfigError(
-                f"the exit head scores a trimmed vocabulary with rows of the target's output head, and "
-                f"{type(getattr(target, 'hf', target)).__name__} has no plain linear lm_head (weight [V, H]): "
-                "use a target whose output head is a linear layer"
-            )
 
-    recipe, out, target, data = start_run(locals(), check_target, device=dev, features=not online)
-    w_d = head_rows(target, data.vocab)[0]
-    head = ExitHead(int(target.hf.config.hidden_size), width, exit_layer, data.vocab).to(dev)
-
-    def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        tokens, feats, lengths, starts = data.batch(idx, dev, target)
-        return exit_loss(head, exit_states(target, tokens, exit_layer), w_d, feats, lengths, starts)
-
-    trained, history, numbers = fit(
-        head, batch_loss, data, out, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-        warmup=warmup, save_every=save_every, resume=resume, seed=seed, progress=progress, desc="training exit head",
-        device=dev, time_budget_s=time_budget_s,
-    )  # fmt: skip
-    val = held_out(target, data, online, gen_batch_size)
-    return finish_run(
-        trained, data, out, target, recipe, pick=lambda sizes: pick_vocab(trained, target, val, sizes, draft_len),
-        vocab_sizes=vocab_sizes, history=history, numbers=numbers, name="exit_head", title="exit head",
-        loss_label="CE(target distribution)", exit_layer=exit_layer,
+    return run_recipe(
+        cfg, lambda target, data: ExitHead(int(target.hf.config.hidden_size), width, exit_layer, data.vocab),
+        lambda head, target, rows, b: exit_loss(head, exit_states(target, b.tokens, exit_layer), rows, *b[1:]),
+        pick=lambda head, target, val, sizes: pick_vocab(head, target, val, sizes, draft_len), title="exit head",
+        loss_label="CE(target distribution)", check_target=check_target, exit_layer=exit_layer,
     )  # fmt: skip

@@ -9,7 +9,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -18,6 +18,9 @@ from decodekit.checks import check_bool, check_float, check_int, parse_device
 from decodekit.errors import ConfigError
 from decodekit.train.common import BUDGET_PROBE, Checkpoints, budgeted_steps, plot_losses, take_step, warmup_cosine
 from decodekit.train.feature_data import FeatureData, prepare
+
+if TYPE_CHECKING:
+    from decodekit.train.recipe import HeadConfig
 
 BatchLoss = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
 
@@ -144,42 +147,42 @@ def held_out(target: Any, data: FeatureData, online: bool, batch_size: int) -> F
 
 
 def start_run(
-    args: dict[str, Any],
+    cfg: HeadConfig,
     check_target: Callable[[Any], Sequence[int] | None] | None = None,
     *,
     device: torch.device | str = "cpu",
     features: bool = True,
 ) -> tuple[dict[str, Any], Path, Any, FeatureData]:
-    """What a feature head's ``train(**args)`` does first: the recipe (its plain arguments, for the weights'
-    metadata), checks, threads and seed, the target (``base``, on ``device``; ``check_target(target)`` raises for a
-    recipe that does not fit it, before the data is built, and returns the target layers whose states the recipe
-    reads, if any) and the data (:func:`prepare`, on :func:`data_target`; ``features=False``: no cached features).
-    Returns the recipe, the run directory, the target and the data."""
+    """What a feature head's run does first: the recipe (its plain arguments, for the weights' metadata), threads
+    and seed, the target (``cfg.base``, on ``device``; ``check_target(target)`` raises for a recipe that does not
+    fit it, before the data is built, and returns the target layers whose states the recipe reads, if any) and the
+    data (:func:`prepare`, on :func:`data_target`; ``features=False``: no cached features). Returns the recipe, the
+    run directory, the target and the data."""
     from accelerate.utils import set_seed
 
     import decodekit as dk
 
-    recipe = {k: v for k, v in args.items() if isinstance(v, (str, int, float, bool, type(None), tuple, list))}
-    recipe.pop("out_dir", None)
-    check_bool("resume", args["resume"])
-    if args["threads"] is not None:
-        torch.set_num_threads(check_int("threads", args["threads"], low=1))
-    set_seed(args["seed"])
-    out = Path(args["out_dir"])
-    target = dk.load_model(args["base"], device=device)
-    if not isinstance(args["base"], str):  # a loaded model (from Python): its files and records name its class
+    plain = (str, int, float, bool, type(None), tuple, list)
+    recipe = {k: v for k, v in cfg.recipe().items() if isinstance(v, plain)}
+    check_bool("resume", cfg.resume)
+    if cfg.threads is not None:
+        torch.set_num_threads(check_int("threads", cfg.threads, low=1))
+    set_seed(cfg.seed)
+    out = Path(cfg.out_dir)
+    target = dk.load_model(cfg.base, device=device)
+    if not isinstance(cfg.base, str):  # a loaded model (from Python): its files and records name its class
         recipe["base"] = type(getattr(target, "hf", target)).__name__
     # refuse a recipe that does not fit the target before building the data
     layers = check_target(target) if check_target is not None else None
-    where = Path(args["data_dir"]) if args["data_dir"] else out / "data"
+    where = Path(cfg.data_dir) if cfg.data_dir else out / "data"
     data = prepare(
         data_target(target, where) if features else target,
         recipe,
         where,
-        train_vocab=args["train_vocab"],
-        val_fraction=args["val_fraction"],
-        seed=args["seed"],
-        progress=args["progress"],
+        train_vocab=cfg.train_vocab,
+        val_fraction=cfg.val_fraction,
+        seed=cfg.seed,
+        progress=cfg.progress,
         features=features,
         layers=layers or (),
     )

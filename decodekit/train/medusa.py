@@ -24,9 +24,6 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_int
-from decodekit.train.arguments import check_arguments
-
 
 def medusa_loss(
     heads: Any,
@@ -100,61 +97,19 @@ def pick_vocab(heads: Any, target: Any, val: Any, sizes: Sequence[int]) -> dict[
     return {"picked": picked, "target_ms": times, "sizes": rows}
 
 
-def train(
-    out_dir: str | Path,
-    *,
-    base: str = "smollm2-135m-instruct",
-    num_heads: int = 3,
-    chat_prompts: int = 256,
-    code_prompts: int = 256,
-    text_chunks: int = 1024,
-    max_prompt_tokens: int = 320,
-    max_new_tokens: int = 128,
-    seq_len: int = 384,
-    gen_batch_size: int = 8,
-    train_vocab: int = 4096,
-    vocab_sizes: tuple[int, ...] = (1024, 2048, 4096),
-    val_fraction: float = 0.05,
-    epochs: int = 1,
-    batch_size: int = 8,
-    lr: float = 1e-3,
-    weight_decay: float = 0.0,
-    warmup: float = 0.03,
-    decay: float = 0.8,
-    save_every: int = 200,
-    resume: bool = False,
-    device: str | None = None,
-    online: bool | None = None,
-    time_budget_s: float | None = None,
-    data_dir: str | None = None,
-    threads: int | None = None,
-    seed: int = 0,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Train the heads; returns the summary numbers (also in ``summary.json``). See the module docstring and
-    ``decodekit/recipes/train/medusa.yaml`` for what each argument does."""
-    check_arguments(locals())  # every override (a negative decay would maximise the far heads' loss), before any work
+def train(out_dir: str | Path, *, num_heads: int = 3, decay: float = 0.8, **shared: Any) -> dict[str, Any]:
+    """Train the heads; returns the summary numbers (also in ``summary.json``). The recipe's own knobs: ``num_heads``
+    and head ``k``'s loss weight ``decay ** (k - 1)``; ``shared``: :class:`~decodekit.train.recipe.HeadConfig`'s
+    (data, optimisation, device). ``decodekit/recipes/train/medusa.yaml`` documents each."""
+    from decodekit.train.recipe import HeadConfig, run_recipe
+
+    # every override (a negative decay would maximise the far heads' loss), before any work
+    cfg = HeadConfig.of("medusa", locals(), train_vocab=4096, vocab_sizes=(1024, 2048, 4096), epochs=1)
     from decodekit.drafters.medusa import MedusaHeads
-    from decodekit.train.feature_heads import device_settings, finish_run, fit, held_out, start_run
 
-    dev, online = device_settings(device, online, time_budget_s)
-    check_int("num_heads", num_heads, low=1)
-    recipe, out, target, data = start_run(locals(), device=dev, features=not online)
-    w_d = target.lm_head.weight[data.vocab].detach()
-    heads = MedusaHeads(target.hf.config.hidden_size, num_heads, data.vocab).to(dev)
-
-    def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        tokens, feats, lengths, starts = data.batch(idx, dev, target)
-        return medusa_loss(heads, w_d, feats, lengths, starts, decay)
-
-    trained, history, numbers = fit(
-        heads, batch_loss, data, out, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-        warmup=warmup, save_every=save_every, resume=resume, seed=seed, progress=progress, desc="training Medusa heads",
-        device=dev, time_budget_s=time_budget_s,
-    )  # fmt: skip
-    val = held_out(target, data, online, gen_batch_size)
-    return finish_run(
-        trained, data, out, target, recipe, pick=lambda sizes: pick_vocab(trained, target, val, sizes),
-        vocab_sizes=vocab_sizes, history=history, numbers=numbers, name="medusa", title="Medusa heads",
+    return run_recipe(
+        cfg, lambda target, data: MedusaHeads(target.hf.config.hidden_size, num_heads, data.vocab),
+        lambda heads, target, rows, b: medusa_loss(heads, rows, b.feats, b.lengths, b.starts, decay),
+        pick=lambda heads, target, val, sizes: pick_vocab(heads, target, val, sizes), title="Medusa heads",
         loss_label="weighted soft CE", num_heads=num_heads,
     )  # fmt: skip

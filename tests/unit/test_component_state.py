@@ -315,10 +315,11 @@ BAD = [  # (argument, bad value, what the refusal says); each recipe gets those 
 
 def _recipe_cases():
     import importlib
-    import inspect
+
+    from decodekit.train.recipe import recipe_arguments
 
     for recipe in RECIPES:
-        parameters = inspect.signature(importlib.import_module(f"decodekit.train.{recipe}").train).parameters
+        parameters = recipe_arguments(importlib.import_module(f"decodekit.train.{recipe}").train)
         for name, value, match in BAD:
             if name in parameters:
                 yield pytest.param(recipe, name, value, match, id=f"{recipe}-{name}")
@@ -333,6 +334,18 @@ def test_every_recipe_refuses_a_bad_argument_before_any_model_or_data_work(tmp_p
     models = models or {"base": "no-such-model"}
     with pytest.raises(ConfigError, match=match):  # the old code: a missing model (or, with one, after the data)
         train(tmp_path / "run", **models, **{name: value})
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("recipe", ["eagle", "eagle3", "exit_head", "medusa"])
+def test_a_head_recipe_refuses_an_argument_it_does_not_have(tmp_path, recipe):
+    """The head recipes take the shared knobs as ``**shared`` (:class:`decodekit.train.recipe.HeadConfig`): a typo
+    fails first, naming it and the recipe, not as a silently ignored key."""
+    import importlib
+
+    train = importlib.import_module(f"decodekit.train.{recipe}").train
+    with pytest.raises(ConfigError, match=f"the {recipe} recipe has no argument epoch; its arguments: .*epochs"):
+        train(tmp_path / "run", base="no-such-model", epoch=2)
     assert not (tmp_path / "run").exists()
 
 

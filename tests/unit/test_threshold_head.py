@@ -214,12 +214,11 @@ def test_training_loss_goes_down_checkpoints_and_resumes(tmp_path, target):
 
 
 def test_train_command_recipe_matches_the_training_function():
-    import inspect
-
     from hydra import compose, initialize_config_dir
     from hydra.utils import get_method
 
     from decodekit.cli import TRAIN_RECIPES, train_recipe
+    from decodekit.train.recipe import recipe_arguments
 
     assert train_recipe(["recipe=threshold_head", "epochs=2"]) == ("threshold_head", ["epochs=2"])
     names = "bdlm_adapter, dlm_adapter, draft_dlm, eagle, eagle3, exit_head, medusa, threshold_head"
@@ -228,7 +227,7 @@ def test_train_command_recipe_matches_the_training_function():
     for recipe in sorted(p.stem for p in TRAIN_RECIPES.glob("*.yaml")):  # every recipe's keys are its function's
         with initialize_config_dir(config_dir=str(TRAIN_RECIPES), version_base="1.3"):
             cfg = compose(recipe, overrides=["seed=1"])
-        parameters = inspect.signature(get_method(cfg._target_)).parameters
+        parameters = recipe_arguments(get_method(cfg._target_))
         assert set(cfg) - {"_target_"} <= set(parameters) and "out_dir" in parameters and cfg.seed == 1
 
 
