@@ -8,6 +8,9 @@ Register a class with the decorator::
 and build it by name: ``dk.build("drafter", "ngram", max_ngram=3)``. The recipe of a component in
 ``decodekit/recipes/<kind>/`` has the same name (``drafter=ngram`` on the command line).
 
+A preset is a registered name for another class with other defaults (``gammatune_plus`` is ``GammaTune`` with its
+confidence gate on): :func:`preset` registers it, and what it builds is that class.
+
 A registered class that does not define ``__repr__`` prints readably (:func:`readable_repr`), e.g.
 ``NGramDrafter(max_ngram=3, min_ngram=1, match='recent')``.
 """
@@ -47,8 +50,52 @@ def register(kind: str, name: str) -> Callable[[T], T]:
     return decorator
 
 
-def resolve(kind: str, name: str) -> type:
-    """The class registered as ``name`` under ``kind``."""
+class Preset:
+    """A component class with other defaults, registered under a name of its own (:func:`preset`). Calling it builds
+    ``builds`` with the preset's settings, each still overridable by keyword or position; its signature is the
+    class's with those defaults, so ``inspect.signature``, Hydra's ``_target_`` and the recipes' checks see them."""
+
+    def __init__(self, builds: type, qualname: str, module: str, doc: str, settings: dict[str, Any]) -> None:
+        signature = inspect.signature(builds)
+        unknown = set(settings) - set(signature.parameters)
+        if unknown:
+            raise TypeError(f"preset {qualname}: {builds.__qualname__} has no parameter {', '.join(sorted(unknown))}")
+        self.builds, self.settings = builds, settings
+        self.__name__ = self.__qualname__ = qualname
+        self.__module__, self.__doc__ = module, doc
+        self.__signature__ = signature.replace(
+            parameters=[p.replace(default=settings.get(p.name, p.default)) for p in signature.parameters.values()],
+            return_annotation=builds,
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        bound = self.__signature__.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return self.builds(*bound.args, **bound.kwargs)
+
+    def __repr__(self) -> str:
+        given = ", ".join(f"{k}={v!r}" for k, v in self.settings.items())
+        return f"<preset {self.__qualname__}: {self.builds.__qualname__}({given})>"
+
+
+def preset(kind: str, name: str, builds: type, *, public: str, module: str, doc: str, **settings: Any) -> Preset:
+    """Register ``name`` under ``kind`` as ``builds`` with ``settings`` as its defaults, and return the preset, to
+    bind to its ``public`` name in ``module``::
+
+        GammaTunePlus = preset("policy", "gammatune_plus", GammaTune, public="GammaTunePlus", module=__name__,
+                               doc="...", threshold=0.4)
+
+    A preset is not a subclass: what it builds is a ``builds``, which prints as one."""
+    return register(kind, name)(Preset(builds, public, module, doc, settings))  # type: ignore[type-var]
+
+
+def built_class(component: Any) -> type:
+    """The class a registered entry builds: a class itself, or a :class:`Preset`'s ``builds``."""
+    return component.builds if isinstance(component, Preset) else component
+
+
+def resolve(kind: str, name: str) -> Any:
+    """The class (or :class:`Preset`) registered as ``name`` under ``kind``."""
     try:
         return _kind(kind)[name]
     except KeyError:
@@ -70,7 +117,7 @@ def _kind(kind: str) -> dict[str, type]:
 def name_of(kind: str, component: Any) -> str:
     """The registry name of ``component``'s class (its class name when it is not registered)."""
     cls = type(component)
-    return next((n for n, c in _kind(kind).items() if c is cls), cls.__name__)
+    return next((n for n, c in _kind(kind).items() if c is cls), cls.__name__)  # a class, never its presets
 
 
 def build(kind: str, name: str, /, *args: Any, **kwargs: Any) -> Any:

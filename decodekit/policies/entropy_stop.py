@@ -8,7 +8,7 @@ import torch
 
 from decodekit.checks import check_bool, check_float, check_int
 from decodekit.errors import ConfigError
-from decodekit.registry import register
+from decodekit.registry import preset, register
 from decodekit.spec.state import DecodeState
 from decodekit.types import DraftBudget, DraftStep
 
@@ -120,18 +120,9 @@ class EntropyStop:
             self.rate, self.lam = self.rate[rows], self.lam[rows]
 
 
-@register("policy", "adaedl")
-class AdaEDL(EntropyStop):
-    """AdaEDL: :class:`EntropyStop` with ``adaptive=True`` and AdaEDL's settings (``scale = 0.2``, start threshold
-    0.5, target acceptance rate 0.9); the rule, its update and how faithful they are: :class:`EntropyStop`."""
-
-    def __init__(
-        self,
-        scale: float = 0.2,
-        threshold: float = 0.5,
-        target: float = 0.9,
-        step: float = 0.01,
-        min_len: int = 1,
-        max_len: int = 20,
-    ) -> None:
-        super().__init__(scale, threshold, True, target, step, min_len, max_len)
+AdaEDL = preset(
+    "policy", "adaedl", EntropyStop, public="AdaEDL", module=__name__, scale=0.2, threshold=0.5, adaptive=True,
+    doc="""AdaEDL: :class:`EntropyStop` with ``adaptive=True`` and AdaEDL's settings (``scale = 0.2``, start threshold
+    0.5, target acceptance rate 0.9); the rule, its update and how faithful they are: :class:`EntropyStop`. A preset
+    (:func:`decodekit.registry.preset`): it builds an ``EntropyStop``.""",
+)  # fmt: skip

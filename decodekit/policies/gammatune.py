@@ -11,7 +11,7 @@ from decodekit.checks import check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.confidence import ConfidenceStop
 from decodekit.policies.lengths import check_tree_args, drafted_depth, length_budget
-from decodekit.registry import register
+from decodekit.registry import preset, register
 from decodekit.spec.state import DecodeState
 from decodekit.types import DraftBudget
 
@@ -101,20 +101,9 @@ class GammaTune:
             self.k, self.smoothed = self.k[rows], self.smoothed[rows]
 
 
-@register("policy", "gammatune_plus")
-class GammaTunePlus(GammaTune):
-    """GammaTune+: :class:`GammaTune` with its confidence gate on (``threshold = 0.4``, transformers' default
-    ``assistant_confidence_threshold``; the paper's value was not found). Same faithfulness: a reconstruction."""
-
-    def __init__(
-        self,
-        initial: float | None = None,
-        eta: float = 0.3,
-        jump: int = 2,
-        min_len: int = 1,
-        max_len: int = 10,
-        threshold: float = 0.4,
-        nodes_per_depth: int = 1,
-        width: int | None = None,
-    ) -> None:
-        super().__init__(initial, eta, jump, min_len, max_len, threshold, nodes_per_depth, width)
+GammaTunePlus = preset(
+    "policy", "gammatune_plus", GammaTune, public="GammaTunePlus", module=__name__, threshold=0.4,
+    doc="""GammaTune+: :class:`GammaTune` with its confidence gate on (``threshold = 0.4``, transformers' default
+    ``assistant_confidence_threshold``; the paper's value was not found). Same faithfulness: a reconstruction. A
+    preset (:func:`decodekit.registry.preset`): it builds a ``GammaTune``.""",
+)  # fmt: skip

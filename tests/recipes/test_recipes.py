@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.utils import get_class
+from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 import decodekit as dk
@@ -106,7 +106,7 @@ def test_recipe_names_are_registry_names(kind):
             assert path.stem in NO_COMPONENT, f"{path.name} builds nothing; name it none or default"
             continue
         assert path.stem in dk.available(kind), f"{kind}/{path.name} is not a registered {kind} name"
-        assert get_class(cfg._target_) is registry.resolve(kind, path.stem), (
+        assert get_object(cfg._target_) is registry.resolve(kind, path.stem), (
             f"{kind}/{path.name} builds {cfg._target_}, not the {kind} registered as {path.stem!r}"
         )
 
@@ -119,7 +119,7 @@ def test_every_registered_component_prints_readably(kind, name):
     parts = (dk.dlm.load_model(tiny_llama(0), mask_token_id=127),) if name == "diffusion" else required.get(name, ())
     component = cls(dk.load_model(tiny_llama(0))) if needs_model else dk.build(kind, name, *parts)
     text = repr(component)
-    assert text.startswith(f"{cls.__name__}(") and text.endswith(")")
+    assert text.startswith(f"{registry.built_class(cls).__name__}(") and text.endswith(")")  # a preset: its class
     assert "object at 0x" not in text and "\n" not in text
     assert str(component) == text
 

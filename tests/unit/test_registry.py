@@ -38,3 +38,24 @@ def test_register_a_user_component():
     assert dk.build("policy", "always-two").k == 2
     with pytest.raises(ValueError, match="already taken"):
         dk.register("policy", "always-two")(dk.policies.FixedLength)
+
+
+def test_a_preset_builds_its_class_with_its_defaults():
+    """``gammatune_plus`` and ``adaedl`` are presets (:func:`decodekit.registry.preset`), not subclasses: they build
+    the class itself with other defaults, each still overridable, and their signature shows those defaults."""
+    import inspect
+
+    from decodekit.policies import AdaEDL, EntropyStop, GammaTune, GammaTunePlus
+    from decodekit.registry import Preset, built_class, preset
+
+    plus = dk.build("policy", "gammatune_plus", max_len=6)
+    assert type(plus) is GammaTune and plus.threshold == 0.4 and plus.max_len == 6
+    assert GammaTunePlus(threshold=0.3).threshold == 0.3 and GammaTune().threshold is None
+    edl = AdaEDL(max_len=6)
+    assert type(edl) is EntropyStop and edl.adaptive and edl.scale == 0.2 and edl.max_len == 6
+    assert inspect.signature(AdaEDL).parameters["threshold"].default == 0.5
+    assert built_class(dk.registry.resolve("policy", "adaedl")) is EntropyStop
+    assert isinstance(GammaTunePlus, Preset) and repr(plus).startswith("GammaTune(")
+    with pytest.raises(TypeError, match="GammaTune has no parameter thresold"):
+        preset("policy", "typo_preset", GammaTune, public="Typo", module=__name__, doc="", thresold=0.4)
+    assert "typo_preset" not in dk.available("policy")
