@@ -11,7 +11,7 @@ import torch
 from decodekit.checks import check_bool, check_float, check_int
 from decodekit.policies.acceptance import AcceptanceTracker
 from decodekit.policies.analytic import CostModel, best_length, cost_at, could_pay, expected_tokens, set_costs
-from decodekit.policies.calibration import ProbePrice, RoundClock
+from decodekit.policies.calibration import BatchProbes
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.spec.state import DecodeState
@@ -82,12 +82,8 @@ class BatchAwareLength:
         self.nodes_per_depth, self.width = check_tree_args(nodes_per_depth, width)
         self.trackers: dict[SamplingParams, AcceptanceTracker] = {}  # the pooled estimate, per sampling setting
         self.tracker = AcceptanceTracker()  # the current call's (one of trackers)
-        self.idle, self.wait = 0, self.probe_every
-        self.price = ProbePrice(probe_share, clock, cap=64 * self.probe_every)
-        self.schedules: dict[tuple[int, SamplingParams], tuple[int, int]] = {}  # (idle, wait) per call kind
-        self.call: tuple[int, SamplingParams] | None = None  # this call's kind: (first batch size, sampling)
         self.calibrate = check_bool("calibrate", calibrate)
-        self.timer = RoundClock() if self.calibrate else None
+        self.probes = BatchProbes(self.probe_every, probe_share, clock, self.calibrate)  # the batch's probe clock
 
     def table(self, alpha: float, batch_sizes: list[int]) -> dict[int, int]:
         """``{B: k*(B)}`` for acceptance rate ``alpha`` (the paper's offline table)."""
@@ -97,13 +93,7 @@ class BatchAwareLength:
         }
 
     def begin(self, state: DecodeState) -> None:
-        if self.call is not None:
-            self.schedules[self.call] = (self.idle, self.wait)
-        self.call = (state.batch_size, state.sampling)
-        self.idle, self.wait = self.schedules.get(self.call, (0, self.probe_every))
-        self.price.begin(self.call)
-        if self.timer is not None:
-            self.timer.begin()
+        self.probes.begin(state.batch_size, state.sampling)
         if state.sampling not in self.trackers:  # the pooled estimate carries over to calls with the same sampling
             self.trackers[state.sampling] = AcceptanceTracker()
             self.trackers[state.sampling].begin(1, state.device)
@@ -112,31 +102,31 @@ class BatchAwareLength:
     def plan(self, state: DecodeState) -> DraftBudget:
         if self.tracker.passed is None:
             self.begin(state)
-        scale = None
-        if self.timer is not None:
-            self.timer.lap(self._costs)
-            scale = self.timer.scale(self.max_len)
+        scale, probes, timer = None, self.probes, self.probes.timer
+        if timer is not None:
+            timer.lap(self._costs)
+            scale = timer.scale(self.max_len)
         rate = torch.tensor(self.alpha, dtype=torch.float64) if self.alpha is not None else self.tracker.alpha[0]
         cost = cost_at(self._costs, state.batch_size)
         k = int(best_length(expected_tokens(rate, self.max_len), cost, scale)[0])
         merit = k > 0
-        probe = k == 0 and self.alpha is None and self.probe_every and self.idle >= self.wait
+        probe = k == 0 and self.alpha is None and self.probe_every and probes.idle >= probes.wait
         if probe and bool(could_pay(self.tracker, cost, self.max_len, scale=scale)[0]):
-            k, self.wait = 1, min(2 * self.wait, 64 * self.probe_every)  # re-measure; each probe doubles the wait
+            k, probes.wait = 1, min(2 * probes.wait, 64 * self.probe_every)  # re-measure; each probe doubles the wait
         elif merit:
-            self.wait = self.probe_every
-        if self.timer is not None:
-            k = k if self.timer.knows_plain else 0  # the first round of a call is plain: the reference time
-            self.timer.start(k, state.batch_size)
+            probes.wait = self.probe_every
+        if timer is not None:
+            k = k if timer.knows_plain else 0  # the first round of a call is plain: the reference time
+            timer.start(k, state.batch_size)
         if self.probe_every:
-            priced = self.price.lap(plain=k == 0, probe=k > 0 and not merit)  # the last probe round's price
+            priced = probes.price.lap(plain=k == 0, probe=k > 0 and not merit)  # the last probe round's price
             if not merit:
-                self.wait = max(self.wait, priced)
+                probes.wait = max(probes.wait, priced)
         lengths = torch.full_like(state.lengths, k)
         return length_budget(lengths, None, self.nodes_per_depth, self.width, host=(k,) * state.batch_size)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         drafted = round.draft.num_valid
-        self.idle = 0 if round.draft.num_nodes else self.idle + 1
+        self.probes.idle = 0 if round.draft.num_nodes else self.probes.idle + 1
         if self.alpha is None:
             self.tracker.update(drafted, round.verdict.num_accepted, pooled=True)

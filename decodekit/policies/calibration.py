@@ -122,3 +122,35 @@ class ProbePrice:
                 wait = math.ceil(max(seconds / plain_s - 1.0, 0.0) / self.share)
         self._timed = (now, probe) if plain or probe else None
         return wait if self.cap is None else min(wait, self.cap)
+
+
+class BatchProbes:
+    """A batch's probe clock, kept per kind of call: ``idle`` rounds without a draft and the ``wait`` before the next
+    probe round, with the probes' measured :class:`ProbePrice` and, with ``calibrate``, the :class:`RoundClock`.
+
+    :meth:`begin` saves the ending call's ``(idle, wait)`` under its kind (first batch size, sampling settings) and
+    restores those of an earlier call of the new call's kind, so failed probes keep their longer wait across calls
+    that would fail them again; a new kind starts at ``(0, every)``.
+
+    Args:
+        every: rounds without a draft before the first probe (0 = never probe); ``share``, ``clock``: the
+            :class:`ProbePrice`'s (its longest wait is ``64 * every``); ``calibrate``: time rounds against the
+            cost model (:class:`RoundClock`).
+    """
+
+    def __init__(self, every: int, share: float, clock: Callable[[], float], calibrate: bool) -> None:
+        self.every, self.idle, self.wait = every, 0, every
+        self.price = ProbePrice(share, clock, cap=64 * every)
+        self.timer = RoundClock() if calibrate else None
+        self.saved: dict[Hashable, tuple[int, int]] = {}  # (idle, wait) per call kind
+        self.call: Hashable = None  # this call's kind: (first batch size, sampling)
+
+    def begin(self, batch_size: int, sampling: Hashable) -> None:
+        """A new call of ``batch_size`` rows at ``sampling``: restore its kind's clock and begin the price and timer."""
+        if self.call is not None:
+            self.saved[self.call] = (self.idle, self.wait)
+        self.call = (batch_size, sampling)
+        self.idle, self.wait = self.saved.get(self.call, (0, self.every))
+        self.price.begin(self.call)
+        if self.timer is not None:
+            self.timer.begin()

@@ -12,11 +12,11 @@ from decodekit.checks import check_bool, check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.acceptance import AcceptanceTracker
 from decodekit.policies.analytic import CostModel, cost_at, expected_tokens, set_costs, speedups
-from decodekit.policies.calibration import ProbePrice, RoundClock
+from decodekit.policies.calibration import BatchProbes
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.spec.state import DecodeState
-from decodekit.types import DraftBudget, SamplingParams
+from decodekit.types import DraftBudget
 
 if TYPE_CHECKING:
     from decodekit.spec.round import Round
@@ -121,24 +121,15 @@ class GoodputLength:
         self.tracker = AcceptanceTracker(prior, decay=decay, positions=self.max_len)
         self.idle: torch.Tensor | None = None  # [B] rounds since each row last drafted
         self.wait: torch.Tensor | None = None  # [B] idle rounds before the next probe
-        self.price = ProbePrice(probe_share, clock, cap=64 * self.probe_every)
-        self.quiet, self.quiet_wait = 0, self.probe_every  # the batch's rounds without a draft, and its probe wait
-        self.clocks: dict[tuple[int, SamplingParams], tuple[int, int]] = {}  # (quiet, quiet_wait) per call kind
-        self.call: tuple[int, SamplingParams] | None = None  # this call's kind: (first batch size, sampling)
         self.calibrate = check_bool("calibrate", calibrate)
-        self.timer = RoundClock() if self.calibrate else None
+        # the batch's probe clock: its rounds without a draft (idle) and its probe wait, per kind of call
+        self.probes = BatchProbes(self.probe_every, probe_share, clock, self.calibrate)
 
     def begin(self, state: DecodeState) -> None:
         self.tracker.begin(state.batch_size, state.device)
         self.idle = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
         self.wait = torch.full_like(self.idle, self.probe_every)
-        if self.call is not None:
-            self.clocks[self.call] = (self.quiet, self.quiet_wait)
-        self.call = (state.batch_size, state.sampling)
-        self.quiet, self.quiet_wait = self.clocks.get(self.call, (0, self.probe_every))
-        self.price.begin(self.call)
-        if self.timer is not None:
-            self.timer.begin()
+        self.probes.begin(state.batch_size, state.sampling)
 
     def lengths(self, expected: torch.Tensor, batch_size: int) -> torch.Tensor:
         """``[B]`` long: each row's length for expected tokens ``expected [B, K + 1]`` (``E(0..K)``) at
@@ -156,17 +147,18 @@ class GoodputLength:
     def plan(self, state: DecodeState) -> DraftBudget:
         if self.idle is None or self.idle.shape[0] != state.batch_size:
             self.begin(state)
-        if self.timer is not None:
-            self.timer.lap(self._costs)
+        timer = self.probes.timer
+        if timer is not None:
+            timer.lap(self._costs)
         t = self.tracker
         k = self.lengths(
             t.expected(self.max_len) if self.positional else expected_tokens(t.alpha, self.max_len), state.batch_size
         )
-        if self.timer is not None and not self.timer.knows_plain:  # the first round of a call is plain: the reference
+        if timer is not None and not timer.knows_plain:  # the first round of a call is plain: the reference
             k = torch.zeros_like(k)
         merit = k.where(t.tested.sum(1) > 0, 0)  # lengths from this call's evidence (a fresh row's: its prior's)
         if self.probe_every:
-            if self.quiet_wait > self.probe_every:  # probes of this kind of call failed: the prior's draft waits too
+            if self.probes.wait > self.probe_every:  # probes of this kind of call failed: the prior's draft waits too
                 k = merit
             k = self._probes(k, t, state.batch_size)
         # one host read: the lengths (the budget's mirrors; their maximum lets a round where every row is at 0 skip
@@ -174,11 +166,11 @@ class GoodputLength:
         *host, merit_longest = torch.cat([k, merit.max()[None]]).tolist()
         longest = max(host, default=0)
         if self.probe_every:
-            priced = self.price.lap(plain=longest == 0, probe=longest > 0 and merit_longest == 0)
-            self.quiet_wait = max(self.quiet_wait, priced)  # the last probe's price
+            priced = self.probes.price.lap(plain=longest == 0, probe=longest > 0 and merit_longest == 0)
+            self.probes.wait = max(self.probes.wait, priced)  # the last probe's price
             self._count_quiet(longest, merit_longest)
-        if self.timer is not None:
-            self.timer.start(longest, state.batch_size)
+        if self.probes.timer is not None:
+            self.probes.timer.start(longest, state.batch_size)
         return length_budget(k, None, self.nodes_per_depth, self.width, host=host)
 
     def _probes(self, k: torch.Tensor, tracker: AcceptanceTracker, batch_size: int) -> torch.Tensor:
@@ -186,10 +178,10 @@ class GoodputLength:
         only while the batch would draft at the rows' optimistic rates (the
         :meth:`~decodekit.policies.acceptance.AcceptanceTracker.upper` bounds, under the batch objective: a probe that
         could not change the batch's length measures nothing useful), and only in a round that verifies a draft
-        anyway or once the batch has gone ``quiet_wait`` rounds without one: in a batch a probe costs every row a
+        anyway or once the batch has gone ``probes.wait`` rounds without one: in a batch a probe costs every row a
         verification position, so the rows' probes are gathered into few rounds."""
         due = (k == 0) & (self.idle >= self.wait)
-        if self.quiet < self.quiet_wait:
+        if self.probes.idle < self.probes.wait:
             due &= k.max() > 0
         cost = cost_at(self._costs, batch_size)
         due &= self._batch_length(speedups(expected_tokens(tracker.upper(), self.max_len), cost, self._scale())) > 0
@@ -202,14 +194,14 @@ class GoodputLength:
         (or rows without evidence yet, on their prior) doubles the wait (up to 64x), a round drafting on the merits
         of this call's evidence restarts it."""
         if merit > 0:
-            self.quiet, self.quiet_wait = 0, self.probe_every
+            self.probes.idle, self.probes.wait = 0, self.probe_every
         elif longest > 0:
-            self.quiet, self.quiet_wait = 0, min(2 * self.quiet_wait, 64 * self.probe_every)
+            self.probes.idle, self.probes.wait = 0, min(2 * self.probes.wait, 64 * self.probe_every)
         else:
-            self.quiet += 1
+            self.probes.idle += 1
 
     def _scale(self) -> torch.Tensor | None:
-        return None if self.timer is None else self.timer.scale(self.max_len)
+        return None if self.probes.timer is None else self.probes.timer.scale(self.max_len)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         drafted = round.draft.num_valid

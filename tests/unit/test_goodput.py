@@ -222,7 +222,7 @@ def test_probes_are_priced_by_their_measured_time():
                 if int(k.max()):
                     found.append(i)
                 policy.observe(state, chain_round(k.tolist(), [0] * 8, width=max(int(k.max()), 1)))
-        return found, policy.quiet_wait
+        return found, policy.probes.wait
 
     assert draft_rounds(1.0) == ([4, 13, 30], 32)
     assert draft_rounds(4.0) == ([4, 35], 60)  # priced 30 after the first probe; the second doubles past its price
@@ -473,7 +473,7 @@ def test_calibration_learns_that_drafting_rounds_cost_more_than_modelled(name):
             policy = BatchAwareLength(cost, alpha=0.9, max_len=8, calibrate=calibrate)
         state, now = dummy_state(1), [0.0]
         if calibrate:
-            policy.timer.clock = lambda: now[0]
+            policy.probes.timer.clock = lambda: now[0]
         policy.begin(state)
         trace = []
         for _ in range(12):
