@@ -7,9 +7,11 @@ each with ``isinstance`` once per call and calls what is there:
 =====================  ==========================================================================================
 :class:`Begins`        ``begin(state)``: once per call, after prefill (reset per-row state, prefill a draft model)
 :class:`SharesTarget`  drafters with ``shares_target = True`` get ``begin(state, target, cache)`` instead: the
-                       target adapter and its :class:`~decodekit.cache.KVCache` (self-speculation, feature heads)
+                       target adapter and its :class:`~decodekit.cache.KVCache` (self-speculation, feature heads);
+                       with ``needs`` "prefill" also ``prefill=`` the prefill's output
 :class:`Observes`      ``observe(state, round)``: after every round, once the state holds the new tokens
 :class:`SelectsRows`   ``select_rows(rows)``: rows finished; keep only ``rows [B']`` of any per-row state
+                       (with ``needs`` "host_rows" also ``host_rows=``, the same rows as Python ints)
 :class:`Needs`         ``needs``: what the :class:`~decodekit.spec.round.Round` should carry (see its module)
 :class:`DeclaresKind`  ``draft_kind(sampling)`` (drafters): checked against the verifier before anything runs
 :class:`HasVocab`      ``vocab_size`` (drafters): checked against the target's
@@ -177,9 +179,9 @@ class SharesTarget(Protocol):
 
         The drafter may stage draft tokens into this cache past each row's committed length
         (``cache.stage(n, offset=j)``); the verification forward stages at offset 0 and overwrites them.
-        A ``begin`` that also takes a ``prefill`` keyword gets the prefill's
-        :class:`~decodekit.models.base.ModelOutput` (with ``needs`` "hidden": ``last_hidden [B, T, H]`` of every
-        prompt token, and the ``hidden_layers`` asked for).
+        A drafter whose ``needs`` has ``"prefill"`` gets ``begin(state, target, cache, prefill=...)``: the
+        prefill's :class:`~decodekit.models.base.ModelOutput` (with ``needs`` "hidden": ``last_hidden [B, T, H]``
+        of every prompt token, and the ``hidden_layers`` asked for).
         """
         ...
 
@@ -195,8 +197,8 @@ class Observes(Protocol):
 class SelectsRows(Protocol):
     def select_rows(self, rows: torch.Tensor) -> None:
         """Rows finished: keep only ``rows [B']`` (indices into the current batch) of any per-row state. A
-        ``select_rows`` that also takes a ``host_rows`` keyword gets the same indices as Python ints (no host sync
-        needed to read them; ``ModelDrafter`` hands them to its cache)."""
+        component whose ``needs`` has ``"host_rows"`` gets ``select_rows(rows, host_rows=...)``: the same indices as
+        Python ints (no host sync needed to read them; ``ModelDrafter`` hands them to its cache)."""
         ...
 
 

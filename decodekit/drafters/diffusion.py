@@ -63,6 +63,8 @@ class DiffusionDrafter(SamplesLikeTheTarget):
             LLaDA 2: a draft block would straddle its blocks), a bad ``steps`` or ``temperature``.
     """
 
+    needs = frozenset({"host_rows"})  # select_rows hands the kept rows on the host to its cache
+
     def __init__(self, model: Any, steps: int = 1, temperature: float | None = None, cache: bool = True) -> None:
         from decodekit.dlm.model import DLMModel, load_model
 

@@ -97,7 +97,7 @@ class EagleDrafter(SamplesLikeTheTarget):
     """
 
     shares_target = True
-    needs = frozenset({"hidden"})
+    needs = frozenset({"hidden", "prefill", "host_rows"})
     default_file = DEFAULT_WEIGHTS  # the head shipped for the zoo target (decodekit/weights/)
     retrain = RETRAIN
 
@@ -127,7 +127,7 @@ class EagleDrafter(SamplesLikeTheTarget):
             )
         # an EAGLE-3 head reads the target's hidden states of these layers (its file says which), not the final ones
         self.hidden_layers = tuple(int(i) for i in read_metadata(self.weights).get("layers", ()))
-        self.needs = frozenset() if self.hidden_layers else frozenset({"hidden"})
+        self.needs = frozenset({"prefill", "host_rows"} if self.hidden_layers else {"hidden", "prefill", "host_rows"})
         self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")
         self.head: EagleHead | None = None
         self.metadata: dict[str, Any] = {}
@@ -157,7 +157,7 @@ class EagleDrafter(SamplesLikeTheTarget):
             self._for = id(target)
             if isinstance(self.head, Eagle3ReleaseHead):  # EAGLE-3's own output layer; the layers it reads
                 self.trimmed = OwnLogits(self.head, target.vocab_size)
-                self.hidden_layers, self.needs = tuple(self.metadata["layers"]), frozenset()
+                self.hidden_layers, self.needs = tuple(self.metadata["layers"]), frozenset({"prefill", "host_rows"})
                 self.dtype = self.head.hidden_norm.weight.dtype  # its norms' (packed linears take any input)
             else:
                 self.trimmed = TrimmedHead(target, self.head.vocab)  # type: ignore[union-attr]

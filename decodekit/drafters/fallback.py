@@ -21,7 +21,7 @@ from decodekit.interfaces import (
 )
 from decodekit.policies.fixed import policy_for
 from decodekit.registry import register
-from decodekit.spec.hooks import begin_component, takes_keyword
+from decodekit.spec.hooks import begin_component, select_component_rows
 from decodekit.spec.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
 
@@ -91,7 +91,7 @@ class FallbackDrafter:
         # a part drafting from the target (a trained head on its hidden states, its first layers) gets the target in
         # begin, so this drafter asks for it too
         self.shares_target = any(getattr(p, "shares_target", False) for p in self.parts)
-        self.needs = frozenset().union(*(p.needs for p in self.parts if isinstance(p, Needs)))
+        self.needs = frozenset({"host_rows"}).union(*(p.needs for p in self.parts if isinstance(p, Needs)))
         self.hidden_layers = tuple(sorted({int(i) for p in self.parts for i in getattr(p, "hidden_layers", ())}))
         sizes = {int(p.vocab_size) for p in self.parts if isinstance(p, HasVocab)}
         if len(sizes) > 1:
@@ -139,12 +139,8 @@ class FallbackDrafter:
 
     def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
         for part in self.parts:
-            if not isinstance(part, SelectsRows):
-                continue
-            if host_rows is not None and takes_keyword(part.select_rows, "host_rows"):
-                part.select_rows(rows, host_rows=host_rows)  # type: ignore[call-arg]
-            else:
-                part.select_rows(rows)
+            if isinstance(part, SelectsRows):
+                select_component_rows(part, rows, host_rows)
 
     def clear(self) -> None:
         """Clear what either drafter keeps across calls (a suffix cache, a successor matrix)."""

@@ -109,7 +109,7 @@ class MedusaDrafter:
     """
 
     shares_target = True
-    needs = frozenset({"hidden"})
+    needs = frozenset({"hidden", "prefill"})
 
     def __init__(
         self, weights: str | Path | None = None, target: Any = None, template: TreeTemplate | str | None = None

@@ -59,6 +59,8 @@ class ModelDrafter(SamplesLikeTheTarget):
             top-k, top-p), which maximises acceptance. 0 = argmax drafts.
     """
 
+    needs = frozenset({"host_rows"})  # select_rows gets the kept rows on the host: the cache moves only what changes
+
     def __init__(self, model: Any, temperature: float | None = None) -> None:
         check_model_spec("model", model)
         self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")

@@ -38,8 +38,8 @@ from decodekit.spec.component_checks import (
     check_hidden_layers,
     check_kind,
 )
-from decodekit.spec.hooks import begin_component, takes_keyword, warn_near_hooks
-from decodekit.spec.round import Round, check_needs
+from decodekit.spec.hooks import begin_component, select_component_rows, warn_near_hooks
+from decodekit.spec.round import Round, check_hook_needs, check_needs, needs_of
 from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams, Verdict
 
@@ -69,6 +69,7 @@ class Components:
         for role, component in roles.items():
             if component is not None:
                 warn_near_hooks(component, HOOKS[role])
+                check_hook_needs(component, role)  # a declared hook argument its hook takes
         for v in (verifier, tree_verifier):
             if v is not None:
                 check_accepts(v)
@@ -79,7 +80,6 @@ class Components:
         self.hidden_layers = tuple(sorted({i for c in self.all for i in check_hidden_layers(c, model)}))
         self.observers = [c for c in self.all if isinstance(c, Observes)]
         self.row_selectors = [c for c in self.all if isinstance(c, SelectsRows)]
-        self.host_row_selectors = {id(c) for c in self.row_selectors if takes_keyword(c.select_rows, "host_rows")}
         self.vocab_size = model.vocab_size
         self.unchecked = drafter is not None  # until the first non-empty draft has been validated
         self.budget_unchecked = drafter is not None  # until the first budget's values have been validated
@@ -130,13 +130,13 @@ class Components:
 
     @property
     def takes_prefill(self) -> bool:
-        """Whether the drafter shares the target and its ``begin`` takes the prefill's output (only then does the
-        prefill keep hidden states)."""
-        return self.shares_target and takes_keyword(self.drafter.begin, "prefill")  # type: ignore[union-attr]
+        """Whether the drafter shares the target and asks for the prefill's output (``needs`` "prefill"; only then
+        does the prefill keep hidden states)."""
+        return self.shares_target and "prefill" in needs_of(self.drafter)
 
     # ---------------------------------------------------------------------------------------------- hooks
     def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache, prefill: ModelOutput) -> None:
-        """Call every ``begin`` hook; a target-sharing drafter whose ``begin`` takes a ``prefill`` keyword also gets
+        """Call every ``begin`` hook; a target-sharing drafter whose ``needs`` has ``"prefill"`` also gets
         the prefill's :class:`~decodekit.models.base.ModelOutput` (hidden states of every prompt token when
         ``needs`` has ``"hidden"``: feature-level heads need the prompt's)."""
         for component in self.all:
@@ -147,13 +147,10 @@ class Components:
             component.observe(state, round)
 
     def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
-        """Rows finished: keep ``rows [B']``; a component whose ``select_rows`` takes a ``host_rows`` keyword also
-        gets the same indices on the host, which spares it a host sync."""
+        """Rows finished: keep ``rows [B']``; a component whose ``needs`` has ``"host_rows"`` also gets the same
+        indices on the host, which spares it a host sync."""
         for component in self.row_selectors:
-            if host_rows is not None and id(component) in self.host_row_selectors:
-                component.select_rows(rows, host_rows=host_rows)
-            else:
-                component.select_rows(rows)
+            select_component_rows(component, rows, host_rows)
 
     # ------------------------------------------------------------------------------------------ context
     def check_context(self, max_length: int) -> None:

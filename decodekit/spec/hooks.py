@@ -1,17 +1,17 @@
-"""The hooks of a call's components: ``begin`` dispatched by what it takes, and typo warnings for names one
+"""The hooks of a call's components: ``begin`` with what each declared it takes, and typo warnings for names one
 edit away from a hook."""
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from typing import Any
 
+import torch
+
 from decodekit.cache import KVCache
-from decodekit.interfaces import (
-    Begins,
-)
+from decodekit.interfaces import Begins, SelectsRows
 from decodekit.models.base import LanguageModel, ModelOutput
+from decodekit.spec.round import needs_of
 from decodekit.spec.state import DecodeState
 
 _WARNED: set[tuple[type, str]] = set()
@@ -59,10 +59,10 @@ def begin_component(
     drafter: bool = True,
 ) -> None:
     """Call ``component``'s ``begin`` hook, if it has one: a drafter with ``shares_target`` gets the target and its
-    cache, and the prefill's output too where its ``begin`` takes a ``prefill`` keyword; anything else gets the
-    state only. ``drafter=False`` for verifiers and policies (never given the target)."""
+    cache, and the prefill's output too where its ``needs`` has ``"prefill"``; anything else gets the state only.
+    ``drafter=False`` for verifiers and policies (never given the target)."""
     if drafter and getattr(component, "shares_target", False):
-        if takes_keyword(component.begin, "prefill"):
+        if "prefill" in needs_of(component):
             component.begin(state, target, cache, prefill=prefill)
         else:
             component.begin(state, target, cache)
@@ -70,10 +70,9 @@ def begin_component(
         component.begin(state)
 
 
-def takes_keyword(method: Any, name: str) -> bool:
-    """Whether ``method`` accepts a keyword ``name`` (``select_rows(host_rows=)``, ``begin(prefill=)``; a subclass
-    may override the method without it)."""
-    try:
-        return name in inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return False
+def select_component_rows(component: SelectsRows, rows: torch.Tensor, host_rows: list[int] | None) -> None:
+    """Call ``component.select_rows``, with ``host_rows`` where its ``needs`` has ``"host_rows"``."""
+    if host_rows is not None and "host_rows" in needs_of(component):
+        component.select_rows(rows, host_rows=host_rows)  # type: ignore[call-arg]
+    else:
+        component.select_rows(rows)

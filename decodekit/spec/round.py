@@ -13,6 +13,15 @@ union of what was asked for, so plain decoding pays nothing. The vocabulary (:da
 * ``"timings"``: :attr:`Round.draft_time_s` / :attr:`Round.verify_time_s` of this round. On CUDA this costs one
   synchronisation per round; without it the loop's own timings are read a round late from CUDA events.
 
+Two more names ask for a hook's extra argument (declared, never read off the hook's signature; checked once when
+the call resolves its components, :func:`check_hook_needs`):
+
+* ``"prefill"`` (a drafter with ``shares_target``): ``begin(state, target, cache, prefill=...)`` gets the
+  prefill's :class:`~decodekit.models.base.ModelOutput` (with ``"hidden"``: ``last_hidden [B, T, H]`` of every
+  prompt token, and the ``hidden_layers`` asked for); only then does the prefill keep hidden states.
+* ``"host_rows"``: ``select_rows(rows, host_rows=...)`` also gets the kept rows as Python ints (no host sync to
+  read them; a draft model's cache then moves only the rows that change place).
+
 The probabilities are the *warped* ones the verifier uses (temperature, top-k, top-p); at temperature 0, where the
 warped distribution is a point mass, they come from the plain softmax (temperature 1) instead.
 """
@@ -30,7 +39,7 @@ from decodekit.models.base import ModelOutput
 from decodekit.sampling import probs_from_logits
 from decodekit.types import SamplingParams, Verdict
 
-NEEDS = frozenset({"target_probs", "kl", "hidden", "logits", "timings"})
+NEEDS = frozenset({"target_probs", "kl", "hidden", "logits", "timings", "prefill", "host_rows"})
 """Everything a component may ask for in ``needs``."""
 
 _FLOOR = 1e-30  # drafter probabilities are floored here, so a KL stays finite where the drafter gave 0
@@ -88,6 +97,38 @@ def check_needs(needs: Iterable[str], owner: object) -> frozenset[str]:
             f"known names: {', '.join(sorted(NEEDS))}"
         )
     return needs
+
+
+def needs_of(component: object) -> frozenset[str]:
+    """A component's declared ``needs`` (empty when it declares none)."""
+    return frozenset(getattr(component, "needs", ()) or ())
+
+
+def check_hook_needs(component: object, role: str) -> None:
+    """Refuse a declared hook argument the component's hook cannot take, when the call starts: ``"prefill"`` on a
+    component that is not a target-sharing drafter, or whose ``begin`` has no ``prefill`` keyword; ``"host_rows"``
+    on one whose ``select_rows`` has no ``host_rows`` keyword (a subclass that overrode the hook without it)."""
+    import inspect
+
+    needs, name = needs_of(component), type(component).__name__
+    if "prefill" in needs and not (role == "drafter" and getattr(component, "shares_target", False)):
+        raise ConfigError(
+            f"{name}.needs has 'prefill', which only a drafter with shares_target = True gets (in begin(state, "
+            "target, cache, prefill=)); drop it, or set shares_target = True on the drafter"
+        )
+    for need, hook in (("prefill", "begin"), ("host_rows", "select_rows")):
+        method = getattr(component, hook, None)
+        if need not in needs or method is None:
+            continue
+        try:
+            takes = need in inspect.signature(method).parameters
+        except (TypeError, ValueError):  # a builtin: nothing to check
+            continue
+        if not takes:
+            raise ConfigError(
+                f"{name}.needs has {need!r} but {name}.{hook} takes no {need}= keyword; add it to {hook} "
+                f"(e.g. {need}=None), or drop {need!r} from needs"
+            )
 
 
 def node_probs(logits: torch.Tensor, draft: Draft, sampling: SamplingParams) -> torch.Tensor:

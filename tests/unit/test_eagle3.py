@@ -174,11 +174,11 @@ def test_training_fits_its_data_at_every_step(trained):
 def test_the_drafter_reads_the_layers_its_file_names(greedy_setup, tmp_path):
     lm, path = greedy_setup
     drafter = EagleDrafter(path)
-    assert drafter.hidden_layers == LAYERS and drafter.needs == frozenset()
+    assert drafter.hidden_layers == LAYERS and "hidden" not in drafter.needs
     plain = tmp_path / "eagle1.safetensors"
     head = EagleHead(lm.hf.config)
     head.save(plain, head_metadata(lm, base="tiny"))
-    assert EagleDrafter(plain).hidden_layers == () and EagleDrafter(plain).needs == frozenset({"hidden"})
+    assert EagleDrafter(plain).hidden_layers == () and "hidden" in EagleDrafter(plain).needs
     assert default_layers(30) == (2, 15, 27)
 
 

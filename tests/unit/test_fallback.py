@@ -199,7 +199,7 @@ def test_both_drafters_see_every_hook(target, ragged_prompts):
     assert len(suffix.cached_outputs) == len(ragged_prompts)  # select_rows reached suffix as rows finished
     drafter.clear()
     assert suffix.cached_outputs == [] and drafter.fallback.matrix is None
-    assert drafter.needs == {"logits"}
+    assert drafter.needs == {"logits", "host_rows"}  # the union of its parts' (suffix takes host rows)
 
 
 # ------------------------------------------------------------------------------------------- distribution

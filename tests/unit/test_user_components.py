@@ -531,3 +531,54 @@ def test_a_draft_kind_given_as_its_name_works(target):
     assert len(out.sequences[0]) == 2
     with pytest.raises(ComponentOutputError, match="draft_kind must return a DraftKind"):
         run(target, DeclaresKind(None), max_new_tokens=2)
+
+
+class HostRows(NGramDrafter):
+    """Declares ``host_rows`` (its ``select_rows`` gets the kept rows on the host) and records what it was given."""
+
+    needs = frozenset({"host_rows"})
+
+    def __init__(self):
+        super().__init__()
+        self.given = []
+
+    def select_rows(self, rows, host_rows=None):
+        self.given.append((rows.tolist(), host_rows))
+
+
+class SharesWithPrefill(NGramDrafter):
+    """A target-sharing drafter that declares ``prefill``: its ``begin`` gets the prefill's output."""
+
+    shares_target = True
+    needs = frozenset({"prefill", "hidden"})
+
+    def begin(self, state, target, cache, prefill=None):
+        self.prefill = prefill
+
+
+def test_declared_hook_arguments_are_given_and_checked(target):
+    """``needs`` declares a hook's extra argument (never read off its signature): ``host_rows`` reaches
+    ``select_rows`` and ``prefill`` a target-sharing drafter's ``begin``; a declaration its hook cannot take, or
+    ``prefill`` on a drafter that does not share the target, is refused when the call starts."""
+    drafter = HostRows()
+    plain = dk.generate(target, [[1, 2], [5, 6, 7, 5, 6, 7]], max_new_tokens=8, eos_token_id=()).sequences
+    eos = plain[0][2 + 1]  # row 0's second new token ends it early: row 1 goes on alone
+    dk.generate(target, [[1, 2], [5, 6, 7, 5, 6, 7]], drafter, max_new_tokens=8, eos_token_id=eos)
+    assert drafter.given and all(rows == host for rows, host in drafter.given)
+    shares = SharesWithPrefill()
+    dk.generate(target, PROMPT, shares, max_new_tokens=4)
+    assert shares.prefill.last_hidden.shape[:2] == (1, len(PROMPT[0]))
+
+    class NoKeyword(NGramDrafter):
+        needs = frozenset({"host_rows"})
+
+        def select_rows(self, rows):
+            pass
+
+    class NotSharing(NGramDrafter):
+        needs = frozenset({"prefill"})
+
+    with pytest.raises(ConfigError, match=r"NoKeyword.needs has 'host_rows' but NoKeyword.select_rows takes no"):
+        run(target, NoKeyword())
+    with pytest.raises(ConfigError, match=r"NotSharing.needs has 'prefill', which only a drafter with shares_target"):
+        run(target, NotSharing())
