@@ -10,6 +10,7 @@ import sys as _sys
 
 from decodekit import dlm, drafters, policies, registry, spec, train, verifiers
 from decodekit.cache import KVCache
+from decodekit.dlm.interfaces import DLMCache, DLMDraft, RegionSchedule, UnmaskRule
 from decodekit.errors import (
     ConfigError,
     ContextLengthError,
@@ -24,18 +25,14 @@ from decodekit.interfaces import (
     Begins,
     ChecksSampling,
     DeclaresKind,
-    DLMCache,
-    DLMDraft,
     Drafter,
     HasDefaultPolicy,
     HasVocab,
     LengthPolicy,
     Needs,
     Observes,
-    RegionSchedule,
     SelectsRows,
     SharesTarget,
-    UnmaskRule,
     Verifier,
 )
 from decodekit.metrics import DLMStats, SpecStats

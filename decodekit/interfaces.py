@@ -22,11 +22,15 @@ each with ``isinstance`` once per call and calls what is there:
                        ``ConfigError`` for a target it cannot draft for (a head trained for another target)
 =====================  ==========================================================================================
 
-A component that defines a method one letter off a hook name (``obsrve``) gets a warning when the call starts.
+A component that defines a method one letter off a hook name (``obsrve``) gets a warning when the call starts
+(:func:`warn_near_hooks`, for both wings). The diffusion sampler's roles and hooks are declared in
+:mod:`decodekit.dlm.interfaces` (``UnmaskRule``, ``DLMCache``, ``DLMDraft`` and ``RegionSchedule`` are also
+importable from here).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
@@ -38,11 +42,7 @@ from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams, Verdict
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from decodekit.cache import KVCache
-    from decodekit.dlm.model import DLMModel
-    from decodekit.dlm.state import DLMState, Proposal, SlotLogits
     from decodekit.models.base import LanguageModel
     from decodekit.spec.round import Round
 
@@ -89,74 +89,6 @@ class LengthPolicy(Protocol):
 
     def plan(self, state: DecodeState) -> DraftBudget:
         """Return the per-row budget (the loop caps its depth by what each row may still generate)."""
-        ...
-
-
-@runtime_checkable
-class UnmaskRule(Protocol):
-    """Decides which slots of a diffusion LM's canvas to commit this step (:func:`decodekit.dlm.generate`).
-    Optional: ``begin_block(state)``, called when a block starts (schedules); ``per_row_steps = True``, a promise that
-    a row's commits depend only on that row (its step in the block read from ``state.steps_in_block()``, never
-    ``state.step`` or ``state.progress``) and that a row with no eligible slot gets none, so that with drafts each row
-    may take its own number of steps a forward. Any diffusion part may define ``check_model(dlm)``, called when a call
-    starts, before any forward: raise a :class:`~decodekit.errors.ConfigError` for a setting the model cannot take
-    (token ids outside its vocabulary). What the parts return is checked (:mod:`decodekit.dlm.components`)."""
-
-    def select(self, state: DLMState, proposal: Proposal, eligible: torch.Tensor) -> torch.Tensor:
-        """``[B, G]`` bool: the slots to commit with ``proposal.tokens``. ``eligible [B, G]``: the masked slots of
-        the current block; a rule may commit other masked slots too (Prophet fills them all; EoTStop fills the tail
-        after an end-of-text token, replacing those slots' ``proposal.tokens``), and must commit at least one slot of
-        every row that has an eligible one (the loop checks)."""
-        ...
-
-
-@runtime_checkable
-class DLMCache(Protocol):
-    """How a diffusion sampler's step gets its logits: recompute, or reuse K/V kept from an earlier forward.
-    Optional: ``begin(state)``, called when a :func:`decodekit.dlm.generate` call starts (drop an earlier call's
-    K/V); ``logits_many(dlm, state, canvases)``, several canvases in one forward (what drafts need); ``lookahead =
-    True``, a promise that ``logits_many`` also computes the block ``state.lookahead`` names when it is set
-    (:mod:`decodekit.dlm.lookahead`)."""
-
-    def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor | SlotLogits:
-        """``[B, G, V]`` float32 logits of the generation region for this step (``state.step == 0``: a block's
-        first step), zeros for slots it did not predict; or a :class:`~decodekit.dlm.state.SlotLogits` window
-        ``[B, W, V]`` from slot ``lo`` when it predicts one span (the current block), which saves the step the
-        other ``G - W`` slots' softmax. Rules commit only slots of the window (and ``eligible`` lies in it)."""
-        ...
-
-
-@runtime_checkable
-class DLMDraft(Protocol):
-    """Self-speculation for a diffusion sampler: guesses of the canvases the next steps will reach, which
-    :func:`decodekit.dlm.generate` verifies in the next forward (the cache's ``logits_many``) so that one forward
-    takes several of the sampler's own steps; the output does not change. Optional: ``finishes(left) -> bool``,
-    whether the drafts may finish the block of a row with ``left`` masked slots in it; when it says so for some
-    row, the loop looks ahead (``state.lookahead``, :mod:`decodekit.dlm.lookahead`)."""
-
-    def variants(self, state: DLMState, proposal: Proposal, committed: torch.Tensor, left: int) -> torch.Tensor | None:
-        """``[1 + D, B, T]``: ``state.canvas`` first, then the canvases drafted for the next ``D`` steps (each
-        ``state.canvas`` with more slots of the current block committed); None = no drafts this time. ``proposal``
-        and ``committed [B, G]``: the step just taken; ``left``: the most masked slots a row has left in its block.
-        A canvas that commits all of a row's is of use only while ``state.lookahead`` is set."""
-        ...
-
-
-@runtime_checkable
-class RegionSchedule(Protocol):
-    """Which slots of a diffusion LM's canvas a step may commit, and when a block ends (:func:`decodekit.dlm.generate`).
-    ``fixed_blocks``: whether every row is in the same block ``state.block`` (the K/V-keeping caches need it).
-    Optional: ``next_block(state) -> (start, end) | None``, the block after ``state.block`` (drafts may then look
-    ahead into it: :mod:`decodekit.dlm.lookahead`)."""
-
-    def rounds(self, dlm: DLMModel, state: DLMState) -> Iterator[None]:
-        """Prepare each block (``state.block`` or ``state.region``, ``block_steps``, ``step = 0``) and yield; the
-        loop then steps until no slot of ``state.in_block`` is masked."""
-        ...
-
-    def region(self, state: DLMState, proposal: Proposal) -> torch.Tensor:
-        """``[G]`` or ``[B, G]`` bool, called every step after the proposals: the slots this step may commit (the
-        masked ones among them are the rule's ``eligible``)."""
         ...
 
 
@@ -248,3 +180,52 @@ HOOKS = {
     "policy": ("plan", *_COMMON),
 }
 """Every method or attribute name the loop looks for, per role (typo warnings compare against these)."""
+
+
+# ------------------------------------------------------------------------------------------ typo warnings
+_WARNED: set[tuple[type, str]] = set()
+
+
+def warn_near_hooks(component: object, hooks: tuple[str, ...]) -> None:
+    """Warn (once per class and name) about public names one edit away from a hook (of ``hooks``, the names the
+    loop looks for on a component of this role) that the component lacks."""
+    cls = type(component)
+    names = {n for n in dir(cls) if not n.startswith("_")} | {
+        n for n in getattr(component, "__dict__", {}) if not n.startswith("_")
+    }
+    for name in sorted(names - set(hooks)):
+        for hook in hooks:
+            if hook not in names and _one_edit(name, hook) and (cls, name) not in _WARNED:
+                _WARNED.add((cls, name))
+                warnings.warn(
+                    f"{cls.__name__}.{name} looks like the hook {hook!r}, which {cls.__name__} does not define; "
+                    f"decodekit will not call it. Rename it to {hook!r} if that was meant.",
+                    stacklevel=4,
+                )
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """True when ``a`` becomes ``b`` by one insertion, deletion, substitution or swap of adjacent letters."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+        return len(diff) == 1 or (
+            len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
+        )
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    i = next((i for i, (x, y) in enumerate(zip(short, long)) if x != y), len(short))
+    return short[i:] == long[i + 1 :]
+
+
+_DLM_ROLES = ("UnmaskRule", "DLMCache", "DLMDraft", "RegionSchedule")
+
+
+def __getattr__(name: str) -> object:
+    """The diffusion roles' Protocols, declared in :mod:`decodekit.dlm.interfaces` (imported when first asked for:
+    this ground-floor module imports nothing of the diffusion wing)."""
+    if name in _DLM_ROLES:
+        from decodekit.dlm import interfaces
+
+        return getattr(interfaces, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -201,7 +201,7 @@ def _gen_lengths(gen_lengths: Any, block_length: int) -> list[int]:
 def _spec(name: str, spec: Any) -> dict[str, Any]:
     """A method's spec, checked: a mapping of :data:`METHOD_KEYS`, each part an instance of its protocol (None = the
     default), ``tokens_per_step`` an integer >= 1, ``uncached`` a method's name."""
-    from decodekit.interfaces import DLMCache, DLMDraft, RegionSchedule, UnmaskRule
+    from decodekit.dlm.interfaces import DLMCache, DLMDraft, RegionSchedule, UnmaskRule
 
     if not isinstance(spec, Mapping):
         raise ConfigTypeError(

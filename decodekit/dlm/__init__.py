@@ -8,6 +8,7 @@ out.sequences, out.stats.nfe, out.stats.tokens_per_forward
 from decodekit.dlm.caches import BlockCausalCache, DKVCache, DKVGreedyCache, DualCache, PrefixCache, Recompute
 from decodekit.dlm.drafts import SpiffyDrafts, calibrate_graph, canvas_cost
 from decodekit.dlm.generate import DLMOutput, generate
+from decodekit.dlm.interfaces import DLMCache, DLMDraft, RegionSchedule, UnmaskRule
 from decodekit.dlm.model import DLMModel, load_model
 from decodekit.dlm.rules import (
     DreamRule,
@@ -23,7 +24,6 @@ from decodekit.dlm.rules import (
 )
 from decodekit.dlm.schedules import AdaBlock, DeferredWindow, FixedBlocks
 from decodekit.dlm.state import DLMState, Proposal, SlotLogits, dense_logits, propose
-from decodekit.interfaces import DLMCache, DLMDraft, RegionSchedule, UnmaskRule
 
 __all__ = [
     "DLMCache",

@@ -155,19 +155,10 @@ def check_vocab(owner: str, name: str, ids: Iterable[int] | None, vocab_size: in
         )
 
 
-def check_model(part: Any, dlm: Any) -> None:
-    """Call ``part``'s optional ``check_model(dlm)`` hook (settings the model cannot take, e.g. token ids outside
-    its vocabulary), when a call starts."""
-    hook = getattr(part, "check_model", None)
-    if callable(hook):
-        hook(dlm)
-
-
 __all__ = [
     "check_commit",
     "check_finite",
     "check_logits",
-    "check_model",
     "check_region",
     "check_variants",
     "check_vocab",

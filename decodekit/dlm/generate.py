@@ -1,17 +1,17 @@
 """THE diffusion sampling loop: blocks of the generation region, a forward per step, a rule picks the commits.
 
 A call lays the rows out as ``[prompt, G mask ids]`` (:class:`~decodekit.dlm.state.DLMState`) and, block by block
-(the region schedule, :class:`~decodekit.interfaces.RegionSchedule`: by default ``G / block_length`` equal blocks
+(the region schedule, :class:`~decodekit.dlm.interfaces.RegionSchedule`: by default ``G / block_length`` equal blocks
 left to right, semi-autoregressive), repeats a step until the block has no masked slot:
 
 1. one forward over the canvas (classifier-free guidance: the conditional and the prompt-masked rows in one batch);
-   through the cache strategy (:class:`~decodekit.interfaces.DLMCache`: recompute, or reuse kept K/V);
+   through the cache strategy (:class:`~decodekit.dlm.interfaces.DLMCache`: recompute, or reuse kept K/V);
 2. proposals for every slot (:func:`~decodekit.dlm.state.propose`: argmax, or float64 Gumbel-max);
 3. the schedule names the slots a step may commit (the block; AdaBlock cuts it at the block's first step, DCD slides
    a window every step); ``rule.select`` picks the slots to commit among them
-   (:class:`~decodekit.interfaces.UnmaskRule`); committed slots are never masked again.
+   (:class:`~decodekit.dlm.interfaces.UnmaskRule`); committed slots are never masked again.
 
-With a draft strategy (:class:`~decodekit.interfaces.DLMDraft`, self-speculation) step 1 also runs drafted canvases
+With a draft strategy (:class:`~decodekit.dlm.interfaces.DLMDraft`, self-speculation) step 1 also runs drafted canvases
 of the next steps, and steps 2-3 repeat on each drafted canvas's output while the canvas the steps reached equals
 it: one forward, several steps, the same output. When the drafts may finish the block, the forward also computes
 the next block on each canvas, and a row that finished on a drafted canvas takes the next block's first step on its
@@ -89,7 +89,7 @@ def generate(
             spreads each block's commits over its share, threshold-style rules stop a block as soon as it is clean.
         temperature: 0 = argmax proposals; > 0 = Gumbel-max samples from ``softmax(logits / temperature)``.
         remasking: the baseline rule's ``"low_confidence"`` or ``"random"`` (ignored when ``rule`` is given).
-        rule: an :class:`~decodekit.interfaces.UnmaskRule` (``dk.build("dlm_rule", "threshold")``, ...); None =
+        rule: an :class:`~decodekit.dlm.interfaces.UnmaskRule` (``dk.build("dlm_rule", "threshold")``, ...); None =
             ``LLaDARule(remasking)``.
         cache: a cache strategy (``dk.build("dlm_cache", "prefix")``, ``"dual"``; :mod:`decodekit.dlm.caches`);
             None = recompute the whole canvas every step (exact).
@@ -153,7 +153,7 @@ def generate(
     )
     state.block_length, state.eos_token_ids = block_length, tuple(getattr(dlm.lm, "eos_token_ids", ()))
     stats = DLMStats(row_nfe=state.row_forwards, tokens=len(rows) * gen_length)
-    if hasattr(cache, "begin"):  # optional hook: a new call (drop what an earlier call kept)
+    if parts.declared.cache_begins:  # optional hook: a new call (drop what an earlier call kept)
         cache.begin(state)
     ahead = NextBlock()  # a block's first step, kept from the block before (drafts that look ahead)
     checks = _Checks(debug, dlm.vocab_size)
@@ -166,7 +166,7 @@ def generate(
     tokens = state.tokens.tolist()
     if tails is not None:
         tokens = [t[len(tail) : len(tail) + gen_length] for t, tail in zip(tokens, tails)]
-    stats.cache_forwards = getattr(cache, "forwards", 0)
+    stats.cache_forwards = cache.forwards if parts.declared.counts_forwards else 0
     stats.wall_time_s = time.perf_counter() - start
     return DLMOutput(tokens, stats)
 
@@ -198,7 +198,7 @@ def _decode_block(
     (:mod:`decodekit.dlm.lookahead`), without a forward; this block's keeps what the next block's first step needs."""
     left = (state.masked & state.in_block).sum(1).tolist()
     state.block_step = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
-    own_steps = bool(getattr(parts.rule, "per_row_steps", False))
+    own_steps = parts.declared.per_row_steps
     forwards, variants = 0, None  # variants: [1 + N, B, T], the canvas and its drafts, for the next forward
     taken = ahead.take(left, own_steps)
     while max(left):
@@ -285,7 +285,7 @@ def _step(
     proposal = propose(logits, temperature, state)
     region = parts.schedule.region(state, proposal)
     eligible = state.masked & check_region(f"{type(parts.schedule).__name__}.region", region, state)
-    if state.step == 0 and hasattr(parts.rule, "begin_block"):
+    if state.step == 0 and parts.declared.begins_block:
         parts.rule.begin_block(state)
     chosen = parts.rule.select(state, proposal, eligible)
     commit = check_commit(f"{type(parts.rule).__name__}.select", chosen, state) & state.masked
@@ -294,7 +294,7 @@ def _step(
     state.block_step += 1 if rows is None else rows
     unmasked = commit & (proposal.tokens != state.mask_token_id)  # a slot committed with the mask id stays masked
     state.commit(commit, proposal.tokens)
-    if getattr(parts.schedule, "slides", False):  # the window moves on after a commit: a row is live while it has one
+    if parts.declared.slides:  # the window moves on after a commit: a row is live while it has one
         parts.schedule.region(state, proposal)
     state.row_steps[:] = [n + int(k > 0 and on) for n, k, on in zip(state.row_steps, left, live)]
     state.step += 1

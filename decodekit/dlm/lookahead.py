@@ -23,13 +23,11 @@ from decodekit.dlm.state import DLMState, SlotLogits, output_at, restrict
 
 def lookahead_block(parts: Any, state: DLMState, left: list[int]) -> tuple[int, int] | None:
     """The next block, if the next forward's drafts may finish the current block in some row (``left``: each row's
-    masked slots in it, host ints) and the schedule, the cache and the draft strategy all support looking ahead;
-    else None."""
-    next_block = getattr(parts.schedule, "next_block", None)
-    finishes = getattr(parts.draft, "finishes", None)
-    if next_block is None or finishes is None or not getattr(parts.cache, "lookahead", False):
+    masked slots in it, host ints) and the schedule, the cache and the draft strategy all declared they support
+    looking ahead (``parts.declared.lookahead``); else None."""
+    if not parts.declared.lookahead:
         return None
-    return next_block(state) if finishes(min(k for k in left if k > 0)) else None
+    return parts.schedule.next_block(state) if parts.draft.finishes(min(k for k in left if k > 0)) else None
 
 
 class NextBlock:

@@ -8,21 +8,35 @@ from typing import Any, NamedTuple
 
 from decodekit.checks import check_bool, check_instance
 from decodekit.dlm.caches import Recompute
-from decodekit.dlm.components import check_model
+from decodekit.dlm.interfaces import (
+    FLAGS,
+    HOOKS,
+    ChecksDLM,
+    Declared,
+    DLMCache,
+    DLMDraft,
+    RegionSchedule,
+    RunsMany,
+    UnmaskRule,
+    declared,
+    flag,
+)
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.rules import LLaDARule
 from decodekit.dlm.schedules import FixedBlocks
 from decodekit.errors import ConfigError
-from decodekit.interfaces import DLMCache, DLMDraft, RegionSchedule, UnmaskRule
+from decodekit.interfaces import warn_near_hooks
 
 
 class Parts(NamedTuple):
-    """What one :func:`~decodekit.dlm.generate` call runs, checked together."""
+    """What one :func:`~decodekit.dlm.generate` call runs, checked together, and what the parts declared (their
+    optional hooks and flags, read once: :func:`~decodekit.dlm.interfaces.declared`)."""
 
     rule: Any
     cache: Any
     schedule: Any
     draft: Any
+    declared: Declared
 
 
 def resolve_parts(
@@ -41,46 +55,45 @@ def resolve_parts(
         check_instance(
             "draft", draft, DLMDraft, what="a draft strategy with variants(state, proposal, committed, left)"
         )
-    for part in (rule, cache, schedule, draft):
-        _check_flags(part)
+    for role, part in (("rule", rule), ("cache", cache), ("schedule", schedule), ("draft", draft)):
+        if part is not None:
+            warn_near_hooks(part, HOOKS[role])
+            _check_flags(part)
     _check_parts(rule, cache, schedule, draft)
     _check_block_causal(dlm, cache, schedule, block_length)
     for part in (rule, cache, schedule, draft):
-        check_model(part, dlm)
-    return Parts(rule, cache, schedule, draft)
-
-
-FLAGS = ("per_row_steps", "fixed_blocks", "block_causal", "lookahead", "slides", "plans", "needs_plan")
-"""What a part may declare about itself, each True or False (``"false"`` would read as True)."""
+        if isinstance(part, ChecksDLM):
+            part.check_model(dlm)  # settings the model cannot take, before any forward
+    return Parts(rule, cache, schedule, draft, declared(rule, cache, schedule, draft))
 
 
 def _check_flags(part: Any) -> None:
     """Refuse a declared flag (:data:`FLAGS`) that is not a bool."""
-    for flag in FLAGS:
-        value = getattr(part, flag, False)
+    for name in FLAGS:
+        value = getattr(part, name, False)
         if not isinstance(value, bool):
-            check_bool(f"{type(part).__name__}.{flag}", value)
+            check_bool(f"{type(part).__name__}.{name}", value)
 
 
 def _check_parts(rule: Any, cache: Any, schedule: Any, draft: Any = None) -> None:
     """Refuse a rule, cache, schedule and draft strategy that cannot work together, before any forward."""
-    if draft is not None and not hasattr(cache, "logits_many"):
+    if draft is not None and not isinstance(cache, RunsMany):
         raise ConfigError(
             f"{type(draft).__name__} needs a cache that runs several canvases in one forward (logits_many); "
             f"{type(cache).__name__} keeps one canvas's K/V: use cache=None (recompute) or "
             "cache=dk.dlm.BlockCausalCache(), or draft=None"
         )
-    if not getattr(schedule, "fixed_blocks", False):
+    if not flag(schedule, "fixed_blocks"):
         parts = ((cache, "keeps K/V per block"), (rule, "plans its commits per block"), (draft, "drafts per block"))
         for part, why in parts:
-            if getattr(part, "fixed_blocks", False):
+            if flag(part, "fixed_blocks"):
                 raise ConfigError(
                     f"{type(part).__name__} {why}, which needs the same blocks in every row; "
                     f"{type(schedule).__name__} gives rows their own: use schedule=None (fixed blocks)"
                     + (" or cache=None, DKVCache(), PrefixCache() or DualCache()" if part is cache else "")
                     + (" or draft=None" if part is draft else "")
                 )
-    if getattr(cache, "needs_plan", False) and not getattr(rule, "plans", False):
+    if flag(cache, "needs_plan") and not flag(rule, "plans"):
         raise ConfigError(
             f"{type(cache).__name__} feeds only the slots the rule will commit next (state.planned), and "
             f"{type(rule).__name__} does not know them in advance: use rule=dk.dlm.RandomOrderRule() (random "
@@ -98,14 +111,14 @@ def _check_block_causal(dlm: DLMModel, cache: Any, schedule: Any, block_length: 
             f"this model was trained block-causally with blocks of {trained}; got block_length={block_length}: pass "
             f"block_length={trained} (a multiple-block gen_length)"
         )
-    if not getattr(cache, "block_causal", False):
+    if not flag(cache, "block_causal"):
         raise ConfigError(
             f"this model was trained block-causally (blocks of {trained}) and {type(cache).__name__} attends "
             "bidirectionally: use cache=None (block-causal recompute) or cache=dk.dlm.BlockCausalCache() (exact); "
             "to run it bidirectionally anyway, wrap it as dk.dlm.load_model(model.lm, mask_token_id=..., "
             "shift_logits=...) without block_length"
         )
-    if not getattr(schedule, "fixed_blocks", False):
+    if not flag(schedule, "fixed_blocks"):
         raise ConfigError(
             f"this model was trained block-causally on fixed blocks of {trained}; {type(schedule).__name__} moves the "
             "block ends: use schedule=None"

@@ -29,6 +29,7 @@ from decodekit.interfaces import (
     Observes,
     SelectsRows,
     Verifier,
+    warn_near_hooks,
 )
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.spec.component_checks import (
@@ -38,7 +39,7 @@ from decodekit.spec.component_checks import (
     check_hidden_layers,
     check_kind,
 )
-from decodekit.spec.hooks import begin_component, select_component_rows, warn_near_hooks
+from decodekit.spec.hooks import begin_component, select_component_rows
 from decodekit.spec.round import Round, check_hook_needs, check_needs, needs_of
 from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams, Verdict

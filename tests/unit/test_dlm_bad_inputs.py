@@ -310,3 +310,26 @@ def test_dlm_bench_refuses_bad_overrides_before_loading(tmp_path, overrides, err
 
     with pytest.raises(error, match=message):
         run(tmp_path, **{"model": "no-such-model", "gen_lengths": [128], **overrides})
+
+
+class BeginsBlockTypo(dk.dlm.ThresholdRule):
+    """Fast-dLLM's threshold rule with a misspelt optional hook: ``begin_blok`` would never be called."""
+
+    def begin_blok(self, state):
+        raise AssertionError("a misspelt hook is never called")
+
+
+def test_a_misspelt_diffusion_hook_warns_and_declared_hooks_are_read_once(dlm):
+    """The diffusion parts' optional hooks are declared Protocols (:mod:`decodekit.dlm.interfaces`), read once when
+    the call resolves its parts; a name one edit off a hook warns, as for the speculative components."""
+    from decodekit.dlm.interfaces import Declared
+    from decodekit.dlm.parts import resolve_parts
+
+    with pytest.warns(UserWarning, match="BeginsBlockTypo.begin_blok looks like the hook 'begin_block'"):
+        out = dk.dlm.generate(dlm, PROMPTS, rule=BeginsBlockTypo(), **SETTINGS)
+    assert out.sequences == dk.dlm.generate(dlm, PROMPTS, rule=dk.dlm.ThresholdRule(), **SETTINGS).sequences
+    parts = resolve_parts(dlm, None, None, None, "low_confidence", 4, dk.dlm.SpiffyDrafts())
+    assert parts.declared == Declared(
+        per_row_steps=True, begins_block=True, cache_begins=False, counts_forwards=False, slides=False,
+        lookahead=True,
+    )  # fmt: skip

@@ -7,11 +7,11 @@ from typing import Any
 import torch
 
 from decodekit.checks import check_instance
-from decodekit.dlm.components import check_commit, check_model, check_vocab, token_ids
+from decodekit.dlm.components import check_commit, check_vocab, token_ids
+from decodekit.dlm.interfaces import BeginsBlock, ChecksDLM, UnmaskRule, flag
 from decodekit.dlm.rules.llada import LLaDARule
 from decodekit.dlm.state import DLMState, Proposal
 from decodekit.errors import ConfigError
-from decodekit.interfaces import UnmaskRule
 from decodekit.registry import register
 
 
@@ -46,21 +46,22 @@ class EoTStop:
         if self.eot_token_ids is None and not tuple(getattr(dlm.lm, "eos_token_ids", ())):
             raise ConfigError("EoTStop: the model declares no end-of-sequence id; pass eot_token_ids=[...]")
         check_vocab("EoTStop", "eot_token_ids", self.eot_token_ids, dlm.vocab_size)
-        check_model(self.rule, dlm)
+        if isinstance(self.rule, ChecksDLM):
+            self.rule.check_model(dlm)
 
     @property
     def per_row_steps(self) -> bool:
         """Rows may take their own steps when the wrapped rule allows it (this wrapper reads no step counter)."""
-        return bool(getattr(self.rule, "per_row_steps", False))
+        return flag(self.rule, "per_row_steps")
 
     @property
     def fixed_blocks(self) -> bool:
         """Whether the wrapped rule needs the same blocks in every row (then a schedule that gives rows their own is
         refused)."""
-        return bool(getattr(self.rule, "fixed_blocks", False))
+        return flag(self.rule, "fixed_blocks")
 
     def begin_block(self, state: DLMState) -> None:
-        if hasattr(self.rule, "begin_block"):
+        if isinstance(self.rule, BeginsBlock):
             self.rule.begin_block(state)
 
     def select(self, state: DLMState, proposal: Proposal, eligible: torch.Tensor) -> torch.Tensor:

@@ -8,10 +8,10 @@ from typing import Any
 import torch
 
 from decodekit.checks import check_choice, check_float, check_instance
+from decodekit.dlm.interfaces import BeginsBlock, UnmaskRule
 from decodekit.dlm.rules.llada import LLaDARule
 from decodekit.dlm.state import DLMState, Proposal
 from decodekit.errors import ConfigError
-from decodekit.interfaces import UnmaskRule
 from decodekit.registry import register
 
 REGIONS = ("masked", "block")
@@ -64,7 +64,7 @@ class ProphetRule:
         self.region, self.reduce = check_choice("region", region, REGIONS), check_choice("reduce", reduce, REDUCTIONS)
 
     def begin_block(self, state: DLMState) -> None:
-        if hasattr(self.base, "begin_block"):
+        if isinstance(self.base, BeginsBlock):
             self.base.begin_block(state)
 
     def threshold(self, progress: float) -> float:
