@@ -13,17 +13,13 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from decodekit.errors import ConfigError, ConfigTypeError
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "check_bool",
@@ -31,7 +27,7 @@ __all__ = [
     "check_float",
     "check_instance",
     "check_int",
-    "check_model_spec",
+    "check_model_spec",  # noqa: F822 (from decodekit.models.arguments, by __getattr__)
     "check_signature",
     "check_seed",
     "describe",
@@ -40,7 +36,7 @@ __all__ = [
     "int_array",
     "is_numpy_array",
     "is_int",
-    "parse_device",
+    "parse_device",  # noqa: F822 (from decodekit.models.arguments, by __getattr__)
     "tensor_fits",
 ]
 
@@ -102,9 +98,7 @@ def int_array(array: Any, allow_bool: bool = False) -> bool:
     """Whether a tensor or numpy array holds integers (bools only when ``allow_bool``)."""
     if isinstance(array, torch.Tensor):
         dtype = array.dtype
-        return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool) or (
-            allow_bool and dtype == torch.bool
-        )
+        return not (dtype.is_floating_point or dtype.is_complex) and (allow_bool or dtype != torch.bool)
     return array.dtype.kind in ("iub" if allow_bool else "iu")
 
 
@@ -198,8 +192,7 @@ def check_callable(name: str, value: Any, *, optional: bool = True, expected: st
     if value is None and optional:
         return
     if not callable(value):
-        none = "None or " if optional else ""
-        raise ConfigTypeError(f"{name} must be {none}{expected}, got {describe(value)}")
+        raise ConfigTypeError(f"{name} must be {'None or ' if optional else ''}{expected}, got {describe(value)}")
 
 
 def check_signature(name: str, value: Any, positional: int, expected: str) -> None:
@@ -244,68 +237,6 @@ def check_instance(name: str, value: Any, protocol: type, *, what: str = "", opt
         raise ConfigTypeError(f"{name} must implement the {protocol.__name__} protocol{needs}, got {describe(value)}")
 
 
-def parse_device(name: str, device: Any) -> torch.device:
-    """``device`` (a ``torch.device``, a string such as ``"cpu"`` / ``"cuda:0"``, or a CUDA index) as a
-    ``torch.device`` that exists on this machine.
-
-    Raises:
-        ConfigTypeError: not a device, a string or an integer.
-        ConfigError: an unknown device string, or a device this machine does not have.
-    """
-    if isinstance(device, torch.device):
-        resolved = device
-    elif isinstance(device, str) or is_int(device):
-        try:
-            resolved = torch.device(device if isinstance(device, str) else int(device))
-        except (RuntimeError, ValueError, TypeError):
-            raise ConfigError(
-                f"{name} must be a device such as 'cpu', 'cuda', 'cuda:0' or 'mps', got {describe(device)}"
-            ) from None
-    else:
-        raise ConfigTypeError(
-            f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda:0', got {describe(device)}"
-        )
-    if resolved.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ConfigError(f"{name}={device!r} but CUDA is not available on this machine; use {name}='cpu'")
-        if resolved.index is not None and resolved.index >= count:
-            raise ConfigError(
-                f"{name}={device!r} but this machine has {count} CUDA device(s): use cuda:0 .. cuda:{count - 1}"
-            )
-    elif resolved.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"{name}={device!r} but MPS is not available on this machine; use {name}='cpu'")
-    return resolved
-
-
-# ------------------------------------------------------------------------------------------------- models
-def check_model_spec(name: str, spec: Any) -> None:
-    """Refuse a model argument that :func:`~decodekit.load_model` cannot take: anything but a decodekit
-    ``LanguageModel``, a transformers causal LM instance (an ``nn.Module`` with ``get_decoder()`` and
-    ``get_output_embeddings()``; a plain ``nn.Module`` is refused), a zoo name or a local path."""
-    from decodekit.models.base import LanguageModel
-
-    if isinstance(spec, torch.nn.Module) and not isinstance(spec, LanguageModel):
-        if not all(callable(getattr(spec, m, None)) for m in ("get_decoder", "get_output_embeddings")):
-            raise ConfigTypeError(
-                f"{name} must be a transformers causal LM (a PreTrainedModel with get_decoder() and an output head, "
-                f"e.g. LlamaForCausalLM), a decodekit LanguageModel, a zoo name or a local path; got "
-                f"{describe(spec)}, a torch.nn.Module that is not a causal LM"
-            )
-        return
-    if isinstance(spec, (LanguageModel, str, os.PathLike)):
-        return
-    if isinstance(spec, type):
-        raise ConfigTypeError(
-            f"{name} must be a model instance, got the class {spec.__name__}; pass a loaded model (e.g. "
-            f"{spec.__name__}.from_pretrained(path)), a zoo name or a local path"
-        )
-    raise ConfigTypeError(
-        f"{name} must be a decodekit LanguageModel, a transformers causal LM, a zoo name or a local path, "
-        f"got {describe(spec)}"
-    )
-
-
 # -------------------------------------------------------------------------------------- generate() arguments
 def check_seed(seed: Any, num_prompts: int) -> Any:
     """Refuse a ``seed`` other than None, an integer, or one integer per prompt (a list / tuple or a 1-D integer
@@ -314,21 +245,12 @@ def check_seed(seed: Any, num_prompts: int) -> Any:
     expected = f"None, an integer, or a list of {num_prompts} integers (one per prompt)"
     if seed is None:
         return None
-    if isinstance(seed, torch.Tensor):
-        if not int_array(seed) or seed.ndim > 1:
-            raise ConfigTypeError(f"seed must be {expected}, got {describe(seed)}")
-        if seed.ndim == 1 and seed.shape[0] != num_prompts:
-            raise ConfigError(f"seed has {seed.shape[0]} values for {num_prompts} prompts; pass one per prompt")
-        values = seed.reshape(-1).tolist()
-    elif is_int(seed):
+    if is_int(seed):
         values = [seed]
-    elif isinstance(seed, Sequence) and not isinstance(seed, (str, bytes)):
-        bad = next((s for s in seed if not is_int(s)), None)
-        if bad is not None:
-            raise ConfigTypeError(f"seed must be {expected}; it holds {describe(bad)}")
-        if len(seed) != num_prompts:
-            raise ConfigError(f"seed has {len(seed)} values for {num_prompts} prompts; pass one per prompt")
-        values = list(seed)
+    elif isinstance(seed, torch.Tensor) or (isinstance(seed, Sequence) and not isinstance(seed, (str, bytes))):
+        values = _int_list("seed", seed, expected)
+        if len(values) != num_prompts and not (isinstance(seed, torch.Tensor) and seed.ndim == 0):
+            raise ConfigError(f"seed has {len(values)} values for {num_prompts} prompts; pass one per prompt")
     else:
         hint = "; use seed.tolist()" if is_numpy_array(seed) else ""
         raise ConfigTypeError(f"seed must be {expected}, got {describe(seed)}{hint}")
@@ -344,18 +266,35 @@ def eos_ids(eos_token_id: Any, vocab_size: int) -> list[int]:
     expected = f"None, a token id in [0, {vocab_size}) or a sequence of them (() = never stop early)"
     if is_int(eos_token_id):
         ids = [eos_token_id]
-    elif isinstance(eos_token_id, torch.Tensor) or is_numpy_array(eos_token_id):
-        if not int_array(eos_token_id) or eos_token_id.ndim > 1:
-            raise ConfigTypeError(f"eos_token_id must be {expected}, got {describe(eos_token_id)}")
-        ids = eos_token_id.reshape(-1).tolist()
     elif isinstance(eos_token_id, Iterable) and not isinstance(eos_token_id, (str, bytes, Mapping)):
-        ids = list(eos_token_id)
-        bad = next((t for t in ids if not is_int(t)), None)
-        if bad is not None:
-            raise ConfigTypeError(f"eos_token_id must be {expected}; it holds {describe(bad)}")
+        ids = _int_list("eos_token_id", eos_token_id, expected)  # tensors and numpy arrays too
     else:
         raise ConfigTypeError(f"eos_token_id must be {expected}, got {describe(eos_token_id)}")
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
         raise ConfigError(f"eos_token_id must be {expected}, got {bad} (outside the model's vocabulary)")
     return [int(t) for t in ids]
+
+
+def _int_list(name: str, values: Any, expected: str) -> list[Any]:
+    """``values`` (an integer tensor or numpy array of at most one dimension, or an iterable of integers) as a list;
+    anything else is a :class:`ConfigTypeError` saying that ``name`` must be ``expected``."""
+    if isinstance(values, torch.Tensor) or is_numpy_array(values):
+        if not int_array(values) or values.ndim > 1:
+            raise ConfigTypeError(f"{name} must be {expected}, got {describe(values)}")
+        return values.reshape(-1).tolist()
+    items = list(values)
+    bad = next((v for v in items if not is_int(v)), None)
+    if bad is not None:
+        raise ConfigTypeError(f"{name} must be {expected}; it holds {describe(bad)}")
+    return items
+
+
+# ------------------------------------------------------------------------------------------ models, devices
+def __getattr__(name: str) -> Any:
+    """``check_model_spec``, ``parse_device``: from :mod:`decodekit.models.arguments` on first use (it imports us)."""
+    if name in ("check_model_spec", "parse_device"):
+        from decodekit.models import arguments
+
+        return getattr(arguments, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
