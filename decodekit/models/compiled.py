@@ -57,16 +57,14 @@ and CUDA itself (written, not yet run).
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import threading
-import types
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
+from decodekit.models.compile_support import freezes, frozen_weights, mark_dynamic, own_code, weight_versions
 from decodekit.models.compile_switch import width_bucket
 from decodekit.models.lean import LeanDecoder, attention_inputs
 
@@ -223,18 +221,18 @@ class StaticForward:
         for buffers in (cache.keys, cache.values):  # views (the cache's in-place compaction) would be other graphs
             buffers[:layers] = [b.clone() if b._base is not None else b for b in buffers[:layers]]
         keys, values = cache.keys[:layers], cache.values[:layers]
-        inputs = _marked(tokens, positions, full, slots, keys, values)
+        inputs = mark_dynamic(tokens, positions, full, slots, keys, values)
         if tokens.device.type == "cuda":  # CUDA graphs replay on these addresses
             for buf in (*keys, *values):
                 torch._dynamo.mark_static_address(buf)
         try:
-            with self._lock, _frozen_weights(mode, tokens.device):
+            with self._lock, frozen_weights(mode, tokens.device):
                 step = self._step_for(mode, tokens.device)
                 layer_ids = tuple(sorted(hidden_layers))
                 kind = (mode, width > 1, layer_ids, logits)  # what guards a graph besides the marked sizes
                 if kind not in self._single and batch > 1:  # the one-row graph now (module docstring)
                     row = [t[:1].clone() for t in inputs[:4]] + [[b[:1].clone() for b in bs] for bs in inputs[4:]]
-                    step(*_marked(*row), layer_ids, logits)
+                    step(*mark_dynamic(*row), layer_ids, logits)
                 self._single.add(kind)
                 out, hidden, scores = step(*inputs, layer_ids, logits)
         except Exception as error:  # inductor without a compiler, an op it cannot trace: eager from now on
@@ -252,71 +250,15 @@ class StaticForward:
         """The compiled step of ``mode``, compiled now if this is its first forward, or again if weights frozen
         into it have changed since (replaced, or updated in place: their version counters moved)."""
         frozen = self._frozen.get(mode)
-        if frozen is not None and frozen != _versions(self.weights()):
+        if frozen is not None and frozen != weight_versions(self.weights()):
             self._compiled.pop(mode, None)
             self._single = {key for key in self._single if key[0] != mode}
         if mode not in self._compiled:
-            if _freezes(mode, device):
-                self._compiled[mode] = torch.compile(_own_code(self._step), dynamic=None, options=CPU_AUTOTUNE)
-                self._frozen[mode] = _versions(self.weights())
+            if freezes(mode, device):
+                self._compiled[mode] = torch.compile(own_code(self._step), dynamic=None, options=CPU_AUTOTUNE)
+                self._frozen[mode] = weight_versions(self.weights())
             else:
                 cuda_mode = "reduce-overhead" if mode == "default" else "max-autotune"
                 compile_mode = cuda_mode if device.type == "cuda" else None
-                self._compiled[mode] = torch.compile(_own_code(self._step), dynamic=None, mode=compile_mode)
+                self._compiled[mode] = torch.compile(own_code(self._step), dynamic=None, mode=compile_mode)
         return self._compiled[mode]
-
-
-def _versions(weights: Iterable[torch.Tensor]) -> list[tuple[int, int]]:
-    """Each weight's identity and in-place version counter: what a frozen compiled step was compiled against."""
-    return [(id(w), _version(w)) for w in weights]
-
-
-def _version(weight: torch.Tensor) -> int:
-    try:
-        return weight._version
-    except RuntimeError:  # an inference tensor (made under torch.inference_mode) keeps no version counter
-        return -1
-
-
-def _freezes(mode: str, device: torch.device) -> bool:
-    """Whether ``mode``'s step on ``device`` folds the weights in as constants (CPU ``"max-autotune"``)."""
-    return mode == "max-autotune" and device.type != "cuda"
-
-
-def _frozen_weights(mode: str, device: torch.device) -> Any:
-    """Inductor's freezing (weights folded into the compiled code as constants, so its GEMM templates can pack
-    them once) for a CPU ``"max-autotune"`` step; read when a graph compiles, so it is set around every call (a
-    later call may compile another graph)."""
-    if _freezes(mode, device):
-        import torch._inductor.config as inductor_config
-
-        return inductor_config.patch(freezing=True)
-    return contextlib.nullcontext()
-
-
-def _marked(*inputs: Any) -> tuple[Any, ...]:
-    """The step's inputs (``tokens``, ``positions``, ``mask``, ``slots``, ``keys``, ``values`` as :meth:`StaticForward
-    ._step` takes them) with their batch, width and key-length dimensions marked dynamic (one graph for every batch
-    size, width bucket and cache capacity; dynamo still keeps a size of 1 apart)."""
-    tokens, positions, mask, slots, keys, values = inputs
-    for tensor in (tokens, positions, mask, slots, *keys, *values):
-        torch._dynamo.maybe_mark_dynamic(tensor, 0)
-    for tensor in (tokens, positions, slots):
-        torch._dynamo.maybe_mark_dynamic(tensor, 1)
-    torch._dynamo.maybe_mark_dynamic(mask, 2)
-    for tensor in (mask, *keys, *values):
-        torch._dynamo.maybe_mark_dynamic(tensor, 3 if tensor is mask else 2)
-    return tokens, positions, mask, slots, keys, values
-
-
-_COPIES = itertools.count()
-
-
-def _own_code(method: Any) -> Any:
-    """``method`` (bound) on a copy of its code object. Dynamo keeps its graphs, guards and recompile limit (8 by
-    default) per code object: a target and a draft model sharing one would share that limit (each needs a few
-    graphs) and fall back to eager past it. Each :class:`StaticForward` compiles its own copy."""
-    function = method.__func__
-    code = function.__code__.replace(co_name=f"{function.__name__}_{next(_COPIES)}")
-    copy = types.FunctionType(code, function.__globals__, code.co_name, function.__defaults__, function.__closure__)
-    return types.MethodType(copy, method.__self__)
