@@ -27,22 +27,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from decodekit.checks import check_bool, check_float, check_int, check_seed, describe
 from decodekit.dlm.caches import Recompute
-from decodekit.dlm.components import check_commit, check_finite, check_logits, check_region, check_variants
-from decodekit.dlm.lookahead import NextBlock, lookahead_block
+from decodekit.dlm.components import check_finite, check_logits
+from decodekit.dlm.drafting import Drafting
+from decodekit.dlm.lookahead import NextBlock
 from decodekit.dlm.model import DLMModel, load_model
 from decodekit.dlm.parts import Parts, resolve_parts
-from decodekit.dlm.state import DLMState, Proposal, carry_tails, output_at, propose, restrict
-from decodekit.errors import ConfigError, ConfigTypeError, ContextLengthError, NoProgressError
+from decodekit.dlm.state import DLMState, carry_tails, output_at
+from decodekit.dlm.step import take_step
+from decodekit.errors import ConfigError, ConfigTypeError, ContextLengthError
 from decodekit.metrics import DLMStats
 from decodekit.models.compile_switch import compiling, resolve_compile
-from decodekit.sampling import begin_round, make_generator
+from decodekit.sampling import make_generator
 from decodekit.spec.prompts import prompt_ids
 
 
@@ -151,7 +153,7 @@ def generate(
     state = DLMState.from_prompts(
         heads, region, dlm.mask_token_id, steps, make_generator(seed, dlm.device), dlm.device, filled=tails
     )
-    state.block_length, state.eos_token_ids = block_length, tuple(getattr(dlm.lm, "eos_token_ids", ()))
+    state.block_length, state.eos_token_ids = block_length, tuple(dlm.lm.eos_token_ids)
     stats = DLMStats(row_nfe=state.row_forwards, tokens=len(rows) * gen_length)
     if parts.declared.cache_begins:  # optional hook: a new call (drop what an earlier call kept)
         cache.begin(state)
@@ -190,160 +192,52 @@ def _decode_block(
     ahead: NextBlock,
     checks: _Checks,
 ) -> int:
-    """Forwards until the current block has no masked slot; returns how many were taken. A forward runs the canvas
-    (and, with a draft strategy, the drafted canvases after it); steps follow on its outputs, the first on the
-    canvas's, each next one on the output of the drafted canvas each row reached. Rows step together while every
-    row reached one; with a rule that declares ``per_row_steps``, each row goes on while it reaches one. The block's
-    first step runs on what ``ahead`` kept for a row that finished the last block on a drafted canvas
-    (:mod:`decodekit.dlm.lookahead`), without a forward; this block's keeps what the next block's first step needs."""
+    """Forwards until the current block has no masked slot; returns how many were taken. The plain sampler: a
+    forward of the canvas, a step on its logits, again. With a draft strategy (:class:`~decodekit.dlm.drafting.
+    Drafting`) the forward also runs the drafted canvases, and steps follow on the outputs of those the rows reached.
+    The block's first step runs on what ``ahead`` kept for a row that finished the last block on a drafted canvas
+    (:mod:`decodekit.dlm.lookahead`), without a forward."""
     left = (state.masked & state.in_block).sum(1).tolist()
     state.block_step = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
     own_steps = parts.declared.per_row_steps
-    forwards, variants = 0, None  # variants: [1 + N, B, T], the canvas and its drafts, for the next forward
-    taken = ahead.take(left, own_steps)
+    drafting = Drafting(parts, ahead, checks) if parts.draft is not None else None
+    forwards, taken = 0, ahead.take(left, own_steps)
     while max(left):
+        outputs = None
         if taken is not None:  # the first step, on the last block's final forward
-            (logits, live), taken, outputs = taken, None, None
+            (logits, live), taken = taken, None
         else:
-            source = f"{type(parts.cache).__name__}.logits" + ("" if variants is None else "_many")
-            if variants is None:
-                state.lookahead = None
-                if cfg_scale == 0:
-                    outputs = check_logits(source, parts.cache.logits(dlm, state), state, checks.vocab_size)
-                else:
-                    outputs = _guided_logits(dlm, state, cfg_scale)
-            else:
-                outputs = parts.cache.logits_many(dlm, state, variants)
-                check_logits(source, outputs, state, checks.vocab_size, canvases=len(variants))
-            if checks.debug:
-                check_finite(source, outputs)
+            outputs, logits = _forward(dlm, state, parts, cfg_scale, checks, drafting and drafting.variants)
             forwards += 1
             state.row_forwards[:] = [n + int(k > 0) for n, k in zip(state.row_forwards, left)]
-            logits = outputs if variants is None else output_at(outputs, torch.zeros_like(state.lengths))
             live = [k > 0 for k in left] if own_steps else [True] * len(left)  # the rows that step on this forward
-        last = None  # each row's last step
-        while True:
-            rows = None if all(live) else torch.tensor(live, device=state.device)  # [B] bool: some rows wait
-            before = left
-            if state.lookahead is not None:
-                logits = restrict(logits, *state.block)
-            step = _step(state, parts, logits, temperature, left, live, rows)
-            last, left = (step if last is None or rows is None else _keep(last, step, rows)), step.left
-            if outputs is None or variants is None or not (max(left) or state.lookahead):
-                break
-            node, on = _on_graph(state, variants)
-            if state.lookahead is not None:  # rows that finished on a drafted canvas: keep its next block
-                ahead.keep(state, outputs, node, [o and b > 0 and k == 0 for o, b, k in zip(on, before, left)])
-            live = [o and k > 0 for o, k in zip(on, left)] if own_steps else [all(on) and max(left) > 0] * len(on)
-            if not any(live):
-                break
-            logits = output_at(outputs, node)
-        variants = None
-        if parts.draft is not None and max(left):
-            state.lookahead = lookahead_block(parts, state, left)
-            variants = parts.draft.variants(state, last.proposal, last.commit, max(left))
-            source = f"{type(parts.draft).__name__}.variants"
-            values = checks.debug or (checks.drafts_unchecked and variants is not None)
-            variants = check_variants(source, variants, state, checks.vocab_size, values=values)
-            checks.drafts_unchecked = checks.drafts_unchecked and variants is None
+        last = take_step(state, parts, logits, temperature, left, live)
+        if drafting is not None:
+            last = drafting.walk(state, outputs, last, left, temperature)
+            drafting.draft(state, last)
+        left = last.left
     state.lookahead = None
     return forwards
 
 
-def _on_graph(state: DLMState, variants: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
-    """``[B]``: the canvas of ``variants [1 + N, B, T]`` each row's canvas now equals (0 where none), and whether it
-    equals one (host bools; one host read). Only where no draft was reached is a row's next step left to the next
-    forward, computed from its own canvas as the undrafted sampler computes it."""
-    match = (variants == state.canvas).all(-1)  # [1 + N, B]
-    return match.int().argmax(0), match.any(0).tolist()
-
-
-class _Step(NamedTuple):
-    """One step of the sampler: its proposals, the slots it committed (``[B, G]`` bool) and each row's masked slots
-    left in its block (host ints)."""
-
-    proposal: Proposal
-    commit: torch.Tensor
-    left: list[int]
-
-
-def _step(
-    state: DLMState,
-    parts: Parts,
-    logits: Any,
-    temperature: float,
-    left: list[int],
-    live: list[bool],
-    rows: torch.Tensor | None,
-) -> _Step:
-    """One step of the sampler on ``logits`` (the current canvas's): proposals, the rule's commits, written into the
-    canvas, in the ``live [B]`` rows only (host bools; ``rows``: the same on the device, None when all are live; the
-    others wait for the next forward, their step counters stay). One host read: each row's masked slots left in its
-    block, and whether it committed a token (a live row that had and still has masked slots in its block but
-    committed none would never finish: :class:`~decodekit.errors.NoProgressError`, naming the part at fault)."""
-    begin_round(state.generator, state.row_steps)
-    proposal = propose(logits, temperature, state)
-    region = parts.schedule.region(state, proposal)
-    eligible = state.masked & check_region(f"{type(parts.schedule).__name__}.region", region, state)
-    if state.step == 0 and parts.declared.begins_block:
-        parts.rule.begin_block(state)
-    chosen = parts.rule.select(state, proposal, eligible)
-    commit = check_commit(f"{type(parts.rule).__name__}.select", chosen, state) & state.masked
-    if rows is not None:
-        commit, eligible = commit & rows[:, None], eligible & rows[:, None]
-    state.block_step += 1 if rows is None else rows
-    unmasked = commit & (proposal.tokens != state.mask_token_id)  # a slot committed with the mask id stays masked
-    state.commit(commit, proposal.tokens)
-    if parts.declared.slides:  # the window moves on after a commit: a row is live while it has one
-        parts.schedule.region(state, proposal)
-    state.row_steps[:] = [n + int(k > 0 and on) for n, k, on in zip(state.row_steps, left, live)]
-    state.step += 1
-    state.global_step += 1
-    now = torch.cat([(state.masked & state.in_block).sum(1), (~unmasked.any(1)).long()]).tolist()
-    b = state.batch_size
-    stuck = [i for i in range(b) if now[b + i] and live[i] and left[i] > 0 and now[i] > 0]
-    if stuck:
-        _no_progress(parts, state, stuck, eligible, commit)
-    return _Step(proposal, commit, now[:b])
-
-
-def _no_progress(parts: Parts, state: DLMState, stuck: list[int], eligible: torch.Tensor, commit: torch.Tensor) -> None:
-    """Raise the :class:`~decodekit.errors.NoProgressError` of a step that left the ``stuck`` rows as they were,
-    naming the part at fault (raising anyway: the device reads are free)."""
-    rows = torch.tensor(stuck, device=state.device)
-    had, chose = eligible[rows].any(1).tolist(), commit[rows].any(1).tolist()
-    where = f"(step {state.step}); the loop would never end"
-    if not all(had):
-        empty = [r for r, h in zip(stuck, had) if not h][:8]
-        raise NoProgressError(
-            f"{type(parts.schedule).__name__}.region named no masked slot of row(s) {empty}, which still have masked "
-            f"slots in their block (state.in_block) {where}; a schedule's region must hold each row's masked slots of "
-            "its block, or move the block on"
-        )
-    if not all(chose):
-        idle = [r for r, c in zip(stuck, chose) if not c][:8]
-        raise NoProgressError(
-            f"{type(parts.rule).__name__}.select committed nothing in row(s) {idle}, which still have masked slots "
-            f"in their block {where}; a rule must commit at least one eligible slot per row and step"
-        )
-    raise NoProgressError(
-        f"{type(parts.rule).__name__}.select committed only slots without a proposal in row(s) {stuck[:8]} {where}: "
-        "proposal.tokens is the mask id there (slots outside the window the cache's logits predicted, "
-        f"{type(parts.cache).__name__}); a rule must commit at least one eligible slot per row and step"
-    )
-
-
-def _keep(last: _Step, step: _Step, rows: torch.Tensor) -> _Step:
-    """Each row's latest step: ``step``'s in the ``rows [B]`` (bool) that took it, ``last``'s in the others (what a
-    row's drafts for the next forward come from)."""
-    old, new = last.proposal, step.proposal
-    proposal = Proposal(
-        torch.where(rows[:, None], new.tokens, old.tokens),
-        torch.where(rows[:, None], new.confidence, old.confidence),
-        torch.where(rows[:, None, None], new.logits, old.logits),
-        new.lo,
-    )
-    return _Step(proposal, torch.where(rows[:, None], step.commit, last.commit), step.left)
+def _forward(
+    dlm: DLMModel, state: DLMState, parts: Parts, cfg_scale: float, checks: _Checks, variants: torch.Tensor | None
+) -> tuple[Any, Any]:
+    """One forward through the cache strategy: of the canvas, or of ``variants [1 + N, B, T]`` (the canvas and its
+    drafts) with ``logits_many``; checked as it comes. Returns its outputs and the canvas's logits."""
+    source = f"{type(parts.cache).__name__}.logits" + ("" if variants is None else "_many")
+    if variants is None:
+        state.lookahead = None
+        if cfg_scale == 0:
+            outputs = check_logits(source, parts.cache.logits(dlm, state), state, checks.vocab_size)
+        else:
+            outputs = _guided_logits(dlm, state, cfg_scale)
+    else:
+        outputs = parts.cache.logits_many(dlm, state, variants)
+        check_logits(source, outputs, state, checks.vocab_size, canvases=len(variants))
+    if checks.debug:
+        check_finite(source, outputs)
+    return outputs, (outputs if variants is None else output_at(outputs, torch.zeros_like(state.lengths)))
 
 
 def _guided_logits(dlm: DLMModel, state: DLMState, cfg_scale: float) -> torch.Tensor:
@@ -358,7 +252,7 @@ def _guided_logits(dlm: DLMModel, state: DLMState, cfg_scale: float) -> torch.Te
 
 
 def _check_context(dlm: DLMModel, rows: list[list[int]], gen_length: int) -> None:
-    limit = getattr(dlm.lm, "max_context", None)
+    limit = dlm.lm.max_context
     longest = max(map(len, rows))
     if limit and longest + gen_length > limit:
         raise ContextLengthError(

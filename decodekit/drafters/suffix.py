@@ -78,6 +78,8 @@ class SuffixDrafter:
             tokens, no benchmark prompt; ~2.3 s to add and ~270 MB at depth 24). ``cache_tokens`` must hold them.
     """
 
+    needs = frozenset({"host_rows"})  # select_rows keeps its per-row trees by the kept rows on the host
+
     def __init__(
         self,
         factor: float = 8.0,

@@ -115,14 +115,14 @@ def test_drafts_save_forwards_on_a_peaked_model(hf, cache):
 def test_a_loop_that_skipped_verification_would_fail_the_equality_test(hf, monkeypatch):
     """The equality test can fail: a loop that took the first draft's output without checking that the steps
     reached its canvas gives another output."""
-    loop = importlib.import_module("decodekit.dlm.generate")  # the module (dk.dlm.generate is the function)
+    drafting = importlib.import_module("decodekit.dlm.drafting")
     model = dk.dlm.load_model(hf, mask_token_id=MASK)
     plain = run(model)
 
     def first_draft(state, variants):  # as if every row always reached the first draft
         return torch.ones(state.batch_size, dtype=torch.long), [True] * state.batch_size
 
-    monkeypatch.setattr(loop, "_on_graph", first_draft)
+    monkeypatch.setattr(drafting, "on_graph", first_draft)
     unchecked = run(model, dk.dlm.SpiffyDrafts(depth=3))
     assert unchecked.sequences != plain.sequences
 

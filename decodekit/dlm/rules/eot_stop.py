@@ -43,7 +43,7 @@ class EoTStop:
     def check_model(self, dlm: Any) -> None:
         """When a call starts: the ids are inside the model's vocabulary (or the model declares some), and the wrapped
         rule can run on it."""
-        if self.eot_token_ids is None and not tuple(getattr(dlm.lm, "eos_token_ids", ())):
+        if self.eot_token_ids is None and not tuple(dlm.lm.eos_token_ids):
             raise ConfigError("EoTStop: the model declares no end-of-sequence id; pass eot_token_ids=[...]")
         check_vocab("EoTStop", "eot_token_ids", self.eot_token_ids, dlm.vocab_size)
         if isinstance(self.rule, ChecksDLM):
