@@ -29,19 +29,19 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from tqdm.auto import tqdm
 
-from decodekit.checks import check_bool, check_float, check_int
+from decodekit.checks import check_int
 from decodekit.dlm.zoo import with_lora
 from decodekit.errors import ConfigError
-from decodekit.train.arguments import check_arguments
 from decodekit.train.common import BUDGET_PROBE, Checkpoints, budgeted_steps, plot_losses, take_step, warmup_cosine
 from decodekit.train.corpus import corpus_texts, token_chunks
 from decodekit.train.dlm_data import region_rows
 from decodekit.train.dlm_losses import draft_alignment_loss, masked_diffusion_loss, region_diffusion_loss
+from decodekit.train.recipe import RunConfig, shares
 from decodekit.train.sequences import DATA_SOURCE as SELF_SOURCE
 from decodekit.train.sequences import SEQUENCES
 
@@ -57,109 +57,81 @@ def passes(accelerator: Any, loader: Any, step: int) -> Any:
         skip = 0
 
 
+@shares(RunConfig)
 def train(
     out_dir: str | Path,
     *,
     base: str = "smollm2-135m-instruct",
+    name: str = "smollm2-135m-dlm",
     mask_token_id: int = 16,
+    data: Literal["corpus", "self"] = "corpus",
     seq_len: int = 128,
     train_chunks: int = 8192,
     val_chunks: int = 32,
-    batch_size: int = 8,
-    max_steps: int | None = None,
-    rank: int = 16,
-    alpha: float = 32.0,
-    lr: float = 1e-3,
-    weight_decay: float = 0.0,
-    warmup: float = 0.03,
-    save_every: int = 200,
-    eval_every: int = 200,
-    resume: bool = False,
-    threads: int | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    data: str = "corpus",
-    block_length: int | None = None,
-    objective: str = "diffusion",
-    draft_length: int = 32,
-    draft_decay: float = 1.0,
+    sequences: dict[str, int] | None = None,
     gen_len: int = 128,
     context: int = 192,
-    val_fraction: float = 0.03,
-    data_dir: str | None = "results/train/eagle/data",
-    sequences: dict[str, int] | None = None,
-    name: str = "smollm2-135m-dlm",
-    mixed_precision: str = "no",
+    objective: Literal["diffusion", "draft"] = "diffusion",
+    draft_length: int = 32,
+    draft_decay: float = 1.0,
+    block_length: int | None = None,
+    rank: int = 16,
+    alpha: float = 32.0,
+    max_steps: int | None = None,
+    eval_every: int = 200,
     time_budget_s: float | None = None,
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no",
+    **shared: Any,
 ) -> dict[str, Any]:
     """Train the adapter; returns the summary numbers (also in ``summary.json``).
 
     Args:
         out_dir: where everything is written.
         base: the zoo model to adapt.
+        name: the adapter file's stem (``<name>.safetensors``) and the zoo name it is for.
         mask_token_id: the token used as the mask (must be one the model does not otherwise need).
-        seq_len, train_chunks, val_chunks: chunk length and how many training / validation chunks to cut.
-        batch_size: chunks per step. max_steps: stop after this many steps (None: one pass over the chunks).
-        rank, alpha: LoRA rank and scale. lr, weight_decay, warmup: AdamW, linear warm-up then cosine decay.
-        save_every, eval_every: steps between checkpoints / validation losses; resume: continue the last checkpoint.
-        threads: ``torch.set_num_threads`` (None = torch's default).
         data: ``"corpus"``: plain ``seq_len`` chunks of the corpus, every token but the first a slot
             (:func:`~decodekit.train.dlm_losses.masked_diffusion_loss`); ``"self"``: the self-distilled rows of
             :mod:`decodekit.train.dlm_data`, a clean context of at most ``context`` tokens and a region of at most
             ``gen_len`` slots (:func:`~decodekit.train.dlm_losses.region_diffusion_loss`); ``val_fraction`` of them
             held out; ``data_dir`` where their sequences are cached (shared with the EAGLE recipe), ``sequences``
             how they are built (over :data:`~decodekit.train.sequences.SEQUENCES`).
-        block_length: None = bidirectional attention; a block length = block-causal training (``data="self"``
-            only), for the block-causal sampler at the same block length.
+        seq_len, train_chunks, val_chunks: chunk length and how many training / validation chunks to cut.
+        sequences, gen_len, context: ``data="self"``'s rows, above.
         objective: ``"diffusion"``: the masked-diffusion loss above; ``"draft"`` (``data="self"`` only): align the
             DLM to draft for its target (:func:`~decodekit.train.dlm_losses.draft_alignment_loss`, DEER's alignment
             reconstructed): a cut inside each response, the next ``draft_length`` slots all masked and predicted in
             one forward, slot ``j`` weighted by ``draft_decay ** j``; for ``dk.build("drafter", "diffusion")``.
-        name: the adapter file's stem (``<name>.safetensors``) and the zoo name it is for.
-        mixed_precision: accelerate's ``"no"`` | ``"bf16"`` | ``"fp16"`` (autocast around the loss; bf16 halves a
-            step on CPUs with AVX512-BF16 or AMX).
+        draft_length, draft_decay: ``objective="draft"``'s, above.
+        block_length: None = bidirectional attention; a block length = block-causal training (``data="self"``
+            only), for the block-causal sampler at the same block length.
+        rank, alpha: LoRA rank and scale.
+        max_steps: stop after this many steps (None: one pass over the chunks).
+        eval_every: steps between validation losses.
         time_budget_s: train for about this many seconds (the loop and its validations, not the loading): after a
             few steps the measured step time fixes the step count (at most ``max_steps``, or one pass), and the
             learning-rate schedule anneals over it. None: ``max_steps``.
+        mixed_precision: accelerate's ``"no"`` | ``"bf16"`` | ``"fp16"`` (autocast around the loss; bf16 halves a
+            step on CPUs with AVX512-BF16 or AMX).
+        shared: :class:`~decodekit.train.recipe.RunConfig`'s knobs (optimisation, the split, ``data_dir``,
+            threads, seed; ``batch_size``: rows a step), here by default ``val_fraction=0.03`` and
+            ``data_dir="results/train/eagle/data"`` (the EAGLE recipe's sequences, for ``data="self"``).
     """
-    check_arguments(locals())  # every override, before the model or the data
+    # every override, before the model or the data
+    cfg = RunConfig.of("dlm_adapter", locals(), val_fraction=0.03, data_dir="results/train/eagle/data")
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
     from peft import get_peft_model_state_dict
 
     import decodekit as dk
 
-    recipe = {k: v for k, v in locals().items() if isinstance(v, (str, int, float, bool, type(None)))}
-    recipe.pop("out_dir", None)
-    for key, value in (
-        ("seq_len", seq_len),
-        ("train_chunks", train_chunks),
-        ("val_chunks", val_chunks),
-        ("batch_size", batch_size),
-        ("rank", rank),
-        ("save_every", save_every),
-        ("eval_every", eval_every),
-    ):
-        check_int(key, value, low=1)
-    check_int("max_steps", max_steps, low=1, optional=True)
-    check_int("threads", threads, low=1, optional=True)
-    check_float("lr", lr, low=0.0, low_open=True)
-    check_float("time_budget_s", time_budget_s, low=0.0, low_open=True, optional=True)
-    if data not in ("corpus", "self"):
-        raise ConfigError(f"data must be 'corpus' or 'self'; got {data!r}")
-    check_int("block_length", block_length, low=1, optional=True)
     if block_length is not None and data != "self":
         raise ConfigError(
             "block_length (block-causal training) needs data=self: its loss denoises a region after a clean context"
         )
     if objective == "draft" and data != "self":
         raise ConfigError("objective=draft needs data=self: it drafts continuations of the target's own responses")
-    check_int("gen_len", gen_len, low=1)
-    check_int("context", context, low=1)
-    check_bool("resume", resume)
-    if threads is not None:
-        torch.set_num_threads(threads)
-    set_seed(seed)
+    recipe = cfg.start()
+    batch_size, seed = cfg.batch_size, cfg.seed
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     accelerator = Accelerator(mixed_precision=mixed_precision)
@@ -177,9 +149,9 @@ def train(
             return masked_diffusion_loss(model, batch.to(accelerator.device), mask_token_id, noise)
 
     else:
-        source = region_rows(lm, {**SEQUENCES, **(sequences or {})}, Path(data_dir or out / "data"), seed, progress)
+        source = region_rows(lm, {**SEQUENCES, **(sequences or {})}, cfg.data_path, seed, cfg.progress)
         order = torch.randperm(len(source), generator=torch.Generator().manual_seed(seed)).tolist()
-        held = max(1, round(val_fraction * len(source)))
+        held = max(1, round(cfg.val_fraction * len(source)))
         rows = torch.tensor(order[held:])
         draw = random.Random(1234)  # the validation windows: fixed once
         val_batches = [
@@ -205,12 +177,13 @@ def train(
         rows, batch_size=batch_size, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(seed)
     )
     total = max_steps or len(loader)  # past one pass, the rows are reshuffled and used again
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
-    schedule = warmup_cosine(optimizer, total, warmup)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    schedule = warmup_cosine(optimizer, total, cfg.warmup)
     shape = schedule.lr_lambdas[0]
     model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
     checkpoints = Checkpoints(accelerator, out)
-    step, history = (checkpoints.resume() if resume else None) or (0, {"train": [], "val": []})
+    step, history = (checkpoints.resume() if cfg.resume else None) or (0, {"train": [], "val": []})
     shape.total = total  # a checkpoint restores its own; this run's max_steps decides
     noise = torch.Generator(accelerator.device).manual_seed(seed + step)
 
@@ -231,7 +204,7 @@ def train(
     if not history["val"]:
         history["val"].append([0, validate()])
     probe = (step + 2, step + 2 + BUDGET_PROBE)  # the steps timed for a time budget (the first ones warm up)
-    bar = tqdm(total=total, initial=step, desc="training DLM adapter", unit="step", disable=not progress)
+    bar = tqdm(total=total, initial=step, desc="training DLM adapter", unit="step", disable=not cfg.progress)
     for batch in passes(accelerator, loader, step):
         if step >= total:
             break
@@ -248,7 +221,7 @@ def train(
             bar.refresh()
         if step % eval_every == 0 or step == total:
             history["val"].append([step, validate()])
-        if step % save_every == 0:
+        if step % cfg.save_every == 0:
             checkpoints.save(step, history)
     bar.close()
     checkpoints.save(step, history)

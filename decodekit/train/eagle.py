@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from decodekit.train.recipe import HeadConfig, run_recipe, shares
+
 
 def head_loss(
     head: Any,
@@ -60,6 +62,7 @@ def head_loss(
     return reg + ce_weight * ce, {"reg": float(reg.detach()), "ce": float(ce.detach()), "acc": float(acc)}
 
 
+@shares(HeadConfig)
 def train(
     out_dir: str | Path,
     *,
@@ -73,8 +76,6 @@ def train(
     ``draft_len`` the vocabulary pick models, the feature ``noise``, the cross-entropy's ``ce_weight`` and a head to
     start from (``init``); ``shared``: :class:`~decodekit.train.recipe.HeadConfig`'s (data, optimisation, device).
     ``decodekit/recipes/train/eagle.yaml`` documents each."""
-    from decodekit.train.recipe import HeadConfig, run_recipe
-
     cfg = HeadConfig.of("eagle", locals())  # every override, before the model or the data
     from decodekit.drafters.eagle_head import RETRAIN, EagleHead, read_init
     from decodekit.train.eagle_vocab import pick_vocab

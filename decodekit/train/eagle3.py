@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from decodekit.errors import ConfigError
+from decodekit.train.recipe import HeadConfig, shares
 
 
 def ttt_mask(n: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -177,6 +178,7 @@ def fit_fuse(head: Any, taps: torch.Tensor, feats: torch.Tensor, lengths: torch.
     return float((u @ w.T - f).norm() / f.norm())
 
 
+@shares(HeadConfig)
 def train(
     out_dir: str | Path,
     *,
@@ -195,8 +197,6 @@ def train(
     """Train the head; returns the summary numbers (also in ``summary.json``). The recipe's own knobs are above
     (``decodekit/recipes/train/eagle3.yaml`` documents each); ``shared``: :class:`~decodekit.train.recipe.HeadConfig`'s
     (data, optimisation, device)."""
-    from decodekit.train.recipe import HeadConfig
-
     cfg = HeadConfig.of("eagle3", locals(), epochs=2, lr=5e-4, save_every=100)  # every override, before any work
     from decodekit.drafters.eagle3_release import default_layers
     from decodekit.drafters.eagle_head import RELEASE, read_init
@@ -239,8 +239,7 @@ def train(
         data.vocab = lead_with(start[1]["vocab"], data.vocab)
     taps = None
     if not online:
-        where = out / "data" if cfg.data_dir is None else Path(cfg.data_dir)
-        taps = cached_layer_states(target, data.tokens, data.lengths, picked, where, gen_batch_size, progress)
+        taps = cached_layer_states(target, data.tokens, data.lengths, picked, cfg.data_path, gen_batch_size, progress)
 
     def states(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The final features and layer states of the sequences ``rows`` (float16, on the CPU)."""

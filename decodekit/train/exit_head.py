@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from decodekit.errors import ConfigError
+from decodekit.train.recipe import HeadConfig, run_recipe, shares
 
 
 @torch.no_grad()
@@ -105,6 +106,7 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
     return chain_pick(acc, draft, target_ms(target, (1, k + 1)), k, k)  # k draft steps: the pending token and k - 1
 
 
+@shares(HeadConfig)
 def train(
     out_dir: str | Path, *, exit_layer: int = 4, width: int = 1536, draft_len: int = 3, **shared: Any
 ) -> dict[str, Any]:
@@ -112,8 +114,6 @@ def train(
     reads (``exit_layer``), its hidden ``width`` and the chain ``draft_len`` the vocabulary pick models; ``shared``:
     :class:`~decodekit.train.recipe.HeadConfig`'s (data, optimisation, device).
     ``decodekit/recipes/train/exit_head.yaml`` documents each."""
-    from decodekit.train.recipe import HeadConfig, run_recipe
-
     cfg = HeadConfig.of("exit_head", locals(), train_vocab=8192, vocab_sizes=(1024, 2048, 4096, 8192))
     from decodekit.drafters.exit_head import ExitHead
 

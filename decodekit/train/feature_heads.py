@@ -158,23 +158,18 @@ def start_run(
     fit it, before the data is built, and returns the target layers whose states the recipe reads, if any) and the
     data (:func:`prepare`, on :func:`data_target`; ``features=False``: no cached features). Returns the recipe, the
     run directory, the target and the data."""
-    from accelerate.utils import set_seed
-
     import decodekit as dk
+    from decodekit.train.recipe import SCALARS
 
-    plain = (str, int, float, bool, type(None), tuple, list)
-    recipe = {k: v for k, v in cfg.recipe().items() if isinstance(v, plain)}
     check_bool("resume", cfg.resume)
-    if cfg.threads is not None:
-        torch.set_num_threads(check_int("threads", cfg.threads, low=1))
-    set_seed(cfg.seed)
+    recipe = cfg.start((*SCALARS, tuple, list))
     out = Path(cfg.out_dir)
     target = dk.load_model(cfg.base, device=device)
     if not isinstance(cfg.base, str):  # a loaded model (from Python): its files and records name its class
         recipe["base"] = type(getattr(target, "hf", target)).__name__
     # refuse a recipe that does not fit the target before building the data
     layers = check_target(target) if check_target is not None else None
-    where = Path(cfg.data_dir) if cfg.data_dir else out / "data"
+    where = cfg.data_path
     data = prepare(
         data_target(target, where) if features else target,
         recipe,

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from decodekit.train.recipe import HeadConfig, run_recipe, shares
+
 
 def medusa_loss(
     heads: Any,
@@ -97,12 +99,11 @@ def pick_vocab(heads: Any, target: Any, val: Any, sizes: Sequence[int]) -> dict[
     return {"picked": picked, "target_ms": times, "sizes": rows}
 
 
+@shares(HeadConfig)
 def train(out_dir: str | Path, *, num_heads: int = 3, decay: float = 0.8, **shared: Any) -> dict[str, Any]:
     """Train the heads; returns the summary numbers (also in ``summary.json``). The recipe's own knobs: ``num_heads``
     and head ``k``'s loss weight ``decay ** (k - 1)``; ``shared``: :class:`~decodekit.train.recipe.HeadConfig`'s
     (data, optimisation, device). ``decodekit/recipes/train/medusa.yaml`` documents each."""
-    from decodekit.train.recipe import HeadConfig, run_recipe
-
     # every override (a negative decay would maximise the far heads' loss), before any work
     cfg = HeadConfig.of("medusa", locals(), train_vocab=4096, vocab_sizes=(1024, 2048, 4096), epochs=1)
     from decodekit.drafters.medusa import MedusaHeads

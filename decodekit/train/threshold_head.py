@@ -16,21 +16,18 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from decodekit.checks import check_bool, check_choice, check_float, check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.threshold_head import AcceptanceHead
 from decodekit.train.acceptance_data import DATA_SOURCE, generate_dataset, pydoc_prompts
-from decodekit.train.arguments import check_arguments
 from decodekit.train.common import Checkpoints, plot_losses, take_step, warmup_cosine
+from decodekit.train.recipe import RunConfig, shares
 from decodekit.train.sequences import check_data_models
-
-LABELS = ("greedy", "sampled", "both")
 
 
 def acceptance_loss(logits: torch.Tensor, labels: torch.Tensor, reject_weight: float) -> tuple[torch.Tensor, ...]:
@@ -44,6 +41,7 @@ def acceptance_loss(logits: torch.Tensor, labels: torch.Tensor, reject_weight: f
     return loss.sum() / mass.sum().clamp(min=1e-8), loss.sum(), mass.sum()
 
 
+@shares(RunConfig)
 def train(
     out_dir: str | Path,
     *,
@@ -56,22 +54,12 @@ def train(
     max_new_tokens: int = 128,
     gen_batch_size: int = 8,
     shard_size: int = 32,
+    labels: Literal["greedy", "sampled", "both"] = "greedy",
     mixing: float = 0.15,
-    labels: str = "greedy",
-    val_fraction: float = 0.1,
     blocks: int = 3,
     reject_weight: float = 6.0,
     epochs: int = 4,
-    batch_size: int = 256,
-    lr: float = 3e-4,
-    weight_decay: float = 0.1,
-    warmup: float = 0.03,
-    save_every: int = 500,
-    resume: bool = False,
-    data_dir: str | None = None,
-    threads: int | None = None,
-    seed: int = 0,
-    progress: bool = True,
+    **shared: Any,
 ) -> dict[str, Any]:
     """Generate the data (reused if ``data_dir`` holds it) and train the head; returns the summary numbers.
 
@@ -82,44 +70,35 @@ def train(
             target tokenizer's chat template, at most ``max_prompt_tokens`` tokens each.
         max_new_tokens: the target's greedy response length (EOS ends it earlier).
         gen_batch_size, shard_size: prompts per generation batch / per saved shard.
-        mixing: fraction ``r`` of response positions holding the target token (unlabelled).
         labels: ``greedy`` (argmax match), ``sampled`` (``min(1, p/q)`` of a temperature-1 draft token) or both.
-        val_fraction: fraction of prompts held out for the validation loss.
+        mixing: fraction ``r`` of response positions holding the target token (unlabelled).
         blocks, reject_weight: the head's residual blocks; the reject class weight ``w``.
-        epochs, batch_size, lr, weight_decay, warmup: AdamW, ``warmup`` = fraction of steps warming up.
-        save_every: steps between checkpoints (and one at the end); resume: continue from the last checkpoint.
-        threads: ``torch.set_num_threads`` (None = torch's default).
+        epochs: passes over the training rows.
+        shared: :class:`~decodekit.train.recipe.RunConfig`'s knobs (optimisation, the split, ``data_dir``,
+            threads, seed), here by default ``batch_size=256`` (positions a step), ``lr=3e-4``,
+            ``weight_decay=0.1``, ``save_every=500``, ``val_fraction=0.1`` (of the prompts held out).
 
     The arguments (models by name) go into the head's metadata as ``recipe``.
     """
-    check_arguments(locals())  # every override, before the models or the data
+    cfg = RunConfig.of(  # every override, before the models or the data
+        "threshold_head", locals(), batch_size=256, lr=3e-4, weight_decay=0.1, save_every=500, val_fraction=0.1
+    )
     from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration, set_seed
+    from accelerate.utils import DataLoaderConfiguration
 
     import decodekit as dk
 
-    recipe = {
-        k: v for k, v in locals().items() if isinstance(v, (str, int, float, bool, type(None))) and k != "out_dir"
-    }
+    recipe = cfg.start()
     source = DATA_SOURCE if prompts is None else f"{len(prompts)} prompts passed to train()"
-    check_choice("labels", labels, LABELS)
-    for name, value in (("epochs", epochs), ("batch_size", batch_size), ("save_every", save_every)):
-        check_int(name, value, low=1)
-    check_int("threads", threads, low=1, optional=True)
-    check_float("val_fraction", val_fraction, low=0, high=1, low_open=True, high_open=True)
-    check_bool("resume", resume)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if threads is not None:
-        torch.set_num_threads(threads)
-    set_seed(seed)
     start = time.perf_counter()
     target_lm, draft_lm = dk.load_model(target), dk.load_model(draft, kernels=draft_kernels)
-    where = Path(data_dir) if data_dir else out / "data"
+    where = cfg.data_path
     models = {"target": (target, target_lm), "draft": (f"{draft} kernels={draft_kernels}", draft_lm)}
     check_data_models(where, models, record=not any(where.glob("shard_*")))  # shards made with other models: refused
     if prompts is None:
-        prompts = pydoc_prompts(target_lm.tokenizer, num_prompts, max_prompt_tokens, seed)
+        prompts = pydoc_prompts(target_lm.tokenizer, num_prompts, max_prompt_tokens, cfg.seed)
     data, tokens, data_seconds = generate_dataset(
         target_lm,
         draft_lm,
@@ -129,13 +108,13 @@ def train(
         batch_size=gen_batch_size,
         shard_size=shard_size,
         mixing=mixing,
-        seed=seed,
-        progress=progress,
+        seed=cfg.seed,
+        progress=cfg.progress,
     )
     gen_time = time.perf_counter() - start
     columns = data.with_format("numpy")[:]
     chosen = np.ones(len(data), bool) if labels == "both" else columns["sampled"] == (labels == "sampled")
-    held_out = np.random.default_rng(seed).random(len(prompts)) < val_fraction
+    held_out = np.random.default_rng(cfg.seed).random(len(prompts)) < cfg.val_fraction
     is_val = held_out[columns["prompt"]]
     hidden = torch.from_numpy(columns["hidden"]).float()
     y = torch.from_numpy(columns["label"]).float()
@@ -147,14 +126,14 @@ def train(
         )
 
     accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
-    loader = torch.utils.data.DataLoader(train_set, batch_size=batch_size, shuffle=True)
+    loader = torch.utils.data.DataLoader(train_set, batch_size=cfg.batch_size, shuffle=True)
     head = AcceptanceHead(hidden.shape[1], blocks)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     total = epochs * len(loader)
-    schedule = warmup_cosine(optimizer, total, warmup)
+    schedule = warmup_cosine(optimizer, total, cfg.warmup)
     head, optimizer, loader, schedule = accelerator.prepare(head, optimizer, loader, schedule)
     checkpoints = Checkpoints(accelerator, out)
-    step, history = (checkpoints.resume() if resume else None) or (0, {"train": [], "val": []})
+    step, history = (checkpoints.resume() if cfg.resume else None) or (0, {"train": [], "val": []})
 
     def validate() -> float:
         with torch.no_grad():
@@ -162,14 +141,14 @@ def train(
             return float(acceptance_loss(logits, val_y.to(accelerator.device), reject_weight)[0])
 
     train_start = time.perf_counter()
-    bar = tqdm(total=total, initial=step, desc="training head", unit="step", disable=not progress)
+    bar = tqdm(total=total, initial=step, desc="training head", unit="step", disable=not cfg.progress)
     for epoch in range(step // len(loader), epochs):
         loader.set_epoch(epoch)
         skip = step - epoch * len(loader)
         for h, label in accelerator.skip_first_batches(loader, skip) if skip else loader:
             loss = acceptance_loss(head(h), label, reject_weight)[0]
             step = take_step(accelerator, optimizer, schedule, loss, history, bar, step)
-            if step % save_every == 0:
+            if step % cfg.save_every == 0:
                 checkpoints.save(step, history)
         history["val"].append([step, validate()])
     bar.close()

@@ -337,15 +337,23 @@ def test_every_recipe_refuses_a_bad_argument_before_any_model_or_data_work(tmp_p
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("recipe", ["eagle", "eagle3", "exit_head", "medusa"])
-def test_a_head_recipe_refuses_an_argument_it_does_not_have(tmp_path, recipe):
-    """The head recipes take the shared knobs as ``**shared`` (:class:`decodekit.train.recipe.HeadConfig`): a typo
-    fails first, naming it and the recipe, not as a silently ignored key."""
+@pytest.mark.parametrize(
+    ("recipe", "known"),
+    [("eagle", "epochs"), ("eagle3", "epochs"), ("exit_head", "epochs"), ("medusa", "epochs"),
+     ("threshold_head", "epochs"), ("dlm_adapter", "max_steps")],
+)  # fmt: skip
+def test_a_head_recipe_refuses_an_argument_it_does_not_have(tmp_path, recipe, known):
+    """Every recipe takes the shared knobs as ``**shared`` (:class:`decodekit.train.recipe.RunConfig`, for the heads
+    on features :class:`~decodekit.train.recipe.HeadConfig`): a typo fails first, naming it, the recipe and its
+    arguments (its own and the shared ones), not as a silently ignored key."""
     import importlib
 
     train = importlib.import_module(f"decodekit.train.{recipe}").train
-    with pytest.raises(ConfigError, match=f"the {recipe} recipe has no argument epoch; its arguments: .*epochs"):
-        train(tmp_path / "run", base="no-such-model", epoch=2)
+    models = {"target": "no-such-model", "draft": "no-such-model"} if recipe == "threshold_head" else {}
+    models = models or {"base": "no-such-model"}
+    match = f"the {recipe} recipe has no argument epoch; its arguments: .*batch_size.*{known}.*warmup"
+    with pytest.raises(ConfigError, match=match):
+        train(tmp_path / "run", **models, epoch=2)
     assert not (tmp_path / "run").exists()
 
 
