@@ -35,7 +35,6 @@ from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.spec.component_checks import (
     WHAT,
     check_accepts,
-    check_components,
     check_hidden_layers,
     check_kind,
 )
@@ -62,7 +61,8 @@ class Components:
         sampling: SamplingParams,
         tree_verifier: Verifier | None = None,
     ) -> None:
-        check_components(drafter, verifier, policy)
+        # their Protocols were checked before the model loaded (generate: check_components); the defaults are filled
+        # in (spec.parts.resolve_parts): a verifier is required here
         check_instance("verifier", verifier, Verifier, what=WHAT["verifier"][1], optional=False)
         self.drafter, self.verifier, self.policy = drafter, verifier, policy
         roles = {"drafter": drafter, "verifier": verifier, "policy": policy if drafter is not None else None}

@@ -11,40 +11,40 @@ own, except one per round for a tree draft's paths and whatever a processor itse
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
-import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 
-from decodekit.checks import check_bool, check_model_spec, check_seed, eos_ids
-from decodekit.draft import Draft
+from decodekit.cache import KVCache
+from decodekit.checks import check_bool, check_model_spec, check_seed
 from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import RoundCounters, SpecStats
 from decodekit.models import LanguageModel, load_model
 from decodekit.models.compile_switch import compiling, resolve_compile
-from decodekit.policies.fixed import policy_for
 from decodekit.sampling import begin_round, make_generator, next_token
 from decodekit.spec.component_checks import check_components, explain_failure
 from decodekit.spec.components import Components
 from decodekit.spec.options import (
     build_processors,
     call_options,
+    eos_list_for,
+    max_lengths_for,
     max_new_tokens_for,
     pad_id,
     prompts_or_input_ids,
     tokenizer_for,
 )
 from decodekit.spec.outputs import Outputs, StopStrings, as_streamer, check_streamer
+from decodekit.spec.parts import resolve_parts
 from decodekit.spec.processors import LogitsProcessing, Processor, process_next, process_scored
 from decodekit.spec.prompts import prompt_ids
-from decodekit.spec.round import Round, kept_inputs, round_extras
+from decodekit.spec.round import Round, round_extras
 from decodekit.spec.state import DecodeState
+from decodekit.spec.steps import kept_slots, propose, round_tokens
 from decodekit.timing import PhaseTimer
-from decodekit.types import GenerationOutput, SamplingParams, Verdict
-from decodekit.verifiers import GreedyVerifier, RejectionVerifier, TraversalVerifier
+from decodekit.types import GenerationOutput, SamplingParams
 
 
 @torch.no_grad()
@@ -158,25 +158,21 @@ def generate(
     )  # the transformers-style keywords, merged over generation_config by call_options
     options = call_options(generation_config, given, unsupported)
     sampling = SamplingParams(options.temperature, options.top_k, options.top_p)
-    check_components(drafter, verifier, policy)
+    check_components(drafter, verifier, policy)  # their Protocols, before the model loads
     debug = check_bool("debug", debug)
     check_model_spec("model", model)
     model = load_model(model)
     compiled = resolve_compile(compile, model.device)  # None (eager) or the mode forwards compile in
-    rows = _prompt_ids(prompts_or_input_ids(prompts, input_ids, attention_mask), model)
+    rows = prompt_ids(prompts_or_input_ids(prompts, input_ids, attention_mask), model)
     max_new_tokens = max_new_tokens_for(options, rows)
     seed = check_seed(seed, len(rows))
-    eos_list = _eos_ids(options.eos_token_id, model)
+    eos_list = eos_list_for(options.eos_token_id, model)
     eos = torch.tensor(eos_list, dtype=torch.long, device=model.device)
     processors = build_processors(options, model.vocab_size, eos_list, model.device)
     stop = StopStrings(options.stop_strings, tokenizer_for(tokenizer, model)) if options.stop_strings else None
     check_streamer(streamer)
-    max_lengths = _max_lengths(rows, max_new_tokens, model)
-    tree_verifier = TraversalVerifier() if verifier is None and not sampling.greedy else None
-    if verifier is None:
-        verifier = GreedyVerifier() if sampling.greedy else RejectionVerifier()
-    policy = policy_for(drafter) if policy is None else policy
-    parts = Components(model, drafter, verifier, policy, sampling, tree_verifier)
+    max_lengths = max_lengths_for(rows, max_new_tokens, model)
+    parts = resolve_parts(model, drafter, verifier, policy, sampling)  # defaults, checks, hooks: once
     parts.check_context(max(max_lengths))
     generator = make_generator(seed, model.device)  # a list of ints: one keyed generator per row
     state = DecodeState.from_prompts(rows, max_lengths, sampling, generator, model.device)
@@ -216,10 +212,11 @@ def _loop(
     timer.mark("prefill")
     timer.end_round()
     index = 0
-    while out.drop_finished(state, cache, parts):  # state.select_rows keeps per-row generators in step
+    _compact(out, state, cache, parts)
+    while state.batch_size:
         begin_round(generator, state.host_lengths)
         timer.start()
-        draft = _propose(parts, state, debug, index)
+        draft = propose(parts, state, debug, index)
         timer.mark("draft")
         try:
             scored = model.score(
@@ -232,9 +229,9 @@ def _loop(
         verdict = parts.verifier_for(draft).verify(draft, logits, sampling, generator)
         parts.check_verdict(verdict, draft, values=debug)
         try:
-            cache.keep(verdict.num_accepted + 1, _kept_slots(draft, verdict))
+            cache.keep(verdict.num_accepted + 1, kept_slots(draft, verdict))
             timer.mark("verify")
-            tokens, counts = _round_tokens(draft, verdict)
+            tokens, counts = round_tokens(draft, verdict)
         except (IndexError, RuntimeError) as error:  # a later round's malformed verdict
             explain_failure(parts, error, state, draft, verdict, round_index=index)
             raise
@@ -251,9 +248,21 @@ def _loop(
                 extras.update(draft_time_s=times["draft"], verify_time_s=times["verify"])
             parts.observe(state, Round(index, draft, verdict, tokens, counts, **extras))  # type: ignore[arg-type]
         index += 1
+        _compact(out, state, cache, parts)
     result = out.result(lambda generated: _stats(counters, timer, start, generated))
     parts.check_output(result.sequences)  # the last round's next_token, which no forward read (host ints: no sync)
     return result
+
+
+def _compact(out: Outputs, state: DecodeState, cache: KVCache, parts: Components) -> None:
+    """Rows that finished leave the batch: their tokens stored (:meth:`Outputs.take_finished`), the live rows kept
+    in the state (its per-row generators in step), the cache and every component with per-row state."""
+    order = out.take_finished(state)
+    if order is not None:
+        keep = torch.tensor(order, dtype=torch.long, device=state.device)
+        state.select_rows(keep, order)
+        cache.select_rows(keep, host_rows=order)
+        parts.select_rows(keep, order)
 
 
 def _stats(counters: RoundCounters, timer: PhaseTimer, start: float, generated: int) -> SpecStats:
@@ -264,65 +273,3 @@ def _stats(counters: RoundCounters, timer: PhaseTimer, start: float, generated: 
     stats.draft_time_s, stats.verify_time_s = totals.get("draft", 0.0), totals.get("verify", 0.0)
     stats.total_time_s = time.perf_counter() - start
     return stats
-
-
-def _propose(parts: Components, state: DecodeState, debug: bool, index: int | None = None) -> Draft:
-    """This round's draft (round ``index``): the policy's budget, its depth capped so no round passes a row's limit,
-    spent by the drafter; its values validated every round with ``debug`` (else the budget's on the first round, the
-    draft's until the first non-empty one); unused columns trimmed."""
-    if parts.drafter is None:
-        return _empty_draft(state.batch_size, state.device)
-    validate = debug or parts.unchecked
-    caps = [r - 1 for r in state.host_remaining]
-    budget = parts.plan(state, debug).capped(state.remaining - 1, max(caps, default=-1), caps)
-    parts.check_budget_size(budget)
-    if budget.max_depth == 0 or budget.max_len == 0:
-        return _empty_draft(state.batch_size, state.device)
-    try:
-        draft = parts.drafter.propose(state, budget)
-    except (IndexError, RuntimeError) as error:  # a draft model fed a pending token outside its vocabulary
-        explain_failure(parts, error, state, round_index=index)
-        raise
-    parts.check_draft(draft, state, budget, values=validate)
-    return draft.trimmed() if draft.num_nodes else draft
-
-
-@functools.lru_cache(maxsize=64)
-def _empty_draft(batch_size: int, device: torch.device) -> Draft:
-    return Draft.empty(batch_size, device)
-
-
-def _kept_slots(draft: Draft, verdict: Verdict) -> torch.Tensor | None:
-    """Staged slots the cache keeps: the pending token (slot 0) and the accepted path; None for chains (a prefix)."""
-    return None if draft.is_chain else kept_inputs(verdict)
-
-
-def _round_tokens(draft: Draft, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a round commits per row: the accepted path then the next pending token (``[B, M]``, counts ``[B]``)."""
-    num, nxt = verdict.num_accepted, verdict.next_token[:, None]
-    if draft.num_nodes == 0:
-        return nxt, num + 1
-    path = draft.tokens.gather(1, verdict.accepted.clamp(min=0))
-    return torch.cat([path, nxt], 1).scatter(1, num[:, None], nxt), num + 1
-
-
-def _prompt_ids(prompts: Any, model: LanguageModel) -> list[list[int]]:
-    """Normalise prompts to a non-empty list of non-empty id lists that fit the context (see
-    :func:`decodekit.spec.prompts.prompt_ids`)."""
-    return prompt_ids(prompts, model)
-
-
-def _max_lengths(rows: list[list[int]], max_new_tokens: int, model: LanguageModel) -> list[int]:
-    limit = model.max_context or max(len(r) for r in rows) + max_new_tokens
-    if any(len(r) + max_new_tokens > limit for r in rows):
-        warnings.warn(
-            f"prompt + max_new_tokens exceeds the model's context ({limit}); rows stop at the context length",
-            stacklevel=3,
-        )
-    return [min(len(r) + max_new_tokens, limit) for r in rows]
-
-
-def _eos_ids(eos_token_id: int | Sequence[int] | None, model: LanguageModel) -> list[int]:
-    if eos_token_id is None:
-        return list(model.eos_token_ids)
-    return eos_ids(eos_token_id, model.vocab_size)

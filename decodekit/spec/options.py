@@ -4,16 +4,47 @@ the model or the prompts (processors, ``max_length``, the pad id, the stop strin
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from decodekit.checks import check_bool, check_callable, check_float, check_int, check_signature, describe, is_int
+from decodekit.checks import (
+    check_bool,
+    check_callable,
+    check_float,
+    check_int,
+    check_signature,
+    describe,
+    eos_ids,
+    is_int,
+)
 from decodekit.errors import ConfigError, ConfigTypeError
 from decodekit.models import LanguageModel
 from decodekit.spec.conventions import REFUSED_PROCESSORS, config_fields, refuse_extra
 
+
+def max_lengths_for(rows: list[list[int]], max_new_tokens: int, model: LanguageModel) -> list[int]:
+    """Each row's length limit: its prompt plus ``max_new_tokens``, at most the model's context (with a warning)."""
+    limit = model.max_context or max(len(r) for r in rows) + max_new_tokens
+    if any(len(r) + max_new_tokens > limit for r in rows):
+        warnings.warn(
+            f"prompt + max_new_tokens exceeds the model's context ({limit}); rows stop at the context length",
+            stacklevel=3,
+        )
+    return [min(len(r) + max_new_tokens, limit) for r in rows]
+
+
+def eos_list_for(eos_token_id: int | Sequence[int] | None, model: LanguageModel) -> list[int]:
+    """The ids that end a row: ``eos_token_id`` checked, or the model's when None."""
+    if eos_token_id is None:
+        return list(model.eos_token_ids)
+    return eos_ids(eos_token_id, model.vocab_size)
+
+
 __all__ = [
+    "eos_list_for",
+    "max_lengths_for",
     "CallOptions",
     "build_processors",
     "call_options",

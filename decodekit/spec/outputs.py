@@ -12,7 +12,6 @@ from decodekit.cache import KVCache
 from decodekit.checks import check_signature, describe
 from decodekit.errors import ConfigError, ConfigTypeError
 from decodekit.metrics import SpecStats
-from decodekit.spec.components import Components
 from decodekit.spec.state import DecodeState
 from decodekit.types import GenerationOutput
 
@@ -173,21 +172,19 @@ class Outputs:
         if check:
             cache.check_host_mirror()
 
-    def drop_finished(self, state: DecodeState, cache: KVCache, parts: Components) -> bool:
-        """Store the finished rows' tokens, remove those rows everywhere; False once no row is left."""
+    def take_finished(self, state: DecodeState) -> list[int] | None:
+        """Store the finished rows' tokens; returns the rows of the batch to keep (host ints: live rows keep their
+        place unless one from the end fills a gap), or None when no row finished. The caller removes the others
+        from the state, the cache and the components."""
         host_done = [b for b, finished in enumerate(self.host_finished) if finished]
         if not host_done:
-            return state.batch_size > 0
-        order = fill_holes(self.host_finished)  # live rows keep their place unless one from the end fills a gap
-        keep = torch.tensor(order, dtype=torch.long, device=state.device)
+            return None
+        order = fill_holes(self.host_finished)
         done = torch.tensor(host_done, dtype=torch.long, device=state.device)
         self.tokens[state.rows[done]] = state.tokens[done]
         self.ends[state.rows[done]] = state.lengths[done]
-        state.select_rows(keep, order)
-        cache.select_rows(keep, host_rows=order)
-        parts.select_rows(keep, order)
         self.host_finished = [0] * len(order)  # the rows left are live
-        return state.batch_size > 0
+        return order
 
     def end_stream(self) -> None:
         """Tell the streamer the call ended (also after an error, so a consumer waiting for the end is released)."""

@@ -116,7 +116,8 @@ def test_kl_is_nan_without_a_reported_distribution(target, ragged_prompts):
 
 
 def test_unknown_needs_are_refused(target):
-    with pytest.raises(dk.ConfigError, match=r"'target_prob'.*known names: hidden, kl, logits, target_probs, timings"):
+    known = "hidden, host_rows, kl, logits, prefill, target_probs, timings"
+    with pytest.raises(dk.ConfigError, match=rf"'target_prob'.*known names: {known}"):
         dk.generate(target, [[1, 2]], drafter=NGramDrafter(), policy=Observer({"target_prob"}))
 
 
