@@ -10,15 +10,7 @@ from decodekit.checks import check_instance, check_int
 from decodekit.drafters.recycling import RecyclingDrafter
 from decodekit.drafters.suffix import SuffixDrafter
 from decodekit.errors import ConfigError, IncompatibleDraftError
-from decodekit.interfaces import (
-    DeclaresKind,
-    Drafter,
-    HasVocab,
-    LengthPolicy,
-    Needs,
-    Observes,
-    SelectsRows,
-)
+from decodekit.interfaces import DeclaresKind, Drafter, HasVocab, LengthPolicy, Needs, Observes, SelectsRows
 from decodekit.policies.fixed import policy_for
 from decodekit.registry import register
 from decodekit.spec.hooks import begin_component, select_component_rows
