@@ -13,6 +13,7 @@ each with ``isinstance`` once per call and calls what is there:
 :class:`SelectsRows`   ``select_rows(rows)``: rows finished; keep only ``rows [B']`` of any per-row state
                        (with ``needs`` "host_rows" also ``host_rows=``, the same rows as Python ints)
 :class:`Needs`         ``needs``: what the :class:`~decodekit.spec.round.Round` should carry (see its module)
+:class:`ReadsLayers`   ``hidden_layers``: the target layers whose hidden states it reads (EAGLE-3's taps)
 :class:`DeclaresKind`  ``draft_kind(sampling)`` (drafters): checked against the verifier before anything runs
 :class:`HasVocab`      ``vocab_size`` (drafters): checked against the target's
 :class:`ChecksSampling` ``check(sampling)`` (verifiers): raise ``ConfigError`` for unsupported settings
@@ -31,6 +32,7 @@ importable from here).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
@@ -38,13 +40,13 @@ import torch
 from decodekit.draft import Draft, DraftKind
 from decodekit.draft.budget import DraftBudget
 from decodekit.sampling import Generator
-from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams, Verdict
 
 if TYPE_CHECKING:
     from decodekit.cache import KVCache
     from decodekit.models.base import LanguageModel
     from decodekit.spec.round import Round
+    from decodekit.spec.state import DecodeState
 
 
 @runtime_checkable
@@ -137,6 +139,24 @@ class SelectsRows(Protocol):
 @runtime_checkable
 class Needs(Protocol):
     needs: frozenset[str]
+
+
+@runtime_checkable
+class ReadsLayers(Protocol):
+    """A component that asks for the target's hidden states of these layers (0 = the embeddings, ``L`` = the
+    last): the prefill's ``hidden`` and :attr:`Round.layer_hidden <decodekit.spec.round.Round.layer_hidden>`."""
+
+    hidden_layers: Sequence[int]
+
+
+def shares_target(component: object) -> bool:
+    """Whether ``component`` declared ``shares_target = True`` (:class:`SharesTarget`)."""
+    return bool(isinstance(component, SharesTarget) and component.shares_target)
+
+
+def hidden_layers_of(component: object) -> Sequence[int]:
+    """``component``'s declared ``hidden_layers`` (:class:`ReadsLayers`; none when it declares none)."""
+    return component.hidden_layers if isinstance(component, ReadsLayers) else ()
 
 
 @runtime_checkable

@@ -277,3 +277,9 @@ def _rule_name(rule: Any) -> str:
     if owner is not None and hasattr(rule, "__name__"):
         return f"{type(owner).__name__}.{rule.__name__}"
     return getattr(rule, "__qualname__", None) or type(rule).__qualname__
+
+
+def stop_needs_hidden(stop: object) -> bool:
+    """Whether a stop rule declared ``needs_hidden = True`` (it reads :attr:`DraftStep.hidden`: SpecDec++'s
+    acceptance head); False for None and for a rule that declares nothing."""
+    return stop is not None and bool(getattr(stop, "needs_hidden", False))

@@ -31,7 +31,7 @@ import torch
 from decodekit.cache import KVCache
 from decodekit.checks import check_float, check_int
 from decodekit.draft import Draft
-from decodekit.draft.budget import DraftBudget
+from decodekit.draft.budget import DraftBudget, stop_needs_hidden
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.exit_head import ExitHead, default_weights, load_exit_head
 from decodekit.drafters.head_files import TrimmedHead
@@ -130,7 +130,7 @@ class EarlyExitDrafter(SamplesLikeTheTarget):
         """``budget.max_len`` early-exit steps (the first on the pending token); host syncs only for a stop rule."""
         if budget.max_len == 0:
             return Draft.empty(state.batch_size, state.device)
-        hidden = budget.stop is not None and bool(getattr(budget.stop, "needs_hidden", False))
+        hidden = stop_needs_hidden(budget.stop)
         logits, h = self._step(state.pending, 0, hidden)
         offset = iter(range(1, budget.max_len))
         return draft_chain(

@@ -10,7 +10,17 @@ from decodekit.checks import check_instance, check_int
 from decodekit.drafters.recycling import RecyclingDrafter
 from decodekit.drafters.suffix import SuffixDrafter
 from decodekit.errors import ConfigError, IncompatibleDraftError
-from decodekit.interfaces import DeclaresKind, Drafter, HasVocab, LengthPolicy, Needs, Observes, SelectsRows
+from decodekit.interfaces import (
+    DeclaresKind,
+    Drafter,
+    HasVocab,
+    LengthPolicy,
+    Needs,
+    Observes,
+    SelectsRows,
+    hidden_layers_of,
+    shares_target,
+)
 from decodekit.policies.fixed import policy_for
 from decodekit.registry import register
 from decodekit.spec.hooks import begin_component, select_component_rows
@@ -82,9 +92,9 @@ class FallbackDrafter:
         self.parts = (primary, fallback)
         # a part drafting from the target (a trained head on its hidden states, its first layers) gets the target in
         # begin, so this drafter asks for it too
-        self.shares_target = any(getattr(p, "shares_target", False) for p in self.parts)
+        self.shares_target = any(shares_target(p) for p in self.parts)
         self.needs = frozenset({"host_rows"}).union(*(p.needs for p in self.parts if isinstance(p, Needs)))
-        self.hidden_layers = tuple(sorted({int(i) for p in self.parts for i in getattr(p, "hidden_layers", ())}))
+        self.hidden_layers = tuple(sorted({int(i) for p in self.parts for i in hidden_layers_of(p)}))
         sizes = {int(p.vocab_size) for p in self.parts if isinstance(p, HasVocab)}
         if len(sizes) > 1:
             raise ConfigError(f"FallbackDrafter's drafters have different vocabularies: {sorted(sizes)} tokens")

@@ -8,7 +8,7 @@ import torch
 
 from decodekit.checks import check_float, check_model_spec
 from decodekit.draft import Draft
-from decodekit.draft.budget import DraftBudget
+from decodekit.draft.budget import DraftBudget, stop_needs_hidden
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.models import LanguageModel, load_model
 from decodekit.registry import register
@@ -77,7 +77,7 @@ class ModelDrafter(SamplesLikeTheTarget):
         self.cache = self.model.new_cache(state.batch_size, state.tokens.shape[1])
 
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
-        needs_hidden = budget.stop is not None and bool(getattr(budget.stop, "needs_hidden", False))
+        needs_hidden = stop_needs_hidden(budget.stop)
         logits, hidden = self.feed_unseen_hidden(state, needs_hidden)
         if budget.max_len == 0:
             return Draft.empty(state.batch_size, state.device)

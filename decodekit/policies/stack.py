@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from decodekit.checks import check_instance
-from decodekit.draft.budget import DraftBudget, DraftStep, call_stop
+from decodekit.draft.budget import DraftBudget, DraftStep, call_stop, stop_needs_hidden
 from decodekit.errors import ConfigError
-from decodekit.interfaces import LengthPolicy
+from decodekit.interfaces import LengthPolicy, hidden_layers_of
 from decodekit.policies.lengths import batch_cap, check_batch_cap, host_batch_cap
 from decodekit.registry import register
-from decodekit.spec.round import check_needs
+from decodekit.spec.round import check_needs, needs_of
 from decodekit.spec.state import DecodeState
 
 if TYPE_CHECKING:
@@ -47,8 +47,8 @@ class Stack:
         for i, p in enumerate(policies):  # an instance each (a class has a plan attribute too)
             check_instance(f"Stack's part {i}", p, LengthPolicy, what="a plan(state) method", optional=False)
         self.policies, self.batch_cap = tuple(policies), check_batch_cap(batch_cap)
-        self.needs = frozenset().union(*(check_needs(getattr(p, "needs", ()), p) for p in policies))
-        self.hidden_layers = tuple(sorted({i for p in policies for i in getattr(p, "hidden_layers", ())}))
+        self.needs = frozenset().union(*(check_needs(needs_of(p), p) for p in policies))
+        self.hidden_layers = tuple(sorted({i for p in policies for i in hidden_layers_of(p)}))
 
     def __repr__(self) -> str:
         cap = "" if self.batch_cap is None else f", batch_cap={self.batch_cap!r}"
@@ -126,5 +126,5 @@ def _any_stop(
         fired = [call_stop(rule, step) for rule in rules]  # each checked: a bool [B]
         return torch.stack(fired).any(0)
 
-    stop.needs_hidden = any(getattr(r, "needs_hidden", False) for r in rules)  # type: ignore[attr-defined]
+    stop.needs_hidden = any(stop_needs_hidden(r) for r in rules)  # type: ignore[attr-defined]
     return stop

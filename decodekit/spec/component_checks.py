@@ -20,6 +20,7 @@ from decodekit.interfaces import (
     Drafter,
     LengthPolicy,
     Verifier,
+    hidden_layers_of,
 )
 from decodekit.models.base import LanguageModel
 from decodekit.spec.state import DecodeState
@@ -61,7 +62,7 @@ def check_accepts(verifier: Any) -> None:
 def check_hidden_layers(component: Any, model: LanguageModel) -> tuple[int, ...]:
     """``component.hidden_layers`` (the target layers whose hidden states it asks for; none without it), refused
     unless it is a collection of layer indices within the target's layers (0 = embeddings, ``L`` = the last)."""
-    layers = getattr(component, "hidden_layers", ())
+    layers = hidden_layers_of(component)
     try:
         count = model.num_layers
     except Exception:  # a model without a layer list: only the types are checked

@@ -29,6 +29,7 @@ from decodekit.interfaces import (
     Observes,
     SelectsRows,
     Verifier,
+    shares_target,
     warn_near_hooks,
 )
 from decodekit.models.base import LanguageModel, ModelOutput
@@ -127,7 +128,7 @@ class Components:
 
     @property
     def shares_target(self) -> bool:
-        return bool(getattr(self.drafter, "shares_target", False))
+        return shares_target(self.drafter)
 
     @property
     def takes_prefill(self) -> bool:

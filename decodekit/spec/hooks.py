@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.interfaces import Begins, SelectsRows
+from decodekit.interfaces import Begins, SelectsRows, shares_target
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.spec.round import needs_of
 from decodekit.spec.state import DecodeState
@@ -26,7 +26,7 @@ def begin_component(
     """Call ``component``'s ``begin`` hook, if it has one: a drafter with ``shares_target`` gets the target and its
     cache, and the prefill's output too where its ``needs`` has ``"prefill"``; anything else gets the state only.
     ``drafter=False`` for verifiers and policies (never given the target)."""
-    if drafter and getattr(component, "shares_target", False):
+    if drafter and shares_target(component):
         if "prefill" in needs_of(component):
             component.begin(state, target, cache, prefill=prefill)
         else:

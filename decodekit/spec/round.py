@@ -35,6 +35,7 @@ import torch
 
 from decodekit.draft import Draft
 from decodekit.errors import ConfigError
+from decodekit.interfaces import shares_target
 from decodekit.models.base import ModelOutput
 from decodekit.sampling import probs_from_logits
 from decodekit.types import SamplingParams, Verdict
@@ -111,7 +112,7 @@ def check_hook_needs(component: object, role: str) -> None:
     import inspect
 
     needs, name = needs_of(component), type(component).__name__
-    if "prefill" in needs and not (role == "drafter" and getattr(component, "shares_target", False)):
+    if "prefill" in needs and not (role == "drafter" and shares_target(component)):
         raise ConfigError(
             f"{name}.needs has 'prefill', which only a drafter with shares_target = True gets (in begin(state, "
             "target, cache, prefill=)); drop it, or set shares_target = True on the drafter"
