@@ -73,6 +73,13 @@ class Preset:
         bound.apply_defaults()
         return self.builds(*bound.args, **bound.kwargs)
 
+    def matches(self, component: Any) -> bool:
+        """Whether ``component`` is a ``builds`` holding this preset's settings (as attributes of the same names)."""
+        missing = object()
+        return type(component) is self.builds and all(
+            getattr(component, k, missing) == v for k, v in self.settings.items()
+        )
+
     def __repr__(self) -> str:
         given = ", ".join(f"{k}={v!r}" for k, v in self.settings.items())
         return f"<preset {self.__qualname__}: {self.builds.__qualname__}({given})>"
@@ -115,9 +122,13 @@ def _kind(kind: str) -> dict[str, type]:
 
 
 def name_of(kind: str, component: Any) -> str:
-    """The registry name of ``component``'s class (its class name when it is not registered)."""
+    """The registry name of ``component``: a preset's when it holds that preset's settings (``gammatune_plus`` for a
+    ``GammaTune`` with ``threshold=0.4``), else its class's (its class name when it is not registered)."""
     cls = type(component)
-    return next((n for n, c in _kind(kind).items() if c is cls), cls.__name__)  # a class, never its presets
+    for name, entry in _kind(kind).items():  # a preset whose settings the component has names it before its class
+        if isinstance(entry, Preset) and entry.builds is cls and entry.matches(component):
+            return name
+    return next((n for n, c in _kind(kind).items() if c is cls), cls.__name__)
 
 
 def build(kind: str, name: str, /, *args: Any, **kwargs: Any) -> Any:

@@ -56,6 +56,8 @@ def test_a_preset_builds_its_class_with_its_defaults():
     assert inspect.signature(AdaEDL).parameters["threshold"].default == 0.5
     assert built_class(dk.registry.resolve("policy", "adaedl")) is EntropyStop
     assert isinstance(GammaTunePlus, Preset) and repr(plus).startswith("GammaTune(")
+    assert dk.registry.name_of("policy", plus) == "gammatune_plus" and dk.registry.name_of("policy", edl) == "adaedl"
+    assert dk.registry.name_of("policy", GammaTune()) == "gammatune"
     with pytest.raises(TypeError, match="GammaTune has no parameter thresold"):
         preset("policy", "typo_preset", GammaTune, public="Typo", module=__name__, doc="", thresold=0.4)
     assert "typo_preset" not in dk.available("policy")
