@@ -193,8 +193,9 @@ def _decode_block(
     checks: _Checks,
 ) -> int:
     """Forwards until the current block has no masked slot; returns how many were taken. The plain sampler: a
-    forward of the canvas, a step on its logits, again. With a draft strategy (:class:`~decodekit.dlm.drafting.
-    Drafting`) the forward also runs the drafted canvases, and steps follow on the outputs of those the rows reached.
+    forward of the canvas, a step on its logits, again. With a draft strategy
+    (:class:`~decodekit.dlm.drafting.Drafting`) the forward also runs the drafted canvases, and steps follow on the
+    outputs of those the rows reached.
     The block's first step runs on what ``ahead`` kept for a row that finished the last block on a drafted canvas
     (:mod:`decodekit.dlm.lookahead`), without a forward."""
     left = (state.masked & state.in_block).sum(1).tolist()
@@ -207,7 +208,8 @@ def _decode_block(
         if taken is not None:  # the first step, on the last block's final forward
             (logits, live), taken = taken, None
         else:
-            outputs, logits = _forward(dlm, state, parts, cfg_scale, checks, drafting and drafting.variants)
+            variants = None if drafting is None else drafting.variants  # [1 + N, B, T]: the canvas and its drafts
+            outputs, logits = _forward(dlm, state, parts, cfg_scale, checks, variants)
             forwards += 1
             state.row_forwards[:] = [n + int(k > 0) for n, k in zip(state.row_forwards, left)]
             live = [k > 0 for k in left] if own_steps else [True] * len(left)  # the rows that step on this forward
