@@ -4,6 +4,8 @@ forward, and keeping its staged tokens; the committed lengths, row selection, va
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from transformers.cache_utils import Cache
 
@@ -168,11 +170,11 @@ class KVCache(CommittedRows, Cache):  # type: ignore[misc]  # crop() takes per-r
             self.values.append(like.new_zeros(shape[:3] + (head_dim if value_dim is None else value_dim,)))
             self._extent.append(0)
 
-    def planned_written(self, num_layers: int) -> None:
-        """Book a forward that wrote the planned slots itself into layers ``0 .. num_layers - 1`` (what
+    def planned_written(self, layers: Iterable[int]) -> None:
+        """Book a forward that wrote the planned slots itself into ``layers`` (0-based cache layers; what
         :meth:`update` books per layer: after :meth:`stage`, the staged extent; after :meth:`write_at`, nothing)."""
         if self._plan == _STAGE:
-            for i in range(num_layers):
+            for i in layers:
                 self._book_staged(i)
 
     def _book_staged(self, layer_idx: int) -> None:

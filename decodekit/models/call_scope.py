@@ -142,6 +142,12 @@ def selected_blocks(
     return tuple(layers[i - 1] for i in range(1, last + 1) if i not in skipped)  # indexing: never a selection
 
 
+def run_numbers(layers: Sequence[torch.nn.Module], selected: Sequence[torch.nn.Module]) -> tuple[int, ...]:
+    """The 1-based numbers of the ``selected`` blocks among ``layers`` (what a compiled forward runs)."""
+    chosen = {id(block) for block in selected}
+    return tuple(number for number, block in enumerate(layers, start=1) if id(block) in chosen)
+
+
 @contextlib.contextmanager
 def captured(modules: dict[int, torch.nn.Module], into: dict[int, torch.Tensor], call: Call) -> Iterator[None]:
     """Record the output of each of ``modules`` (layer number -> module) into ``into`` under its number during the

@@ -73,13 +73,13 @@ __all__ = ["CPU_AUTOTUNE", "StaticForward", "eager_reason"]
 CPU_AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}  # inductor's options: "max-autotune"
 
 
-def eager_reason(adapter: Any, lean: bool, partial: bool, restricted: bool) -> str | None:
+def eager_reason(adapter: Any, lean: bool, restricted: bool) -> str | None:
     """Why a forward of ``adapter`` (an :class:`~decodekit.models.hf.HFCausalLM`) cannot run compiled, for the
     call's one warning, or None: it runs through :class:`StaticForward` where the forward's shape allows.
 
     Args:
         lean: the eager forward would take the lean path (no hooks on the modules, no per-layer masks).
-        partial: an early-exit or layer-skipping forward; restricted: ``attend=`` or attention recording.
+        restricted: ``attend=`` or attention recording.
     """
     name = type(adapter.hf).__name__
     if adapter._static is None:
@@ -87,8 +87,6 @@ def eager_reason(adapter: Any, lean: bool, partial: bool, restricted: bool) -> s
             f"{name} is not run by decodekit's Llama-family forward (Llama, Mistral, Qwen2, Qwen3 with sdpa "
             "attention and full-attention layers only)"
         )
-    if partial:
-        return f"{name}'s early-exit and layer-skipping forwards (a self-speculative drafter)"
     if restricted or not lean or adapter.hf.training:
         return f"{name}'s forwards with restricted or recorded attention, hooks on its modules, or in training mode"
     return None
@@ -150,18 +148,22 @@ class StaticForward:
         values: list[torch.Tensor],
         hidden_layers: tuple[int, ...],
         logits: bool,
+        run: tuple[int, ...] | None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], torch.Tensor | None]:
         """The traced forward: ``tokens``, ``positions``, ``slots [B, W]``, ``mask [B, 1, W, S_buf]``; writes the
         K/V at ``slots`` of each layer's ``keys`` / ``values [B, Hkv, S_buf, D]``; returns the normed output
         ``[B, W, H]``, the requested layers' outputs (0 = embeddings) and, if ``logits``, the output head's
-        ``[B, W, V]``."""
+        ``[B, W, V]``. ``run``: the 1-based blocks it runs (an early exit, skipped layers; None: all), the others
+        neither run nor written, as the eager forward's layer selection does."""
         decoder = self.decoder
         batch, width = tokens.shape
         x = decoder.embed_tokens(tokens)
         hidden = {0: x} if 0 in hidden_layers else {}
         cos, sin = decoder.rotary_emb(x, position_ids=positions)
         index = slots[:, None, :, None]
-        for number, layer in enumerate(decoder.layers._modules.values(), start=1):  # all blocks: no selection here
+        for number, layer in enumerate(decoder.layers._modules.values(), start=1):
+            if run is not None and number not in run:
+                continue
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q, k, v = attention_inputs(attn, h, cos, sin, self.qk_norm, self.rotate)
@@ -191,10 +193,12 @@ class StaticForward:
         logits: bool = False,
         mode: str = "default",
         canvas: bool = False,
+        run: tuple[int, ...] | None = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], torch.Tensor | None] | None:
         """Run ``tokens [B, N]`` at ``positions [B, N]`` under ``mask [B, 1, N, S]`` (bool) against ``cache``,
         writing the slots :meth:`KVCache.stage` or :meth:`KVCache.write_at` planned, compiled in ``mode``
-        (``compile_switch.MODES``); ``canvas``: a diffusion LM's forward (a canvas-wide width, an empty cache).
+        (``compile_switch.MODES``); ``canvas``: a diffusion LM's forward (a canvas-wide width, an empty cache);
+        ``run``: the 1-based blocks an early-exit or layer-skipping forward runs (None: all).
         Returns the normed output ``[B, N, H]``, the hidden states asked for (each ``[B, N, H]``) and, if
         ``logits``, the output head's logits ``[B, N, V]``; or None where this forward must run eager (nothing
         was written)."""
@@ -229,12 +233,12 @@ class StaticForward:
             with self._lock, frozen_weights(mode, tokens.device):
                 step = self._step_for(mode, tokens.device)
                 layer_ids = tuple(sorted(hidden_layers))
-                kind = (mode, width > 1, layer_ids, logits)  # what guards a graph besides the marked sizes
+                kind = (mode, width > 1, layer_ids, logits, run)  # what guards a graph besides the marked sizes
                 if kind not in self._single and batch > 1:  # the one-row graph now (module docstring)
                     row = [t[:1].clone() for t in inputs[:4]] + [[b[:1].clone() for b in bs] for bs in inputs[4:]]
-                    step(*mark_dynamic(*row), layer_ids, logits)
+                    step(*mark_dynamic(*row), layer_ids, logits, run)
                 self._single.add(kind)
-                out, hidden, scores = step(*inputs, layer_ids, logits)
+                out, hidden, scores = step(*inputs, layer_ids, logits, run)
         except Exception as error:  # inductor without a compiler, an op it cannot trace: eager from now on
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
             warnings.warn(
@@ -242,7 +246,7 @@ class StaticForward:
                 stacklevel=4,
             )
             return None
-        cache.planned_written(layers)
+        cache.planned_written(range(layers) if run is None else [n - 1 for n in run])
         scores = None if scores is None else scores[:, :num_new]
         return out[:, :num_new], {i: h[:, :num_new] for i, h in hidden.items()}, scores
 

@@ -17,7 +17,7 @@ from decodekit.errors import ConfigError, UnsupportedModelError
 from decodekit.masks import to_additive
 from decodekit.models.attention_scores import recorded_attention, restricted_masks
 from decodekit.models.base import LanguageModel, ModelOutput, check_layer
-from decodekit.models.call_scope import call_scope, captured, selectable, selected_blocks
+from decodekit.models.call_scope import call_scope, captured, run_numbers, selectable, selected_blocks
 from decodekit.models.compile_switch import capacity_bucket, compile_scope
 from decodekit.models.compiled import StaticForward, eager_reason
 from decodekit.models.grouped_attention import TORCH_HAS_GQA, grouped_query_sdpa
@@ -206,14 +206,13 @@ class HFCausalLM(LanguageModel):
         lean = self._lean is not None and layer_masks is None and self._lean.ready()
         scope = compile_scope()
         if scope is not None:  # dk.generate(compile=True): a static-shape compiled forward where it applies
-            why = eager_reason(self, lean, exit_layer is not None or bool(skip_layers), (attend, sink) != (None, None))
+            why = eager_reason(self, lean, (attend, sink) != (None, None))
+            run = None if selected is None else run_numbers(self.layers, selected)  # an exit's or skips' blocks
+            args = (tokens, positions, attention_mask, cache, hidden_layers, logits_at is None, scope.mode)
+            static = None if why else self._static(*args, scope.canvas, run)
             if why:
                 scope.eager(why)
-            elif (
-                static := self._static(
-                    tokens, positions, attention_mask, cache, hidden_layers, logits_at is None, scope.mode, scope.canvas
-                )
-            ) is not None:
+            elif static is not None:
                 return self._output(*static[:2], logits_at, return_hidden, logits=static[2])
         with (
             call_scope(self.layers if self._layers_attr is not None else None, selected) as call,

@@ -27,6 +27,7 @@ def test_compiled_equals_eager_on_cuda(ragged_prompts):
         (dk.drafters.NGramDrafter(), {}),
         (dk.drafters.ModelDrafter(draft), dict(temperature=1.0, seed=[1, 2, 3, 4], eos_token_id=7)),
         (ModelTreeDrafter(draft, shape="iid", branches=2, temperature=1.0), dict(temperature=0.8, seed=3)),
+        (dk.drafters.EarlyExitDrafter(1), {}),  # a partial forward: its own graph over the first layer
     ]
     for drafter, kwargs in cases:
         kwargs = {"eos_token_id": (), **kwargs}

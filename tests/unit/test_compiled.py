@@ -116,10 +116,25 @@ def test_what_cannot_compile_runs_eager_with_one_warning(llama, ragged_prompts):
         out = dk.generate(gpt2, ragged_prompts, max_new_tokens=6, eos_token_id=(), compile=True)
     assert out.sequences == reference.sequences
     assert sum("compile=True" in str(r.message) for r in w) == 1  # once a call, not once a forward
-    reference = dk.generate(llama, ragged_prompts, EarlyExitDrafter(1), max_new_tokens=8, eos_token_id=())
-    with pytest.warns(UserWarning, match="early-exit and layer-skipping forwards"):
-        out = dk.generate(llama, ragged_prompts, EarlyExitDrafter(1), max_new_tokens=8, eos_token_id=(), compile=True)
-    assert out.sequences == reference.sequences
+
+
+def test_early_exit_and_layer_skipping_drafts_compile_to_eager_drafts(llama, ragged_prompts):
+    """A self-speculative drafter's partial forwards (the first layers; the layers left after skips) run compiled,
+    each selection its own graph, writing only the layers they run: the same drafts as eager (the same accepted
+    counts per position, not only the target's tokens), without a warning."""
+    import warnings
+
+    from decodekit.drafters import LayerSkipDrafter
+
+    for make in (lambda: EarlyExitDrafter(1),):
+        kwargs = dict(policy=FixedLength(3), max_new_tokens=12, eos_token_id=())
+        eager = dk.generate(llama, ragged_prompts, make(), **kwargs)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="compile=True")
+            compiled = dk.generate(llama, ragged_prompts, make(), **kwargs, compile=True)
+        assert compiled.sequences == eager.sequences
+        assert compiled.stats.acceptance_rate_per_pos == eager.stats.acceptance_rate_per_pos
+        assert compiled.stats.accepted == eager.stats.accepted > 0
 
 
 def test_max_autotune_freezes_the_weights_and_recompiles_when_they_change(ragged_prompts, monkeypatch):
