@@ -73,13 +73,14 @@ __all__ = ["CPU_AUTOTUNE", "StaticForward", "eager_reason"]
 CPU_AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}  # inductor's options: "max-autotune"
 
 
-def eager_reason(adapter: Any, lean: bool, restricted: bool) -> str | None:
+def eager_reason(adapter: Any, lean: bool, restricted: bool, skips: bool = False) -> str | None:
     """Why a forward of ``adapter`` (an :class:`~decodekit.models.hf.HFCausalLM`) cannot run compiled, for the
     call's one warning, or None: it runs through :class:`StaticForward` where the forward's shape allows.
 
     Args:
         lean: the eager forward would take the lean path (no hooks on the modules, no per-layer masks).
-        restricted: ``attend=`` or attention recording.
+        restricted: ``attend=`` or attention recording; skips: a layer-skipping forward (SWIFT's search tries many
+            sets of layers, each another graph: they run eager; an early exit, a prefix of the layers, compiles).
     """
     name = type(adapter.hf).__name__
     if adapter._static is None:
@@ -87,6 +88,8 @@ def eager_reason(adapter: Any, lean: bool, restricted: bool) -> str | None:
             f"{name} is not run by decodekit's Llama-family forward (Llama, Mistral, Qwen2, Qwen3 with sdpa "
             "attention and full-attention layers only)"
         )
+    if skips:
+        return f"{name}'s layer-skipping forwards (each searched set of layers would be another graph)"
     if restricted or not lean or adapter.hf.training:
         return f"{name}'s forwards with restricted or recorded attention, hooks on its modules, or in training mode"
     return None

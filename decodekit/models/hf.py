@@ -206,7 +206,7 @@ class HFCausalLM(LanguageModel):
         lean = self._lean is not None and layer_masks is None and self._lean.ready()
         scope = compile_scope()
         if scope is not None:  # dk.generate(compile=True): a static-shape compiled forward where it applies
-            why = eager_reason(self, lean, (attend, sink) != (None, None))
+            why = eager_reason(self, lean, (attend, sink) != (None, None), bool(skip_layers))
             run = None if selected is None else run_numbers(self.layers, selected)  # an exit's or skips' blocks
             args = (tokens, positions, attention_mask, cache, hidden_layers, logits_at is None, scope.mode)
             static = None if why else self._static(*args, scope.canvas, run)

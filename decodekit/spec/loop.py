@@ -111,8 +111,8 @@ def generate(
             component that made it). A round that commits nothing to a live row raises
             :class:`~decodekit.errors.NoProgressError` either way.
         compile: run the target's (and a draft model's) decode and verification forwards at static shapes through
-            ``torch.compile`` (:mod:`decodekit.models.compiled`): Llama, Mistral, Qwen2 and Qwen3 (early-exit and
-            layer-skipping forwards too, a graph per selection of layers); other models run eager with one warning.
+            ``torch.compile`` (:mod:`decodekit.models.compiled`): Llama, Mistral, Qwen2 and Qwen3 (early-exit
+            forwards too, a graph per exit layer); other models and layer-skipping forwards run eager with one warning.
             True: inductor's default kernels (CUDA graphs on CUDA);
             ``"max-autotune"``: the weights frozen into the compiled step and its linear layers as inductor's tuned
             GEMM templates (on the CPU plain decoding of SmolLM2-135M 1.9x eager with stock kernels, 1.7x eager with

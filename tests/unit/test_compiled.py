@@ -118,10 +118,10 @@ def test_what_cannot_compile_runs_eager_with_one_warning(llama, ragged_prompts):
     assert sum("compile=True" in str(r.message) for r in w) == 1  # once a call, not once a forward
 
 
-def test_early_exit_and_layer_skipping_drafts_compile_to_eager_drafts(llama, ragged_prompts):
-    """A self-speculative drafter's partial forwards (the first layers; the layers left after skips) run compiled,
-    each selection its own graph, writing only the layers they run: the same drafts as eager (the same accepted
-    counts per position, not only the target's tokens), without a warning."""
+def test_early_exit_drafts_compile_to_eager_drafts(llama, ragged_prompts):
+    """An early-exit drafter's partial forwards (the first layers) run compiled, a graph per exit layer, writing only
+    the layers they run: the same drafts as eager (the same accepted counts per position, not only the target's
+    tokens), without a warning. Layer-skipping forwards (a searched set each) run eager with one warning."""
     import warnings
 
     from decodekit.drafters import LayerSkipDrafter
@@ -135,6 +135,10 @@ def test_early_exit_and_layer_skipping_drafts_compile_to_eager_drafts(llama, rag
         assert compiled.sequences == eager.sequences
         assert compiled.stats.acceptance_rate_per_pos == eager.stats.acceptance_rate_per_pos
         assert compiled.stats.accepted == eager.stats.accepted > 0
+    reference = dk.generate(llama, ragged_prompts, LayerSkipDrafter(search_rounds=0), max_new_tokens=8)
+    with pytest.warns(UserWarning, match="layer-skipping forwards"):
+        out = dk.generate(llama, ragged_prompts, LayerSkipDrafter(search_rounds=0), max_new_tokens=8, compile=True)
+    assert out.sequences == reference.sequences
 
 
 def test_max_autotune_freezes_the_weights_and_recompiles_when_they_change(ragged_prompts, monkeypatch):
