@@ -90,7 +90,8 @@ def train(
         head = EagleHead(target.hf.config, data.vocab)
         head.init_from(target)
         if start:  # continue from a trained head (its layer and fc; the vocabulary is this run's, EAGLE-3's unused)
-            head.load_state_dict({k: v.float() for k, v in start.items() if k not in ("vocab", "fuse.weight")}, False)
+            kept = {k: v.float() for k, v in start.items() if k not in ("vocab", "fuse.weight")}
+            head.load_state_dict(kept, strict=False)
         return head
 
     return run_recipe(

@@ -161,7 +161,6 @@ def start_run(
     import decodekit as dk
     from decodekit.train.recipe import SCALARS
 
-    check_bool("resume", cfg.resume)
     recipe = cfg.start((*SCALARS, tuple, list))
     out = Path(cfg.out_dir)
     target = dk.load_model(cfg.base, device=device)

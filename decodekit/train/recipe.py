@@ -152,9 +152,6 @@ class HeadConfig(RunConfig):
         return {key: getattr(self, key) for key in keys} | {"time_budget_s": self.time_budget_s}
 
 
-SHARED = HeadConfig.shared()
-
-
 class Batch(NamedTuple):
     """One training batch of sequences: ``tokens [B, L]``, the target's final features ``feats [B, L, H]``,
     ``lengths [B]`` and the first response position ``starts [B]``."""
@@ -234,4 +231,4 @@ def recipe_arguments(train: Callable[..., Any]) -> set[str]:
     )
 
 
-__all__ = ["SHARED", "Batch", "HeadConfig", "RunConfig", "recipe_arguments", "run_recipe", "shares"]
+__all__ = ["Batch", "HeadConfig", "RunConfig", "recipe_arguments", "run_recipe", "shares"]
