@@ -5,6 +5,7 @@ out = dk.dlm.generate(m, prompts, gen_length=128, block_length=32, steps=128)
 out.sequences, out.stats.nfe, out.stats.tokens_per_forward
 """
 
+from decodekit.dlm import rules
 from decodekit.dlm.caches import BlockCausalCache, DKVCache, DKVGreedyCache, DualCache, PrefixCache, Recompute
 from decodekit.dlm.drafts import SpiffyDrafts, calibrate_graph, canvas_cost
 from decodekit.dlm.generate import DLMOutput, generate
@@ -42,23 +43,14 @@ __all__ = [
     "Recompute",
     "DLMOutput",
     "DLMState",
-    "EoTStop",
-    "DreamRule",
-    "FactorRule",
-    "FastDLLMv2Rule",
-    "LLaDARule",
-    "LocalLeapRule",
-    "ProphetRule",
-    "RandomOrderRule",
-    "SDARRule",
     "Proposal",
     "SpiffyDrafts",
     "calibrate_graph",
     "canvas_cost",
     "SlotLogits",
-    "ThresholdRule",
     "dense_logits",
     "generate",
     "load_model",
     "propose",
 ]
+__all__ += rules.__all__  # the unmasking rules

@@ -18,14 +18,35 @@ import contextlib
 import threading
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from decodekit.errors import ConfigError
 from decodekit.models.base import check_layer
 
-__all__ = ["Call", "SelectableModuleList", "call_scope", "captured", "current_call", "selectable", "selected_blocks"]
+__all__ = [
+    "Call",
+    "SelectableModuleList",
+    "call_scope",
+    "captured",
+    "current_call",
+    "selectable",
+    "selected_blocks",
+    "setting",
+]
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def setting(var: ContextVar[T | None], value: T) -> Iterator[T]:
+    """``var`` holds ``value`` within the block (in this thread's context), as before it after."""
+    token = var.set(value)
+    try:
+        yield value
+    finally:
+        var.reset(token)
 
 
 class Call:
@@ -59,12 +80,8 @@ def call_scope(
 ) -> Iterator[Call]:
     """Run the block as one forward of its own: ``layers`` yields only ``selected`` (None: all), and any
     enclosing forward's selection and hooks do not apply inside it."""
-    call = Call(layers, selected)
-    token = _CALL.set(call)
-    try:
+    with setting(_CALL, Call(layers, selected)) as call:
         yield call
-    finally:
-        _CALL.reset(token)
 
 
 class _Selectable:

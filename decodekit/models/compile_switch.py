@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from decodekit.checks import check_choice
+from decodekit.models.call_scope import setting
 
 __all__ = [
     "CAPACITY_STEP",
@@ -108,9 +109,5 @@ def compiling(mode: str | None = "default", canvas: bool = False) -> Iterator[Co
     if mode is None:
         yield None
         return
-    scope = CompileScope(mode, canvas)
-    token = _SCOPE.set(scope)
-    try:
+    with setting(_SCOPE, CompileScope(mode, canvas)) as scope:
         yield scope
-    finally:
-        _SCOPE.reset(token)

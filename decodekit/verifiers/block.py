@@ -6,8 +6,8 @@ import torch
 
 from decodekit.registry import register
 from decodekit.sampling import Generator, uniform
-from decodekit.types import Draft, DraftKind, SamplingParams, Verdict
-from decodekit.verifiers.chain import chain_probs, chain_verdict
+from decodekit.types import Draft, Verdict
+from decodekit.verifiers.chain import ChainVerifier, chain_verdict
 from decodekit.verifiers.tree import likelihood_ratio
 
 
@@ -47,7 +47,7 @@ def block_plan(
 
 
 @register("verifier", "block")
-class BlockVerifier:
+class BlockVerifier(ChainVerifier):
     """Lossless block verification of a chain draft: the speculative-sampling variant that verifies the draft
     as a whole instead of token by token (Sun et al., ICLR 2025), never accepting fewer tokens in expectation than
     :class:`~decodekit.verifiers.RejectionVerifier` and optimal among verifiers that see only on-path
@@ -65,15 +65,8 @@ class BlockVerifier:
     Draws: ``uniform(key="coins")`` (``[B, N]``) and ``sample(key="next")``, as the rejection verifier.
     """
 
-    accepts = frozenset(DraftKind)  # on a chain, sampling without replacement is plain sampling
-    lossless = True
-
-    def verify(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: Generator) -> Verdict:
-        p, empty = chain_probs("BlockVerifier", draft, logits, sampling, generator)  # p: [B, N + 1, V]
-        if empty is not None:
-            return empty
+    def verify_chain(self, draft: Draft, p: torch.Tensor, tokens: torch.Tensor, generator: Generator) -> Verdict:
         batch, n = draft.tokens.shape
-        tokens = draft.tokens.where(draft.valid, 0)
         q = draft.node_q()
         q = torch.zeros_like(p[:, :n]).scatter_(-1, tokens[..., None], 1.0) if q is None else q.float()
         lengths = draft.num_valid

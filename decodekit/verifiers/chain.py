@@ -1,5 +1,6 @@
 """What the sampling verifiers of chain drafts share: the target's distributions and the plain step of an empty
-draft (:func:`chain_probs`), and the next token from a residual with its fallback (:func:`chain_verdict`)."""
+draft (:func:`chain_probs`), the next token from a residual with its fallback (:func:`chain_verdict`), and their
+frame (:class:`ChainVerifier`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 
 from decodekit.errors import IncompatibleDraftError
 from decodekit.sampling import Generator, sample
-from decodekit.types import Draft, SamplingParams, Verdict
+from decodekit.types import Draft, DraftKind, SamplingParams, Verdict
 from decodekit.verifiers.tree import tree_probs
 
 
@@ -36,3 +37,22 @@ def chain_verdict(
     return Verdict(
         accepted=draft.path(num - 1, num), num_accepted=num, next_token=sample(target, generator, key="next")
     )
+
+
+class ChainVerifier:
+    """The shared frame of the lossless chain verifiers: refuse a tree, sample plainly after an empty draft, else
+    :meth:`verify_chain` on the warped target ``p [B, N + 1, V]`` and the draft's ``tokens [B, N]`` (unused slots
+    read as id 0, safe to gather with: they may hold ``-1``)."""
+
+    accepts = frozenset(DraftKind)  # on a chain, sampling without replacement is plain sampling
+    lossless = True
+
+    def verify(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: Generator) -> Verdict:
+        p, empty = chain_probs(type(self).__name__, draft, logits, sampling, generator)
+        if empty is not None:
+            return empty
+        return self.verify_chain(draft, p, draft.tokens.where(draft.valid, 0), generator)
+
+    def verify_chain(self, draft: Draft, p: torch.Tensor, tokens: torch.Tensor, generator: Generator) -> Verdict:
+        """The verdict on a non-empty chain ``draft`` (see the class)."""
+        raise NotImplementedError(f"{type(self).__name__} must define verify_chain")

@@ -6,12 +6,12 @@ import torch
 
 from decodekit.registry import register
 from decodekit.sampling import Generator, uniform
-from decodekit.types import Draft, DraftKind, SamplingParams, Verdict
-from decodekit.verifiers.chain import chain_probs, chain_verdict
+from decodekit.types import Draft, Verdict
+from decodekit.verifiers.chain import ChainVerifier, chain_verdict
 
 
 @register("verifier", "rejection")
-class RejectionVerifier:
+class RejectionVerifier(ChainVerifier):
     """Lossless speculative sampling of a chain draft.
 
     With ``p`` the target's warped distribution and ``q`` the one each draft token was drawn from, token ``x_i``
@@ -25,16 +25,9 @@ class RejectionVerifier:
     so with :class:`~decodekit.sampling.RowGenerators` a row's verdict does not depend on the other rows.
     """
 
-    accepts = frozenset(DraftKind)  # on a chain, sampling without replacement is plain sampling
-    lossless = True
-
-    def verify(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: Generator) -> Verdict:
-        p, empty = chain_probs("RejectionVerifier", draft, logits, sampling, generator)  # p: [B, N + 1, V]
-        if empty is not None:
-            return empty
+    def verify_chain(self, draft: Draft, p: torch.Tensor, tokens: torch.Tensor, generator: Generator) -> Verdict:
         batch, n = draft.tokens.shape
         rows = torch.arange(batch, device=p.device)
-        tokens = draft.tokens.where(draft.valid, 0)  # [B, N]: safe to gather with (unused slots may hold -1)
         p_x = p[:, :n].gather(-1, tokens[..., None])[..., 0]
         q_x = draft.q_of_tokens()  # 1 for point masses
         coins = uniform((batch, n), generator, p.device, key="coins")

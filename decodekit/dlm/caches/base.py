@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.checks import check_bool
+from decodekit.checks import check_bool, check_int
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
 from decodekit.masks import bidirectional_mask, write_at_layout
@@ -104,6 +104,36 @@ class RegionSpans:
             return logits
         end = region_span(state)[1] if self.to_region_end else torch.full_like(self.first, state.gen_length)
         return fed_logits(dlm, self.cache, state, predicting(dlm, state, self.first, end))
+
+
+class RefreshedCache:
+    """The prefix and dual caches' shared state: ``refresh``, the kept cache and the adaptive-region form
+    (:class:`RegionSpans`, fed to the generation's end unless ``to_region_end``)."""
+
+    to_region_end = False
+
+    def __init__(self, refresh: int | None = None) -> None:
+        self.refresh = check_int("refresh", refresh, low=1, optional=True)
+        self.cache: KVCache | None = None
+        self.adaptive = RegionSpans(refresh=self.refresh, to_region_end=self.to_region_end)
+
+
+class DelayedCache:
+    """The dKV caches' shared state: the kept canvas K/V (``cache``) and what the previous step's input held
+    (``before``), both cleared when a call begins."""
+
+    def __init__(self) -> None:
+        self.cache: KVCache | None = None
+        self.before: torch.Tensor | None = None
+
+    def begin(self, state: DLMState) -> None:
+        self.cache, self.before = None, None
+
+
+def with_predictors(fed: torch.Tensor) -> torch.Tensor:
+    """``fed [B, T]`` bool plus each fed position's predecessor (with shifted logits position ``p`` predicts
+    ``p + 1``)."""
+    return fed | torch.cat([fed[:, 1:], fed.new_zeros(fed.shape[0], 1)], 1)
 
 
 def canvas_positions(state: DLMState) -> tuple[torch.Tensor, torch.Tensor]:

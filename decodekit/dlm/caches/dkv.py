@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from decodekit.cache import KVCache
 from decodekit.checks import check_int
-from decodekit.dlm.caches.base import canvas_positions, fed_logits, full_forward_kept
+from decodekit.dlm.caches.base import DelayedCache, canvas_positions, fed_logits, full_forward_kept, with_predictors
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
 from decodekit.registry import register
 
 
 @register("dlm_cache", "dkv")
-class DKVCache:
+class DKVCache(DelayedCache):
     """Delayed per-token caching (Ma et al. 2025, "dKV-Cache", the Decode variant).
 
     A token's K/V change sharply at the step it is decoded and little afterwards, while masked slots keep drifting.
@@ -42,12 +41,8 @@ class DKVCache:
     """
 
     def __init__(self, refresh: int = 4) -> None:
+        super().__init__()  # before: [B, T] decoded at the previous step's input
         self.refresh = check_int("refresh", refresh, low=1)
-        self.cache: KVCache | None = None
-        self.before: torch.Tensor | None = None  # [B, T] decoded at the previous step's input
-
-    def begin(self, state: DLMState) -> None:
-        self.cache, self.before = None, None
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
         """``[B, G, V]`` logits of every slot still masked (zeros elsewhere)."""
@@ -59,5 +54,5 @@ class DKVCache:
             logits, self.cache = full_forward_kept(dlm, state)
             return logits
         if dlm.shift_logits:  # position p predicts slot p + 1: keep feeding it while p + 1 is undecoded
-            fed = fed | torch.cat([fed[:, 1:], fed.new_zeros(state.batch_size, 1)], 1)
+            fed = with_predictors(fed)
         return fed_logits(dlm, self.cache, state, fed & real)

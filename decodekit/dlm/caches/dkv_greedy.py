@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from decodekit.cache import KVCache
 from decodekit.checks import check_int
-from decodekit.dlm.caches.base import canvas_positions, fed_logits, full_forward_kept
+from decodekit.dlm.caches.base import DelayedCache, canvas_positions, fed_logits, full_forward_kept, with_predictors
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState
 from decodekit.registry import register
 
 
 @register("dlm_cache", "dkv_greedy")
-class DKVGreedyCache:
+class DKVGreedyCache(DelayedCache):
     """dKV-Cache's Greedy variant (Ma et al. 2025, "dKV-Cache"): with the decode order known in advance (random
     remasking drawn once per block, :class:`~decodekit.dlm.rules.RandomOrderRule`, which publishes
     ``state.planned``), a step feeds only
@@ -50,13 +49,9 @@ class DKVGreedyCache:
     needs_plan = True  # reads state.planned: the rule must publish it
 
     def __init__(self, refresh: int = 2, window: int = 4) -> None:
+        super().__init__()  # before: [B, G] masked at the previous step's input
         self.refresh = check_int("refresh", refresh, low=1)
         self.window = check_int("window", window, low=0)
-        self.cache: KVCache | None = None
-        self.before: torch.Tensor | None = None  # [B, G] masked at the previous step's input
-
-    def begin(self, state: DLMState) -> None:
-        self.cache, self.before = None, None
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor:
         """``[B, G, V]`` logits: fresh for the due slots, zeros for slots no fed position predicts."""
@@ -71,8 +66,7 @@ class DKVGreedyCache:
         _, real = canvas_positions(state)
         fed_canvas = torch.zeros_like(real).scatter_(1, state.slots, fed)
         if dlm.shift_logits:  # position p predicts slot p + 1
-            due = torch.zeros_like(real).scatter_(1, state.slots, planned)
-            fed_canvas |= torch.cat([due[:, 1:], due.new_zeros(state.batch_size, 1)], 1)
+            fed_canvas |= with_predictors(torch.zeros_like(real).scatter_(1, state.slots, planned))
         return fed_logits(dlm, self.cache, state, fed_canvas & real)
 
 

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from decodekit.cache import KVCache
-from decodekit.checks import check_int
-from decodekit.dlm.caches.base import RegionSpans, full_forward_kept, refreshes, rewrite_forward
+from decodekit.dlm.caches.base import RefreshedCache, full_forward_kept, refreshes, rewrite_forward
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState, SlotLogits
 from decodekit.registry import register
 
 
 @register("dlm_cache", "dual")
-class DualCache:
+class DualCache(RefreshedCache):
     """Each block's first step runs the whole canvas and keeps every position's K/V; its later steps run only the
     block's slots, overwriting their K/V in place, against the cached prefix and suffix (Wu et al. 2025,
     "Fast-dLLM", ``generate_with_dual_cache`` with ``replace_position``).
@@ -37,10 +35,7 @@ class DualCache:
     f6b35ec3f1b16e1b3d3357938046559ae2d350fa); per-row ragged prompts and the adaptive-region form are ours.
     """
 
-    def __init__(self, refresh: int | None = None) -> None:
-        self.refresh = check_int("refresh", refresh, low=1, optional=True)
-        self.cache: KVCache | None = None
-        self.adaptive = RegionSpans(refresh=self.refresh, to_region_end=True)
+    to_region_end = True
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor | SlotLogits:
         if state.region is not None:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from decodekit.cache import KVCache
-from decodekit.checks import check_int
-from decodekit.dlm.caches.base import RegionSpans, full_forward, refreshes
+from decodekit.dlm.caches.base import RefreshedCache, full_forward, refreshes
 from decodekit.dlm.model import DLMModel
 from decodekit.dlm.state import DLMState, SlotLogits
 from decodekit.masks import bidirectional_mask, staged_layout
@@ -14,7 +12,7 @@ from decodekit.registry import register
 
 
 @register("dlm_cache", "prefix")
-class PrefixCache:
+class PrefixCache(RefreshedCache):
     """Each block's first step runs the whole canvas and keeps the K/V of the positions before the block; its later
     steps run only the block and everything after it (the later blocks' masks) against that prefix (Wu et al. 2025,
     "Fast-dLLM", ``generate_with_prefix_cache``).
@@ -40,11 +38,6 @@ class PrefixCache:
     (``tests/unit/test_dlm_reference.py``, checked against NVlabs/Fast-dLLM ``llada/generate.py`` at
     f6b35ec3f1b16e1b3d3357938046559ae2d350fa); per-row ragged prompts and the adaptive-region form are ours.
     """
-
-    def __init__(self, refresh: int | None = None) -> None:
-        self.refresh = check_int("refresh", refresh, low=1, optional=True)
-        self.cache: KVCache | None = None
-        self.adaptive = RegionSpans(refresh=self.refresh, to_region_end=False)
 
     def logits(self, dlm: DLMModel, state: DLMState) -> torch.Tensor | SlotLogits:
         if state.region is not None:

@@ -86,14 +86,15 @@ class Checkpoint:
     block_length: int | None
 
 
-def mask_from(default: int) -> Callable[[dict[str, Any], Any], int]:
-    """A family's mask-id rule: ``config.json``'s ``mask_token_id``, else the tokenizer's mask token, else
-    ``default`` (the id its reference ``generate`` uses)."""
+def mask_from(default: int, ask_tokenizer: bool = True) -> Callable[[dict[str, Any], Any], int]:
+    """A family's mask-id rule: ``config.json``'s ``mask_token_id``, else the tokenizer's mask token (when
+    ``ask_tokenizer``: LLaDA's and Dream's references read the config or their constant only), else ``default``
+    (the id its reference ``generate`` uses)."""
 
     def mask_token_id(config: dict[str, Any], tokenizer: Any) -> int:
         if config.get("mask_token_id") is not None:
             return int(config["mask_token_id"])
-        if getattr(tokenizer, "mask_token_id", None) is not None:
+        if ask_tokenizer and getattr(tokenizer, "mask_token_id", None) is not None:
             return int(tokenizer.mask_token_id)
         return default
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from decodekit.dlm.families import Family
+from decodekit.dlm.families import Family, mask_from
 from decodekit.dlm.families.qwen import convert_qwen
 
 __all__ = ["DREAM"]
@@ -46,7 +46,7 @@ DREAM = Family(
     model_types=("Dream",),
     architectures=("DreamModel",),
     convert=convert,
-    mask_token_id=lambda config, tokenizer: int(config.get("mask_token_id") or MASK_TOKEN_ID),
+    mask_token_id=mask_from(MASK_TOKEN_ID, ask_tokenizer=False),
     shift_logits=True,
     tokenizer=tokenizer,
 )

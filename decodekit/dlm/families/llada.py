@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from decodekit.dlm.families import Family
+from decodekit.dlm.families import Family, mask_from
 from decodekit.errors import UnsupportedModelError
 
 __all__ = ["LLADA"]
@@ -118,6 +118,6 @@ LLADA = Family(
     model_types=("llada",),
     architectures=("LLaDAModelLM",),
     convert=convert,
-    mask_token_id=lambda config, tokenizer: int(config.get("mask_token_id") or MASK_TOKEN_ID),
+    mask_token_id=mask_from(MASK_TOKEN_ID, ask_tokenizer=False),
     shift_logits=False,
 )
