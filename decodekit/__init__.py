@@ -60,7 +60,7 @@ _MOVED = {
     "options": "spec.options",
     "outputs": "spec.outputs",
     "processors": "spec.processors",
-    "prompts": "spec.prompts",
+    "prompts": "models.prompts",
     "round": "spec.round",
     "state": "spec.state",
     "trees": "draft.templates",

@@ -44,8 +44,8 @@ from decodekit.dlm.step import take_step
 from decodekit.errors import ConfigError, ConfigTypeError, ContextLengthError
 from decodekit.metrics import DLMStats
 from decodekit.models.compile_switch import compiling, resolve_compile
+from decodekit.models.prompts import prompt_ids
 from decodekit.sampling import make_generator
-from decodekit.spec.prompts import prompt_ids
 
 
 @dataclass

@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import torch
 
+from decodekit.models.prompts import pad_rows
 from decodekit.sampling import Generator, uniform
-from decodekit.spec.prompts import pad_rows
 
 
 @dataclass

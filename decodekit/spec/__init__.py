@@ -6,7 +6,7 @@
 * :mod:`~decodekit.spec.components`: the call's drafter, verifier and policy, checked together, their hooks
   dispatched (:mod:`~decodekit.spec.hooks`) and their outputs checked (:mod:`~decodekit.spec.component_checks`);
 * :mod:`~decodekit.spec.options`, :mod:`~decodekit.spec.conventions`: the call's keywords and transformers'
-  ``generate`` conventions; :mod:`~decodekit.spec.prompts`: the batch of prompts;
+  ``generate`` conventions (the batch of prompts is read by :mod:`~decodekit.models.prompts`, for both wings);
   :mod:`~decodekit.spec.processors`: logits processors and stop strings;
 * :mod:`~decodekit.spec.outputs`: the growing outputs and their statistics;
 * :mod:`~decodekit.spec.diagnostics`: where a speculative run first left plain decoding.

@@ -23,6 +23,7 @@ from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import RoundCounters, SpecStats
 from decodekit.models import LanguageModel, load_model
 from decodekit.models.compile_switch import compiling, resolve_compile
+from decodekit.models.prompts import prompt_ids
 from decodekit.sampling import begin_round, make_generator, next_token
 from decodekit.spec.component_checks import check_components, explain_failure
 from decodekit.spec.components import Components
@@ -39,7 +40,6 @@ from decodekit.spec.options import (
 from decodekit.spec.outputs import Outputs, StopStrings, as_streamer, check_streamer
 from decodekit.spec.parts import resolve_parts
 from decodekit.spec.processors import LogitsProcessing, Processor, process_next, process_scored
-from decodekit.spec.prompts import prompt_ids
 from decodekit.spec.round import Round, round_extras
 from decodekit.spec.state import DecodeState
 from decodekit.spec.steps import kept_slots, propose, round_tokens

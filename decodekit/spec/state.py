@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from decodekit.models.prompts import pad_rows
 from decodekit.sampling import RowGenerators
-from decodekit.spec.prompts import pad_rows
 from decodekit.types import SamplingParams
 
 if TYPE_CHECKING:

@@ -88,6 +88,19 @@ def test_the_wings_and_the_ground_floor_import_no_benchmark_or_training_code():
         assert not upward, f"{module} imports {sorted(upward)} at import time"
 
 
+def test_the_two_wings_import_each_other_not_at_all():
+    """``decodekit.dlm`` and ``decodekit.spec`` stand side by side on the ground floor: what both need (prompts,
+    caches, masks, models) lives there, not in either wing."""
+    modules = _modules()
+    for wing, other in (("decodekit.dlm", "decodekit.spec"), ("decodekit.spec", "decodekit.dlm")):
+        for module, path in modules.items():
+            if module.startswith(wing):
+                crossing = {
+                    m for m in _runtime_imports(ast.parse(path.read_text()).body, modules) if m.startswith(other)
+                }
+                assert not crossing, f"{module} imports {sorted(crossing)}"
+
+
 def test_the_public_root_is_small_and_the_hooks_stay_importable():
     assert len(decodekit.__all__) <= 35 and all(hasattr(decodekit, name) for name in decodekit.__all__)
     for name in ("Begins", "Observes", "SelectsRows", "SharesTarget", "VocabMismatchError", "UnmaskRule"):

@@ -1,6 +1,7 @@
-"""Prompt normalisation for :func:`decodekit.generate` and the bridge: every form a researcher passes (token-id
-lists, tensors, numpy arrays, strings, a tokenizer's output) becomes a list of token-id lists, or a clear error
-naming the prompt and what is allowed (see :mod:`decodekit.checks`)."""
+"""Prompt normalisation for both wings (:func:`decodekit.generate`, :func:`decodekit.dlm.generate`) and the
+bridge: every form a researcher passes (token-id lists, tensors, numpy arrays, strings, a tokenizer's output)
+becomes a list of token-id lists, or a clear error naming the prompt and what is allowed (see
+:mod:`decodekit.checks`)."""
 
 from __future__ import annotations
 
