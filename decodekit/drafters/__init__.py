@@ -1,6 +1,7 @@
 """Drafters: one file per algorithm, each registered under ``build("drafter", name)``."""
 
 from decodekit.drafters.delayed import DelayedTreeDrafter
+from decodekit.drafters.dflash import DFlashDrafter
 from decodekit.drafters.diffusion import DiffusionDrafter
 from decodekit.drafters.dynamic_exit import DynamicExitDrafter
 from decodekit.drafters.eagle import EagleDrafter, EagleHead
@@ -20,6 +21,7 @@ from decodekit.drafters.suffix import SuffixDrafter
 
 __all__ = [
     "DelayedTreeDrafter",
+    "DFlashDrafter",
     "DiffusionDrafter",
     "EagleDrafter",
     "Eagle3Drafter",

@@ -183,6 +183,10 @@ RULES: dict[str, Rule] = {
     "draft_len": _int(low=1),
     "ttt_steps": _int(low=1),
     "fuse_sequences": _int(low=1),
+    "head_layers": _int(low=1),
+    "block_size": _int(low=2, hint=" (the pending token and at least one mask slot)"),
+    "anchors": _int(low=1, hint=" (blocks per sequence a step)"),
+    "gamma": _float(low=0, low_open=True, optional=True, hint=" (slot j's loss weight is exp(-(j - 1) / gamma))"),
     # the loss
     "decay": _float(low=0, high=1, low_open=True, hint=_DECAY),
     "ce_weight": _float(low=0, hint=_WEIGHT),
@@ -214,6 +218,15 @@ def check_arguments(args: Mapping[str, Any], skip: Sequence[str] = ("out_dir",))
         rule = RULES.get(name)
         if rule is not None and name not in skip:
             rule(name, value)
+
+
+def chosen_layers(layers: Sequence[int] | None, default: Sequence[int], num_layers: int) -> tuple[int, ...]:
+    """The target layers a recipe taps: ``layers`` (None: ``default``), sorted and deduplicated; refuses any
+    outside the target's decoder layers ``1 .. num_layers``."""
+    picked = tuple(sorted({int(i) for i in (layers or default)}))
+    if not picked or picked[0] < 1 or picked[-1] > num_layers:
+        raise ConfigError(f"layers must be decoder layers 1 .. {num_layers} of the target; got {layers}")
+    return picked
 
 
 def file_stem(base: Any) -> str:

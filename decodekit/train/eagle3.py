@@ -200,6 +200,7 @@ def train(
     cfg = HeadConfig.of("eagle3", locals(), epochs=2, lr=5e-4, save_every=100)  # every override, before any work
     from decodekit.drafters.eagle3_release import default_layers
     from decodekit.drafters.eagle_head import RELEASE, read_init
+    from decodekit.train.arguments import chosen_layers
     from decodekit.train.eagle_vocab import pick_vocab
     from decodekit.train.feature_data import by_length
     from decodekit.train.feature_heads import device_settings, finish_run, fit, start_run
@@ -218,9 +219,7 @@ def train(
 
     def check_target(target: Any) -> tuple[int, ...] | None:  # before the data is built (an hour on a CPU)
         nonlocal picked, start
-        picked = tuple(sorted({int(i) for i in (layers or default_layers(target.num_layers))}))
-        if not picked or picked[0] < 1 or picked[-1] > target.num_layers:
-            raise ConfigError(f"layers must be decoder layers 1 .. {target.num_layers} of the target; got {layers}")
+        picked = chosen_layers(layers, default_layers(target.num_layers), target.num_layers)
         if init is not None:
             start = read_init(init, target, "python -m decodekit train recipe=eagle3")
             theirs = start[0].get("architecture", "fc")

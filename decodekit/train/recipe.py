@@ -187,7 +187,8 @@ def run_recipe(
         pick: ``(head, target, held-out data, sizes) -> {"picked": size, ...}``, the draft vocabulary.
         title, loss_label: what the progress bar, the plot and the summary call the head and its loss.
         check_target: raises for a target the recipe cannot train on, before the data is built (an hour on a CPU).
-        summary: more fields for the summary.
+        summary: more fields for the summary; ``metadata`` (fields the drafter reads from the head file) may be a
+            callable of the trained head.
     """
     from decodekit.drafters.head_files import head_rows
     from decodekit.train.feature_heads import device_settings, finish_run, fit, held_out, start_run
@@ -213,6 +214,8 @@ def run_recipe(
 
     trained, history, numbers = fit(head, batch_loss, data, out, **cfg.fit_args(), desc=f"training {title}", device=dev)
     val = held_out(target, data, online, cfg.gen_batch_size)
+    if callable(summary.get("metadata")):
+        summary["metadata"] = summary["metadata"](trained)
     return finish_run(
         trained, data, out, target, recipe, pick=lambda sizes: pick(trained, target, val, sizes),
         vocab_sizes=tuple(cfg.vocab_sizes), history=history, numbers=numbers, name=cfg.name, title=title,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from decodekit.train import eagle, exit_head, medusa
+from decodekit.train import dflash, eagle, exit_head, medusa
 from tests.conftest import CUT
 from tests.integration.test_eagle_recipe import ONE_VOCAB
 
@@ -38,3 +38,19 @@ def test_online_features_train_like_the_cached_ones(tmp_path, smollm2_cut):
         assert online[recipe]["initial_val_loss"] == pytest.approx(cached["initial_val_loss"], rel=1e-3), recipe
         assert online[recipe]["steps"] == cached["steps"], recipe
         assert online[recipe]["vocab"]["sizes"].keys() == cached["vocab"]["sizes"].keys(), recipe
+
+
+def test_the_dflash_recipe_writes_a_head_that_drafts(tmp_path, smollm2_cut):
+    """The DFlash recipe on the runner (one short epoch, a data directory of its own): its head file loads in the
+    ``dflash`` drafter, whose greedy output is plain decoding's."""
+    import decodekit as dk
+    from decodekit.drafters import DFlashDrafter
+
+    summary = dflash.train(tmp_path, epochs=1, device="cpu", **ONE_VOCAB, base=smollm2_cut, block_size=4, anchors=4)
+    assert summary["steps"] > 0 and summary["vocab"]["picked"] == 1024
+    head = tmp_path / f"dflash_{CUT}.safetensors"
+    target = dk.load_model(smollm2_cut)
+    prompts = [[1, 504, 3107, 28], [1, 9690, 314]]
+    plain = dk.generate(target, prompts, max_new_tokens=12, eos_token_id=()).sequences
+    out = dk.generate(target, prompts, DFlashDrafter(head), max_new_tokens=12, eos_token_id=(), debug=True)
+    assert out.sequences == plain and out.stats.drafted > 0

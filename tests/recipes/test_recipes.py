@@ -51,9 +51,16 @@ def compose_bench(overrides: list[str]):
         return compose("bench", overrides=overrides)
 
 
+UNSHIPPED = {("drafter", "dflash")}  # recipes of heads not shipped: they name the train recipe's output
+
+
 @pytest.mark.parametrize(("group", "option"), OPTIONS)
 def test_every_group_option_instantiates(group, option):
     cfg = compose_bench([f"{group}={option}"])
+    if (group, option) in UNSHIPPED:  # until its head is trained: refused, naming the recipe that writes it
+        with pytest.raises(dk.ConfigError, match="train one with python -m decodekit train recipe="):
+            build_component(cfg[group])
+        return
     if group == "task":
         assert cfg.task.name == option and cfg.task.num_prompts > 0
         return
@@ -112,11 +119,19 @@ def test_recipe_names_are_registry_names(kind):
 
 
 @pytest.mark.parametrize(("kind", "name"), [(k, n) for k in registry.KINDS for n in registry.available(k)])
-def test_every_registered_component_prints_readably(kind, name):
+def test_every_registered_component_prints_readably(kind, name, tmp_path):
     cls = registry.resolve(kind, name)
     needs_model = name in ("model", "model_tree", "delayed")
     required = {"stack": (dk.build("policy", "fixed"),), "dynamic_exit": ([1],)}  # a Stack of nothing is refused
     parts = (dk.dlm.load_model(tiny_llama(0), mask_token_id=127),) if name == "diffusion" else required.get(name, ())
+    if name == "dflash":  # a random head for the tiny target
+        from decodekit.drafters.dflash_head import DFlashHead
+        from decodekit.drafters.head_files import head_metadata
+
+        target, path = dk.load_model(tiny_llama(0)), tmp_path / "dflash.safetensors"
+        head = DFlashHead(target.hf.config, (1,))
+        head.save(path, head_metadata(target, **head.file_fields()))
+        parts = (path,)
     component = cls(dk.load_model(tiny_llama(0))) if needs_model else dk.build(kind, name, *parts)
     text = repr(component)
     assert text.startswith(f"{registry.built_class(cls).__name__}(") and text.endswith(")")  # a preset: its class

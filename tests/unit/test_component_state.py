@@ -280,7 +280,7 @@ def test_an_eagle3_head_reading_layers_the_target_lacks_says_so(head_target, tmp
 
 # ---------------------------------------------------------------------------------------- 3. the train command
 
-RECIPES = ("eagle", "eagle3", "medusa", "exit_head", "threshold_head", "dlm_adapter")
+RECIPES = ("eagle", "eagle3", "medusa", "exit_head", "threshold_head", "dlm_adapter", "dflash")
 BAD = [  # (argument, bad value, what the refusal says); each recipe gets those among its arguments
     ("epochs", "abc", r"epochs must be an integer >= 1, got 'abc'"),
     ("lr", -1e-3, r"lr must be a finite number > 0"),

@@ -1,0 +1,197 @@
+"""DFlash (Chen, Liang, Liu 2026, "DFlash: Block Diffusion for Flash Speculative Decoding", arXiv 2602.06036): a
+block-diffusion head on the target's fused hidden states drafts a whole block in one forward.
+
+Each round the head (:class:`~decodekit.drafters.dflash_head.DFlashHead`) takes the target's layer outputs of the
+tokens committed since its last round (the prefill's, then each verification forward's ``Round.layer_hidden``),
+fuses them and writes each head layer's keys and values of those positions into its own
+:class:`~decodekit.cache.KVCache` (KV injection: written once, never recomputed). It then runs one bidirectional
+forward over a block of ``block_size`` slots, the pending token and ``block_size - 1`` mask slots, against that
+cache; slot ``j``'s output, scored by the target's output head (over the head's draft vocabulary), is the draft
+distribution ``q_j`` of the token ``j`` after the pending one. The block's keys and values are not kept.
+
+Lossless at any temperature. All slots come from the one forward, which sees only committed tokens, so the ``k``
+drafts are drawn independently, token ``j`` from ``q_j`` after the call's logits processors: the law of token ``j``
+given the tokens before it is exactly the reported ``q_j``, which rejection and SpecInfer verification need (as for
+the ``diffusion`` drafter's single step). Greedy: argmax drafts, so greedy output equals plain decoding.
+
+Faithfulness: the reference's drafting loop (z-lab/dflash ``dflash_generate`` at 44947fb: a block of the pending
+token and mask slots at the next positions, the context's keys and values cached, the block's dropped, drafts from
+one forward; its greedy acceptance lengths are reproduced in ``tests/unit/test_dflash.py`` on a tiny target).
+Ours: any verifier and length policy of decodekit (the reference verifies by matching the target's samples, which
+for argmax drafts is what the ``greedy`` / ``rejection`` verifiers do), ragged batches, drafts shorter than the
+block (a policy's ``k``; the block keeps its trained size), the head's learned mask embedding. The head is trained
+by ``python -m decodekit train recipe=dflash`` (:mod:`decodekit.train.dflash`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from decodekit.cache import KVCache
+from decodekit.checks import check_float
+from decodekit.draft import Draft
+from decodekit.draft.budget import DraftBudget
+from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
+from decodekit.drafters.dflash_head import DFlashHead
+from decodekit.drafters.head_files import TrimmedHead, load_tensors, on_target, read_head, read_metadata
+from decodekit.errors import ConfigError
+from decodekit.models.base import LanguageModel, ModelOutput
+from decodekit.registry import register
+from decodekit.spec.round import Round
+from decodekit.spec.state import DecodeState
+
+__all__ = ["DFlashDrafter", "load_dflash", "requeue"]
+
+RETRAIN = "python -m decodekit train recipe=dflash (docs/training.md)"
+
+
+def load_dflash(path: str | Path, target: LanguageModel) -> tuple[DFlashHead, dict[str, Any]]:
+    """The DFlash head in ``path`` (a file :meth:`DFlashHead.save` wrote) for ``target``, and its metadata; a head
+    trained for another target, or a file of another kind, is refused with what to do."""
+    config = getattr(getattr(target, "hf", None), "config", None)
+    if config is None:
+        raise ConfigError(
+            f"the dflash drafter needs a transformers target (its config builds the head); got {target!r}"
+        )
+    meta, tensors = read_head(path, target, "a DFlash head", RETRAIN)
+    if meta.get("architecture") != "dflash":
+        raise ConfigError(f"{path} is not a DFlash head file (architecture {meta.get('architecture')!r}); {RETRAIN}")
+    layers = [int(i) for i in meta["layers"]]
+    if not all(1 <= i <= target.num_layers for i in layers):
+        raise ConfigError(
+            f"the DFlash head {Path(path).name} reads target layers {layers}, and this target has "
+            f"{target.num_layers}: it was trained for another target; {RETRAIN} base=<your target>"
+        )
+    head = DFlashHead(config, layers, int(meta["head_layers"]), int(meta["block_size"]), tensors["vocab"])
+    load_tensors(head, tensors, path, "a DFlash head", RETRAIN)
+    return on_target(head, target), meta
+
+
+def requeue(queued: torch.Tensor, unseen: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """The feature queue after a round without a draft: ``queued [B, Q, H]`` (row ``b``'s first ``unseen[b]`` still
+    to be fed), then ``new [B, M, H]`` placed after each row's unseen ones -> ``[B, Q + M, H]``."""
+    width = queued.shape[1] + new.shape[1]
+    out = torch.cat([queued, new.new_zeros(new.shape[0], width - queued.shape[1], new.shape[2])], 1)
+    at = (unseen[:, None] + torch.arange(new.shape[1], device=new.device))[..., None].expand_as(new)
+    return out.scatter(1, at, new)
+
+
+@register("drafter", "dflash")
+class DFlashDrafter(SamplesLikeTheTarget):
+    """Draft up to ``block_size - 1`` tokens a round with a DFlash head, in one head forward (module docstring).
+
+    Args:
+        weights: a DFlash head file (:meth:`~decodekit.drafters.dflash_head.DFlashHead.save`, written by
+            ``train recipe=dflash``); read when the call starts and refused if it was trained for another target.
+        temperature: the drafter's sampling temperature; None = the call's. 0 = argmax drafts.
+        target: optionally the target to load the head for now (refusals then come here, not at the first call).
+
+    Host syncs: one a round (the widest row's count of newly committed positions, to size their write).
+    """
+
+    needs = frozenset({"prefill", "host_rows"})
+    shares_target = True
+
+    def __init__(self, weights: str | Path, temperature: float | None = None, target: Any = None) -> None:
+        self.weights = Path(weights)
+        meta = read_metadata(self.weights)
+        if not self.weights.is_file() or meta.get("architecture") != "dflash":
+            raise ConfigError(f"no DFlash head at {self.weights}; train one with {RETRAIN} and pass weights=<its file>")
+        self.hidden_layers = tuple(int(i) for i in meta["layers"])
+        self.block_size = int(meta["block_size"])
+        self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")
+        self.head: DFlashHead | None = None
+        self._for: int | None = None
+        if target is not None:
+            from decodekit.models import load_model
+
+            self._load(load_model(target))
+
+    def _load(self, target: LanguageModel) -> None:
+        if self._for != id(target):
+            self.head, self.metadata = load_dflash(self.weights, target)
+            self.trimmed = TrimmedHead(target, self.head.vocab)
+            self._for = id(target)
+        self.target = target
+
+    def check_model(self, target: LanguageModel) -> None:
+        """Before the call's first forward: load the head for ``target`` (refusing one trained for another)."""
+        self._load(target)
+
+    def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache, prefill: ModelOutput) -> None:
+        """Load the head (once per target), start its cache and queue the prompt's features."""
+        self._load(target)
+        self.cache = target.new_cache(state.batch_size, state.tokens.shape[1])
+        self.feats = self._features(prefill.hidden)  # [B, T, H]: positions cache.lengths ..
+        self._drafted = False
+
+    def _features(self, layers: dict[int, torch.Tensor]) -> torch.Tensor:
+        return self.head.context(torch.cat([layers[i] for i in self.hidden_layers], -1))  # type: ignore[union-attr]
+
+    def _write_context(self, state: DecodeState) -> None:
+        """Write the head's context keys and values of the committed positions it has not seen (all but the
+        pending token's), from the queued features."""
+        seen = self.cache.host_lengths()
+        unseen = [n - 1 - s for n, s in zip(state.host_lengths, seen)]
+        width = max(unseen)
+        if width == 0:
+            return
+        positions = self.cache.lengths[:, None] + torch.arange(width, device=state.device)
+        self.cache.stage(width)
+        for i, (k, v) in enumerate(self.head.context_kv(self.feats[:, :width], positions)):  # type: ignore[union-attr]
+            self.cache.update(k, v, i)
+        self.cache.keep(state.lengths - 1 - self.cache.lengths, host_counts=unseen)
+
+    def _block_logits(self, state: DecodeState) -> torch.Tensor:
+        """``[B, block_size - 1, V]`` float32 draft logits of the slots after each row's pending token."""
+        head, cache, n = self.head, self.cache, self.block_size
+        assert head is not None
+        rows = torch.arange(state.batch_size, device=state.device)
+        pending = state.tokens[rows, state.lengths - 1]
+        x = head.block_inputs(self.target.embed(pending[:, None])[:, 0], n)
+        cached = max(cache.host_lengths())
+        past = [(cache.keys[i][:, :, :cached], cache.values[i][:, :, :cached]) for i in range(len(head.layers))]
+        if not cache.keys:  # nothing committed before the pending token (a one-token prompt)
+            past = self._empty_past(x)
+        keys = torch.arange(cached, device=state.device)[None] < cache.lengths[:, None]  # [B, S]
+        mask = torch.cat([keys, keys.new_ones(state.batch_size, n)], 1)[:, None, None].expand(-1, 1, n, -1)
+        positions = cache.lengths[:, None] + torch.arange(n, device=state.device)
+        return self.trimmed.logits(head(x, positions, past, mask)[:, 1:])
+
+    def _empty_past(self, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        layer = self.head.layers[0]  # type: ignore[union-attr]
+        empty = x.new_zeros(x.shape[0], layer.kv_heads, 0, layer.head_dim)
+        return [(empty, empty)] * len(self.head.layers)  # type: ignore[union-attr]
+
+    def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
+        self._write_context(state)
+        self._drafted = True
+        if budget.max_len == 0 or budget.width == 0:
+            return Draft.empty(state.batch_size, state.device)
+        budget = budget.capped_at(self.block_size - 1)  # a block drafts at most its mask slots
+        logits = self._block_logits(state)
+        done = 0
+
+        def advance(x: torch.Tensor) -> tuple[torch.Tensor, None]:
+            nonlocal done
+            done += 1
+            return logits[:, done], None
+
+        return draft_chain(state, budget, self.sampling(state.sampling), logits[:, 0], None, advance)
+
+    def observe(self, state: DecodeState, round: Round) -> None:
+        """Queue the target's features of the tokens this round committed (after those still queued when the
+        loop did not ask for a draft this round)."""
+        new = self._features(round.layer_hidden)
+        if self._drafted:
+            self.feats, self._drafted = new, False
+            return
+        unseen = state.lengths - 1 - round.counts - self.cache.lengths  # [B]: still queued from before the round
+        self.feats = requeue(self.feats, unseen, new)
+
+    def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
+        self.cache.select_rows(rows, host_rows=host_rows)
+        self.feats = self.feats.index_select(0, rows)

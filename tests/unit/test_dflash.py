@@ -1,0 +1,249 @@
+"""The ``dflash`` drafter (a block-diffusion head on the target's fused features, one forward a block): its block
+logits and greedy acceptance lengths equal a hand transcription of the authors' code; greedy output equals plain
+decoding with drafts accepted and rejected on ragged rows; sampled output keeps the target's exact law, and a
+variant that misreports ``q`` fails that test; the training loss learns on self-distilled data; its refusals.
+
+The reference read: z-lab/dflash @ 44947fb, ``dflash/model.py`` (``DFlashDraftModel.forward``,
+``Qwen3DFlashAttention``, ``dflash_generate``). The transcription below is ours: the reference's order of
+operations (the fused context projected by every layer's ``k_proj`` / ``v_proj`` next to the block's, per-head
+norms, RoPE over the context's and the block's positions, attention without a mask, the final norm and the target's
+output head) and its greedy loop (a block of the pending token and mask slots, acceptance by matching the target's
+argmax); the target's cache is replaced by a full forward each round (the same numbers).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import decodekit as dk
+from decodekit.drafters.dflash import DFlashDrafter, requeue
+from decodekit.drafters.dflash_head import DFlashHead, default_layers
+from decodekit.drafters.head_files import head_metadata
+from decodekit.errors import ConfigError
+from decodekit.models.tiny import tiny_llama
+from decodekit.policies import FixedLength
+from decodekit.train.dflash import block_mask, dflash_loss, sample_anchors
+from decodekit.train.layer_features import final_states, layer_states
+from decodekit.verifiers import RejectionVerifier
+from tests.unit.test_lossless import MisreportsQ, assert_detected, assert_matches, sample_counts
+
+LAYERS, BLOCK = (1, 2), 4
+
+
+def save(head: DFlashHead, target, path) -> str:
+    head.save(path, head_metadata(target, **head.file_fields()))
+    return str(path)
+
+
+def fit(head: DFlashHead, target, steps: int, seed: int = 0) -> list[dict[str, float]]:
+    """``steps`` of the recipe's loss on the target's own greedy continuations of random prompts."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, target.vocab_size, (6,), generator=gen).tolist() for _ in range(48)]
+    outs = dk.generate(target, prompts, max_new_tokens=34, eos_token_id=()).sequences
+    tokens = torch.tensor([p + s for p, s in zip(prompts, outs)])
+    lengths, starts = torch.full((len(tokens),), tokens.shape[1]), torch.full((len(tokens),), 6)
+    taps, feats = layer_states(target, tokens, head.target_layers), final_states(target, tokens)
+    w = target.lm_head.weight.detach()
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    stats = []
+    for _ in range(steps):
+        idx = torch.randint(0, len(tokens), (16,), generator=gen)
+        anchors, valid = sample_anchors(lengths[idx], starts[idx], 8, gen)
+        loss, st = dflash_loss(head, target.embed, w, tokens[idx], taps[idx], feats[idx], anchors, valid,
+                               lengths[idx], 2.0)  # fmt: skip
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        stats.append({"loss": float(loss.detach()), **st})
+    return stats
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny target (32 tokens) and a DFlash head trained on it for a few steps: drafts accepted and rejected. Three
+    layers: the head reads layers 1 and 2, never the last, whose output transformers returns normed (the reference
+    reads ``hidden_states[i]``, decodekit every layer's output before the final norm)."""
+    target = dk.load_model(tiny_llama(0, vocab=32, layers=3, init=0.4))
+    torch.manual_seed(0)
+    head = DFlashHead(target.hf.config, LAYERS, 1, BLOCK)
+    head.init_from(target)
+    stats = fit(head, target, 150)
+    return target, head.eval(), save(head, target, tmp_path_factory.mktemp("dflash") / "head.safetensors"), stats
+
+
+def test_training_learns_on_self_distilled_data(trained):
+    stats = trained[3]
+    first, last = stats[:5], stats[-10:]
+    assert sum(s["loss"] for s in last) / len(last) < 0.8 * sum(s["loss"] for s in first) / len(first)
+
+
+def test_greedy_equals_plain_decoding(trained, ragged_prompts):
+    target, _, path, _ = trained
+    ragged_prompts = [[t % 32 for t in p] for p in ragged_prompts]
+    plain = dk.generate(target, ragged_prompts, max_new_tokens=24, eos_token_id=()).sequences
+    for k in (1, 3, 5):  # 5: more than the block's mask slots (capped at 3)
+        out = dk.generate(target, ragged_prompts, DFlashDrafter(path), policy=FixedLength(k), max_new_tokens=24,
+                          eos_token_id=(), debug=True)  # fmt: skip
+        assert out.sequences == plain, k
+        assert 0 < out.stats.accepted < out.stats.drafted, k
+        assert len(out.stats.drafted_per_pos) <= BLOCK - 1
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat((-x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]), -1)
+
+
+def reference_draft_logits(head: DFlashHead, target, context_taps: torch.Tensor, block_ids: torch.Tensor):
+    """The reference's ``target.lm_head(model(target_hidden, noise_embedding, position_ids)[:, 1 - bs:])`` for one
+    row: ``context_taps [1, S, k H]`` the tapped states of positions ``0 .. S - 1``, ``block_ids [1, bs]`` the
+    pending token then mask slots (here: the head's mask embedding) at positions ``S ..``."""
+    eps = head.norm.eps
+    hidden = head.hidden_norm.weight.shape[0]
+    noise = torch.cat(
+        [target.embed(block_ids[:, :1]), head.mask_embedding.expand(1, block_ids.shape[1] - 1, hidden)], 1
+    )
+    target_hidden = _rms(context_taps @ head.fc.weight.T, head.hidden_norm.weight, eps)
+    ctx_len, q_len = target_hidden.shape[1], noise.shape[1]
+    position_ids = torch.arange(ctx_len + q_len)[None]
+    cos, sin = head.rotary(noise, position_ids)
+    cos, sin = cos[:, None], sin[:, None]
+    h = noise
+    for layer in head.layers:
+        residual, x = h, _rms(h, layer.input_layernorm.weight, eps)
+        d = layer.head_dim
+        q = _rms((x @ layer.q_proj.weight.T).view(1, q_len, -1, d), layer.q_norm.weight, eps).transpose(1, 2)
+        k = torch.cat([target_hidden @ layer.k_proj.weight.T, x @ layer.k_proj.weight.T], 1)
+        v = torch.cat([target_hidden @ layer.v_proj.weight.T, x @ layer.v_proj.weight.T], 1)
+        k = _rms(k.view(1, ctx_len + q_len, -1, d), layer.k_norm.weight, eps).transpose(1, 2)
+        v = v.view(1, ctx_len + q_len, -1, d).transpose(1, 2)
+        q = q * cos[..., -q_len:, :] + _rotate_half(q) * sin[..., -q_len:, :]
+        k = k * cos + _rotate_half(k) * sin
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        attn = ((q @ k.transpose(2, 3)) * d**-0.5).softmax(-1) @ v  # no mask: the block sees everything
+        h = residual + attn.transpose(1, 2).reshape(1, q_len, -1) @ layer.o_proj.weight.T
+        residual, x = h, _rms(h, layer.post_attention_layernorm.weight, eps)
+        mlp = torch.nn.functional.silu(x @ layer.gate_proj.weight.T) * (x @ layer.up_proj.weight.T)
+        h = residual + mlp @ layer.down_proj.weight.T
+    return target.hf.lm_head(_rms(h, head.norm.weight, eps)[:, 1 - block_ids.shape[1] :])
+
+
+def reference_generate(head: DFlashHead, target, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list]:
+    """The reference's ``dflash_generate`` at temperature 0 for one row: its tokens and acceptance lengths."""
+    bs, start = head.block_size, len(prompt)
+    ids = list(prompt)
+    with torch.no_grad():
+        out = target.hf(torch.tensor([ids]), output_hidden_states=True)
+        ids.append(int(out.logits[0, -1].argmax()))
+        lengths = []
+        while len(ids) - len(prompt) < max_new_tokens:
+            full = target.hf(torch.tensor([ids[:start]]), output_hidden_states=True)
+            taps = torch.cat([full.hidden_states[i] for i in head.target_layers], -1)
+            draft = reference_draft_logits(head, target, taps, torch.tensor([ids[start : start + 1] + [0] * (bs - 1)]))
+            block = ids[start : start + 1] + draft[0].argmax(-1).tolist()
+            posterior = target.hf(torch.tensor([ids[:start] + block])).logits[0, start:].argmax(-1).tolist()
+            accepted = 0
+            while accepted < bs - 1 and block[accepted + 1] == posterior[accepted]:
+                accepted += 1
+            ids = ids[:start] + block[: accepted + 1] + [posterior[accepted]]
+            start += accepted + 1
+            lengths.append(accepted + 1)
+    return ids[len(prompt) :], lengths
+
+
+def test_block_logits_equal_the_reference_forward(trained):
+    target, head, _, _ = trained
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 32, (1, 9), generator=gen)
+    with torch.no_grad():
+        taps = torch.cat([target.hf(ids, output_hidden_states=True).hidden_states[i] for i in LAYERS], -1)
+        want = reference_draft_logits(head, target, taps[:, :8], ids[:, 8:].expand(1, BLOCK))
+        c = head.context(taps[:, :8])
+        past = head.context_kv(c, torch.arange(8)[None])
+        x = head.block_inputs(target.embed(ids[:, 8:])[:, 0], BLOCK)
+        mask = torch.ones(1, 1, BLOCK, 8 + BLOCK, dtype=torch.bool)
+        got = target.hf.lm_head(head(x, torch.arange(8, 8 + BLOCK)[None], past, mask)[:, 1:])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+class Recording(DFlashDrafter):
+    """Records each round's accepted count (batch 1)."""
+
+    def begin(self, state, target, cache, prefill):
+        self.accepted = []
+        super().begin(state, target, cache, prefill)
+
+    def observe(self, state, round):
+        self.accepted.append(int(round.verdict.num_accepted[0]))
+        super().observe(state, round)
+
+
+def test_greedy_rounds_equal_the_reference_loop(trained):
+    """Batch 1, every mask slot drafted: the same tokens and the same acceptance length in every round."""
+    target, head, path, _ = trained
+    for prompt in ([5, 17, 2, 29, 30, 3], [7, 7, 12]):
+        tokens, lengths = reference_generate(head, target, prompt, 30)
+        drafter = Recording(path)
+        out = dk.generate(target, [prompt], drafter, policy=FixedLength(BLOCK - 1), max_new_tokens=len(tokens),
+                          eos_token_id=())  # fmt: skip
+        assert out.sequences[0] == tokens
+        ours = [a + 1 for a in drafter.accepted]
+        assert ours[:-1] == lengths[: len(ours) - 1] and max(lengths) > 1  # the last round: capped by the length
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """The lossless harness's 8-token target and a random DFlash head for it."""
+    model = tiny_llama(0, vocab=8, hidden=32, init=0.3)
+    target = dk.load_model(model)
+    torch.manual_seed(4)
+    head = DFlashHead(model.config, (1,), 1, 3)
+    head.init_from(target)
+    return model, save(head, target, tmp_path_factory.mktemp("dflash_small") / "head.safetensors")
+
+
+@pytest.mark.parametrize("setting", ["T1", "T0.7-p0.9"])
+def test_sampling_is_lossless(small, setting):
+    model, path = small
+    counts, stats = sample_counts(model, DFlashDrafter(path), RejectionVerifier(), FixedLength(2), setting, seed=41)
+    assert_matches(model, counts, setting)
+    assert 0.05 < stats.draft_acceptance_rate < 0.95
+
+
+def test_a_misreported_q_is_detected(small):
+    model, path = small
+    counts, _ = sample_counts(model, MisreportsQ(DFlashDrafter(path)), RejectionVerifier(), FixedLength(2), "T1", 43)
+    assert_detected(model, counts, "T1")
+
+
+def test_the_training_mask_and_anchors():
+    mask = block_mask(torch.tensor([[2, 4]]), 2, 5)[0, 0]  # two blocks of two slots over a context of 5
+    assert mask[:2, :5].tolist() == [[True, True, False, False, False]] * 2
+    assert mask[2:, :5].tolist() == [[True, True, True, True, False]] * 2
+    assert mask[:, 5:].tolist() == [[True, True, False, False]] * 2 + [[False, False, True, True]] * 2
+    anchors, valid = sample_anchors(torch.tensor([10, 3, 2]), torch.tensor([4, 0, 2]), 64, torch.Generator())
+    assert anchors[0].min() >= 3 and anchors[0].max() <= 8 and anchors[1].max() <= 1 and not valid[2].any()
+    assert default_layers(30, 1) == (16,) and default_layers(30, 2) == (2, 28)
+
+
+def test_requeue_places_new_features_after_the_unseen_ones():
+    queued = torch.arange(6.0).view(2, 3, 1)
+    new = torch.tensor([[[10.0], [11.0]], [[20.0], [21.0]]])
+    out = requeue(queued, torch.tensor([1, 3]), new)
+    assert out[0, :3, 0].tolist() == [0.0, 10.0, 11.0] and out[1, :5, 0].tolist() == [3.0, 4.0, 5.0, 20.0, 21.0]
+
+
+def test_refusals(trained, small, tmp_path):
+    target, _, path, _ = trained
+    with pytest.raises(ConfigError, match="no DFlash head at"):
+        DFlashDrafter(tmp_path / "missing.safetensors")
+    with pytest.raises(ConfigError, match="trained for"):
+        DFlashDrafter(small[1], target=target)  # the 8-token target's head on the 128-token target
+    with pytest.raises(ConfigError, match="temperature must be"):
+        DFlashDrafter(path, temperature=-1)
