@@ -90,6 +90,46 @@ def test_greedy_equals_plain_decoding(trained, ragged_prompts):
         assert len(out.stats.drafted_per_pos) <= BLOCK - 1
 
 
+class EveryOther(FixedLength):
+    """``k`` drafts every other round, none between: the rounds without a draft leave the committed tokens'
+    features queued for the next draft (:func:`~decodekit.drafters.dflash.requeue`)."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.round = 0
+
+    def plan(self, state):
+        self.round += 1
+        return dk.DraftBudget.uniform(state.lengths, self.k if self.round % 2 else 0)
+
+
+class Logged(DFlashDrafter):
+    """Keeps each drafted round's block logits with the committed tokens they were drafted after (batch 1)."""
+
+    def _block_logits(self, state):
+        logits = super()._block_logits(state)
+        self.log.append((state.tokens[0, : int(state.lengths[0])].tolist(), logits[0]))
+        return logits
+
+
+def test_rounds_without_a_draft_keep_the_features_queued(trained):
+    """Drafting every other round, each block's logits are the reference forward's on the whole committed context
+    (the features of the rounds without a draft stayed queued, in order)."""
+    target, head, path, _ = trained
+    drafter = Logged(path)
+    drafter.log = []
+    out = dk.generate(target, [[5, 17, 2, 29, 30, 3]], drafter, policy=EveryOther(3), max_new_tokens=24,
+                      eos_token_id=(), debug=True)  # fmt: skip
+    assert out.sequences == dk.generate(target, [[5, 17, 2, 29, 30, 3]], max_new_tokens=24, eos_token_id=()).sequences
+    assert len(drafter.log) > 4
+    for committed, logits in drafter.log:
+        with torch.no_grad():
+            states = target.hf(torch.tensor([committed[:-1]]), output_hidden_states=True).hidden_states
+            taps = torch.cat([states[i] for i in LAYERS], -1)
+            want = reference_draft_logits(head, target, taps, torch.tensor([committed[-1:] + [0] * (BLOCK - 1)]))
+        torch.testing.assert_close(logits, want[0], rtol=1e-3, atol=1e-2)
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
