@@ -89,7 +89,7 @@ class DFlashDrafter(SamplesLikeTheTarget):
         temperature: the drafter's sampling temperature; None = the call's. 0 = argmax drafts.
         target: optionally the target to load the head for now (refusals then come here, not at the first call).
 
-    Host syncs: one a round (the widest row's count of newly committed positions, to size their write).
+    Host syncs: none of its own (the host mirrors of the lengths size the context writes and the block's keys).
     """
 
     needs = frozenset({"prefill", "host_rows"})
