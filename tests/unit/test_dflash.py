@@ -26,6 +26,7 @@ from decodekit.policies import FixedLength
 from decodekit.train.dflash import block_mask, dflash_loss, sample_anchors
 from decodekit.train.layer_features import final_states, layer_states
 from decodekit.verifiers import RejectionVerifier
+from tests.unit.test_host_syncs import count_syncs
 from tests.unit.test_lossless import MisreportsQ, assert_detected, assert_matches, sample_counts
 
 LAYERS, BLOCK = (1, 2), 4
@@ -287,3 +288,29 @@ def test_refusals(trained, small, tmp_path):
         DFlashDrafter(small[1], target=target)  # the 8-token target's head on the 128-token target
     with pytest.raises(ConfigError, match="temperature must be"):
         DFlashDrafter(path, temperature=-1)
+
+
+class CountsSyncs(DFlashDrafter):
+    """Counts the host syncs inside ``propose`` and ``observe``."""
+
+    syncs = 0
+
+    def propose(self, state, budget):
+        with count_syncs() as counter:
+            draft = super().propose(state, budget)
+        self.syncs += counter[0]
+        return draft
+
+    def observe(self, state, round):
+        with count_syncs() as counter:
+            super().observe(state, round)
+        self.syncs += counter[0]
+
+
+def test_drafting_reads_nothing_from_the_device(trained, ragged_prompts):
+    """No host sync in a round of its own: the lengths' host mirrors size the context writes and the block."""
+    target, _, path, _ = trained
+    drafter = CountsSyncs(path)
+    out = dk.generate(target, [[t % 32 for t in p] for p in ragged_prompts[:2]], drafter, policy=FixedLength(3),
+                      max_new_tokens=16, eos_token_id=())  # fmt: skip
+    assert out.stats.num_drafts > 5 and drafter.syncs == 0
