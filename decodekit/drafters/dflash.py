@@ -67,7 +67,7 @@ def load_dflash(path: str | Path, target: LanguageModel) -> tuple[DFlashHead, di
         )
     head = DFlashHead(config, layers, int(meta["head_layers"]), int(meta["block_size"]), tensors["vocab"])
     load_tensors(head, tensors, path, "a DFlash head", RETRAIN)
-    return on_target(head, target), meta
+    return on_target(head, target, bf16=False), meta  # its norms take float32 (bfloat16 linears would mix dtypes)
 
 
 def requeue(queued: torch.Tensor, unseen: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
