@@ -8,8 +8,8 @@ step samples ``anchors`` positions ``a`` per sequence inside its response; at ea
 (KV injection) and to its own slots, all blocks of a sequence in one forward under one mask (:func:`block_mask`).
 Slot ``j`` learns the target's own distribution of the token at ``a + j`` (``softmax(W_d f_{a+j-1})``, soft
 cross-entropy over the ``train_vocab`` most frequent tokens), weighted ``exp(-(j - 1) / gamma)`` as in the DFlash
-paper's position decay; the target, its embedding and output head are frozen. The layers' states are computed per
-batch (a target forward up to the last tapped layer, no gradient).
+paper's position decay; the target, its embedding and output head are frozen. The tapped layers' states are cached
+once next to the data on the CPU (as the EAGLE-3 recipe's), computed per batch on a GPU (``online``).
 
 Reconstructed from the paper (arXiv 2602.06036) and the released model's inference code (z-lab/dflash at 44947fb:
 its training code is not public there): the anchors, the block layout and the decay follow the paper's
@@ -140,7 +140,8 @@ def train(
     gamma = block_size / 2 if gamma is None else float(gamma)
     from decodekit.drafters.dflash_head import DFlashHead, default_layers
     from decodekit.train.arguments import chosen_layers
-    from decodekit.train.layer_features import layer_states
+    from decodekit.train.feature_heads import device_settings
+    from decodekit.train.layer_features import cached_layer_states, layer_states
 
     picked: tuple[int, ...] = ()
 
@@ -148,7 +149,13 @@ def train(
         nonlocal picked
         picked = chosen_layers(layers, default_layers(target.num_layers, head_layers), target.num_layers)
 
+    dev, online = device_settings(cfg.device, cfg.online, cfg.time_budget_s)
+    cached: list[torch.Tensor] = []  # the tapped states of every sequence, when the features are cached (the CPU)
+
     def make_head(target: Any, data: Any) -> DFlashHead:
+        if not online:  # once, as eagle3 caches its taps: a step then runs no target forward
+            cached.append(cached_layer_states(target, data.tokens, data.lengths, picked, cfg.data_path,
+                                              cfg.gen_batch_size, cfg.progress))  # fmt: skip
         head = DFlashHead(target.hf.config, picked, head_layers, block_size, data.vocab)
         head.init_from(target)
         return head
@@ -157,7 +164,7 @@ def train(
 
     def loss(head: Any, target: Any, rows: torch.Tensor, b: Any) -> tuple[torch.Tensor, dict[str, float]]:
         where, valid = sample_anchors(b.lengths, b.starts, anchors, generator)
-        taps = layer_states(target, b.tokens, picked)
+        taps = cached[0][b.rows].to(b.tokens.device) if cached else layer_states(target, b.tokens, picked)
         return dflash_loss(head, target.embed, rows, b.tokens, taps, b.feats, where, valid, b.lengths, gamma)
 
     return run_recipe(

@@ -95,7 +95,7 @@ def train(
         return head
 
     return run_recipe(
-        cfg, make_head, lambda head, target, rows, b: head_loss(head, target.embed, rows, *b, noise, ce_weight),
+        cfg, make_head, lambda head, target, rows, b: head_loss(head, target.embed, rows, *b[:4], noise, ce_weight),
         pick=lambda head, target, val, sizes: pick_vocab(head, target, val, sizes, draft_len), title="EAGLE head",
         loss_label=f"SmoothL1 + {ce_weight} CE", check_target=check_init,
     )  # fmt: skip

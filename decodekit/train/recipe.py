@@ -154,12 +154,14 @@ class HeadConfig(RunConfig):
 
 class Batch(NamedTuple):
     """One training batch of sequences: ``tokens [B, L]``, the target's final features ``feats [B, L, H]``,
-    ``lengths [B]`` and the first response position ``starts [B]``."""
+    ``lengths [B]``, the first response position ``starts [B]`` and which of the data's sequences they are
+    (``rows [B]``, on the CPU: to read what a recipe cached per sequence)."""
 
     tokens: torch.Tensor
     feats: torch.Tensor
     lengths: torch.Tensor
     starts: torch.Tensor
+    rows: torch.Tensor | None = None
 
 
 Loss = Callable[[torch.nn.Module, Any, torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
@@ -210,7 +212,7 @@ def run_recipe(
     head = make_head(target, data).to(dev)
 
     def batch_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        return loss(head, target, rows, Batch(*data.batch(idx, dev, target)))
+        return loss(head, target, rows, Batch(*data.batch(idx, dev, target), rows=idx.cpu()))
 
     trained, history, numbers = fit(head, batch_loss, data, out, **cfg.fit_args(), desc=f"training {title}", device=dev)
     val = held_out(target, data, online, cfg.gen_batch_size)
