@@ -36,6 +36,7 @@ from decodekit.draft import Draft
 from decodekit.draft.budget import DraftBudget
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.dflash_head import DFlashHead
+from decodekit.drafters.feature_queue import requeue
 from decodekit.drafters.head_files import TrimmedHead, load_tensors, on_target, read_head, read_metadata
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel, ModelOutput
@@ -43,7 +44,7 @@ from decodekit.registry import register
 from decodekit.spec.round import Round
 from decodekit.spec.state import DecodeState
 
-__all__ = ["DFlashDrafter", "load_dflash", "requeue"]
+__all__ = ["DFlashDrafter", "load_dflash"]
 
 RETRAIN = "python -m decodekit train recipe=dflash (docs/training.md)"
 
@@ -68,15 +69,6 @@ def load_dflash(path: str | Path, target: LanguageModel) -> tuple[DFlashHead, di
     head = DFlashHead(config, layers, int(meta["head_layers"]), int(meta["block_size"]), tensors["vocab"])
     load_tensors(head, tensors, path, "a DFlash head", RETRAIN)
     return on_target(head, target, bf16=False), meta  # its norms take float32 (bfloat16 linears would mix dtypes)
-
-
-def requeue(queued: torch.Tensor, unseen: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """The feature queue after a round without a draft: ``queued [B, Q, H]`` (row ``b``'s first ``unseen[b]`` still
-    to be fed), then ``new [B, M, H]`` placed after each row's unseen ones -> ``[B, Q + M, H]``."""
-    width = queued.shape[1] + new.shape[1]
-    out = torch.cat([queued, new.new_zeros(new.shape[0], width - queued.shape[1], new.shape[2])], 1)
-    at = (unseen[:, None] + torch.arange(new.shape[1], device=new.device))[..., None].expand_as(new)
-    return out.scatter(1, at, new)
 
 
 @register("drafter", "dflash")
@@ -152,19 +144,12 @@ class DFlashDrafter(SamplesLikeTheTarget):
         rows = torch.arange(state.batch_size, device=state.device)
         pending = state.tokens[rows, state.lengths - 1]
         x = head.block_inputs(self.target.embed(pending[:, None])[:, 0], n)
-        cached = max(cache.host_lengths())
+        cached = max(cache.host_lengths())  # every row has a context: a prompt is never empty
         past = [(cache.keys[i][:, :, :cached], cache.values[i][:, :, :cached]) for i in range(len(head.layers))]
-        if not cache.keys:  # nothing committed before the pending token (a one-token prompt)
-            past = self._empty_past(x)
         keys = torch.arange(cached, device=state.device)[None] < cache.lengths[:, None]  # [B, S]
         mask = torch.cat([keys, keys.new_ones(state.batch_size, n)], 1)[:, None, None].expand(-1, 1, n, -1)
         positions = cache.lengths[:, None] + torch.arange(n, device=state.device)
         return self.trimmed.logits(head(x, positions, past, mask)[:, 1:])
-
-    def _empty_past(self, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        layer = self.head.layers[0]  # type: ignore[union-attr]
-        empty = x.new_zeros(x.shape[0], layer.kv_heads, 0, layer.head_dim)
-        return [(empty, empty)] * len(self.head.layers)  # type: ignore[union-attr]
 
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
         self._write_context(state)

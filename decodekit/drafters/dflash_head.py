@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decodekit.models.grouped_attention import TORCH_HAS_GQA
+from decodekit.models.grouped_attention import grouped_attention
 
 __all__ = ["DFlashHead", "DFlashLayer", "default_layers"]
 
@@ -95,12 +95,7 @@ class DFlashLayer(nn.Module):
         q = self.q_norm(self.q_proj(h).view(batch, n, self.heads, self.head_dim)).transpose(1, 2)
         q = _rotate(q, *rope)
         k, v = self.keys_values(h, rope)
-        keys, values = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
-        if self.kv_heads != self.heads and not (TORCH_HAS_GQA and x.device.type == "cpu"):
-            group = self.heads // self.kv_heads
-            keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-        gqa = {"enable_gqa": True} if keys.shape[1] != q.shape[1] else {}
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, **gqa)
+        out = grouped_attention(q, torch.cat([past[0], k], 2), torch.cat([past[1], v], 2), mask)
         x = x + self.o_proj(out.transpose(1, 2).reshape(batch, n, -1))
         h = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
@@ -152,14 +147,10 @@ class DFlashHead(nn.Module):
         """``taps [B, M, len(layers) * H]`` (the target layers' outputs, concatenated) -> ``c [B, M, H]``."""
         return self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))
 
-    def rope(self, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[B, M, D]`` at ``positions [B, M]``."""
-        return self.rotary(like, positions)
-
     def context_kv(self, c: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's keys and values ``[B, H_kv, M, D]`` of the context features ``c [B, M, H]`` at
         ``positions [B, M]``: what the cache keeps for a committed position."""
-        rope = self.rope(c, positions)
+        rope = self.rotary(c, positions)  # cos, sin [B, M, D]
         return [layer.keys_values(c, rope) for layer in self.layers]
 
     def block_inputs(self, embeds: torch.Tensor, slots: int) -> torch.Tensor:
@@ -177,7 +168,7 @@ class DFlashHead(nn.Module):
         """The block ``x [B, N, H]`` at ``positions [B, N]`` against each layer's context ``past`` keys and values
         (``[B, H_kv, S, D]``, :meth:`context_kv`) under ``mask [B, 1, N, S + N]`` -> normed ``[B, N, H]`` (slot
         ``j``'s output predicts the token ``j`` after the block's first position)."""
-        rope = self.rope(x, positions)
+        rope = self.rotary(x, positions)
         for layer, kv in zip(self.layers, past):
             x = layer(x, rope, kv, mask)
         return self.norm(x)

@@ -44,6 +44,7 @@ from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.eagle3_release import Eagle3ReleaseHead, OwnLogits
 from decodekit.drafters.eagle_head import DEFAULT_WEIGHTS, RETRAIN, EagleHead, default_weights, load_head
 from decodekit.drafters.eagle_release import is_release, load_release
+from decodekit.drafters.feature_queue import requeue
 from decodekit.drafters.head_files import TrimmedHead, read_metadata
 from decodekit.drafters.staged import StagedTree, dynamic_tree
 from decodekit.errors import ConfigError
@@ -240,11 +241,7 @@ class EagleDrafter(SamplesLikeTheTarget):
             return
         # no draft this round: the queue still holds positions cache.lengths .. (committed before the round) - 1
         queued = state.lengths - 1 - round.counts - self.cache.lengths  # [B]
-        new = self.features(round.hidden, round.layer_hidden)  # [B, M, H]
-        width = self.feats.shape[1] + new.shape[1]
-        feats = torch.cat([self.feats, new.new_zeros(new.shape[0], width - self.feats.shape[1], new.shape[2])], 1)
-        at = (queued[:, None] + torch.arange(new.shape[1], device=new.device))[..., None].expand_as(new)
-        self.feats = feats.scatter(1, at, new)
+        self.feats = requeue(self.feats, queued, self.features(round.hidden, round.layer_hidden))
 
     def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
         self.cache.select_rows(rows, host_rows=host_rows)

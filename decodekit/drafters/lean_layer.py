@@ -18,11 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from decodekit.cache import KVCache
 from decodekit.kernels.cpu import fused_linear
-from decodekit.models.grouped_attention import TORCH_HAS_GQA
+from decodekit.models.grouped_attention import grouped_attention
 from decodekit.models.lean import COVERED_LAYERS as COVERED
 
 
@@ -58,11 +57,7 @@ class LeanLayer:
         cos, sin = self.rotary(x, positions)
         q, k = self.rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         keys, values = cache.update(k, v.transpose(1, 2), 0)
-        if not (TORCH_HAS_GQA and x.device.type == "cpu"):  # GPUs: a masked enable_gqa call may take the math path
-            group = q.shape[1] // keys.shape[1]
-            keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-        kwargs = {"enable_gqa": True} if keys.shape[1] != q.shape[1] else {}
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, **kwargs)
+        out = grouped_attention(q, keys, values, mask, self.scaling)
         x = x + self.o_proj(out.transpose(1, 2).reshape(batch, num, -1))
         gate, up = self.gate_up(self.post_norm(x)).chunk(2, -1)
         return self.final_norm(x + self.down(self.act(gate) * up))

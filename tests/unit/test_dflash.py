@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.drafters.dflash import DFlashDrafter, requeue
+from decodekit.drafters.dflash import DFlashDrafter
 from decodekit.drafters.dflash_head import DFlashHead, default_layers
+from decodekit.drafters.feature_queue import requeue
 from decodekit.drafters.head_files import head_metadata
 from decodekit.errors import ConfigError
 from decodekit.models.tiny import tiny_llama
@@ -93,7 +94,7 @@ def test_greedy_equals_plain_decoding(trained, ragged_prompts):
 
 class EveryOther(FixedLength):
     """``k`` drafts every other round, none between: the rounds without a draft leave the committed tokens'
-    features queued for the next draft (:func:`~decodekit.drafters.dflash.requeue`)."""
+    features queued for the next draft (:func:`~decodekit.drafters.feature_queue.requeue`)."""
 
     def __init__(self, k: int) -> None:
         super().__init__(k)

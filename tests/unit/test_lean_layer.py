@@ -81,7 +81,7 @@ def run(head: EagleHead, lean: bool) -> list[torch.Tensor]:
 def test_the_lean_layer_computes_what_transformers_does(model_type, native_gqa, monkeypatch):
     """Both ways of grouping the query heads: torch's ``enable_gqa`` (the CPU's) and repeated keys and values (what
     GPUs and torch < 2.5 take)."""
-    monkeypatch.setattr("decodekit.drafters.lean_layer.TORCH_HAS_GQA", native_gqa)
+    monkeypatch.setattr("decodekit.models.grouped_attention.TORCH_HAS_GQA", native_gqa)  # grouped_attention reads it
     head = head_for(model_type)
     for got, want in zip(run(head, lean=True), run(head, lean=False)):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
