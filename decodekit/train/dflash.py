@@ -30,7 +30,7 @@ import torch
 
 from decodekit.train.recipe import HeadConfig, run_recipe, shares
 
-__all__ = ["block_mask", "dflash_loss", "sample_anchors", "train"]
+__all__ = ["accepted_prefix", "block_mask", "block_outputs", "dflash_loss", "pick_vocab", "sample_anchors", "train"]
 
 
 def sample_anchors(
@@ -57,6 +57,35 @@ def block_mask(anchors: torch.Tensor, block: int, context: int) -> torch.Tensor:
     return torch.cat([before, same], -1)[:, None]
 
 
+def block_outputs(
+    head: Any, embed: Any, tokens: torch.Tensor, taps: torch.Tensor, anchors: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head's outputs ``[B, A, n - 1, H]`` at the mask slots of the blocks at ``anchors [B, A]`` over
+    ``tokens [B, L]`` with the tapped states ``taps [B, L, k H]`` (all blocks of a row in one forward,
+    :func:`block_mask`), and each slot's predicted position ``[B, A, n - 1]``."""
+    n, (batch, count) = head.block_size, anchors.shape
+    positions = torch.arange(tokens.shape[1], device=tokens.device).expand(batch, -1)
+    past = head.context_kv(head.context(taps), positions)
+    with torch.no_grad():
+        first = embed(tokens.gather(1, anchors))  # [B, A, H]
+    x = torch.cat([first[:, :, None], head.mask_embedding.expand(batch, count, n - 1, -1)], 2).flatten(1, 2)
+    slots = (anchors[..., None] + torch.arange(n, device=tokens.device)).flatten(1)  # [B, A * n]
+    out = head(x, slots, past, block_mask(anchors, n, tokens.shape[1])).unflatten(1, (count, n))[:, :, 1:]
+    return out, slots.unflatten(1, (count, n))[:, :, 1:]
+
+
+def _at(feats: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """``feats [B, L, H]`` at the positions before ``at [B, A, m]`` (whose features predict the tokens at ``at``)
+    -> ``[B, A * m, H]``."""
+    index = (at - 1).clamp(max=feats.shape[1] - 1).flatten(1)[..., None].expand(-1, -1, feats.shape[2])
+    return feats.gather(1, index)
+
+
+def accepted_prefix(hit: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The mean greedy accepted prefix of the valid blocks: ``hit [B, A, n - 1]`` (slot matches), ``valid [B, A]``."""
+    return hit.long().cumprod(-1).sum(-1)[valid].float().mean() if bool(valid.any()) else torch.zeros(())
+
+
 def dflash_loss(
     head: Any,
     embed: Any,
@@ -73,34 +102,26 @@ def dflash_loss(
     the target's final features ``feats [B, L, H]``, ``anchors`` / ``valid [B, A]`` (:func:`sample_anchors`),
     ``lengths [B]``; ``w_d [V_d, H]`` the output rows the loss scores. Returns the loss and ``acc`` (slot 1's top-1
     agreement with the target over ``V_d``), ``accept`` (the mean greedy accepted prefix of a block: how many of its
-    ``n - 1`` drafts in a row match the target's argmax)."""
-    n, (batch, count) = head.block_size, anchors.shape
-    context = head.context(taps)  # [B, L, H]
-    positions = torch.arange(tokens.shape[1], device=tokens.device).expand(batch, -1)
-    past = head.context_kv(context, positions)
-    with torch.no_grad():
-        first = embed(tokens.gather(1, anchors))  # [B, A, H]
-    x = torch.cat([first[:, :, None], head.mask_embedding.expand(batch, count, n - 1, -1)], 2).flatten(1, 2)
-    slots = (anchors[..., None] + torch.arange(n, device=tokens.device)).flatten(1)  # [B, A * n]
-    out = head(x, slots, past, block_mask(anchors, n, tokens.shape[1])).unflatten(1, (count, n))[:, :, 1:]
-    at = slots.unflatten(1, (count, n))[:, :, 1:]  # [B, A, n - 1]: the predicted token's position
+    ``n - 1`` drafts in a row match the target's argmax over ``V_d``)."""
+    out, at = block_outputs(head, embed, tokens, taps, anchors)
     real = valid[..., None] & (at < lengths[:, None, None])
     logq = (out @ w_d.T).float().log_softmax(-1)
     with torch.no_grad():
-        f = feats.gather(1, (at - 1).clamp(max=feats.shape[1] - 1).flatten(1)[..., None].expand(-1, -1, feats.shape[2]))
-        p = (f.float() @ w_d.T.float()).softmax(-1).unflatten(1, (count, n - 1))
-    weight = torch.exp(-torch.arange(n - 1, device=tokens.device) / gamma)  # slot j: exp(-(j - 1) / gamma)
+        p = (_at(feats, at).float() @ w_d.T.float()).softmax(-1).unflatten(1, at.shape[1:])
+    weight = torch.exp(-torch.arange(at.shape[2], device=tokens.device) / gamma)  # slot j: exp(-(j - 1) / gamma)
     ce = -(p * logq).sum(-1)  # [B, A, n - 1]
     loss = (ce * weight * real).sum() / (weight * real).sum().clamp(min=1e-9)
     hit = (logq.argmax(-1) == p.argmax(-1)) & real
-    accept = hit.long().cumprod(-1).sum(-1)[valid].float().mean() if bool(valid.any()) else torch.zeros(())
-    return loss, {"acc": float(hit[..., 0].sum() / real[..., 0].sum().clamp(min=1)), "accept": float(accept)}
+    acc = float(hit[..., 0].sum() / real[..., 0].sum().clamp(min=1))
+    return loss, {"acc": acc, "accept": float(accepted_prefix(hit, valid))}
 
 
 @torch.no_grad()
 def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], anchors: int) -> dict[str, Any]:
-    """The draft vocabulary size whose held-out blocks have the longest mean greedy accepted prefix (the head's cost
-    hardly depends on it: the slots' scores are a small product next to the target's forward), with each size's."""
+    """The draft vocabulary size whose held-out blocks have the longest mean greedy accepted prefix against the
+    target's argmax over its whole vocabulary (the head's cost hardly depends on the size: the slots' scores are a
+    small product next to the target's forward), with each size's. One head forward per batch serves every size."""
+    from decodekit.drafters.head_files import head_rows
     from decodekit.train.layer_features import layer_states
 
     dev, gen = target.device, torch.Generator().manual_seed(0)
@@ -109,12 +130,14 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], anchors: 
     for i in range(0, len(val.lengths), 8):
         tokens, feats, lengths, starts = val.batch(torch.arange(i, min(i + 8, len(val.lengths))), dev)
         where, valid = sample_anchors(lengths, starts, anchors, gen)
-        taps = layer_states(target, tokens, head.target_layers)
+        out, at = block_outputs(head, target.embed, tokens, layer_states(target, tokens, head.target_layers), where)
+        real = valid[..., None] & (at < lengths[:, None, None])
+        want = target.head(_at(feats, at).float()).argmax(-1).unflatten(1, at.shape[1:])  # [B, A, n - 1]
+        vocab = head.vocab.to(dev)
+        scores = out @ head_rows(target, vocab[: max(sizes)])[0].T  # the target's output rows, dense
         for s in sizes:
-            w = target.lm_head.weight[head.vocab[:s].to(dev)]
-            totals[s] += dflash_loss(head, target.embed, w, tokens, taps, feats, where, valid, lengths, 1.0)[1][
-                "accept"
-            ] * int(valid.sum())
+            hit = (vocab[scores[..., :s].argmax(-1)] == want) & real
+            totals[s] += float(accepted_prefix(hit, valid)) * int(valid.sum())
         blocks += int(valid.sum())
     accept = {s: totals[s] / max(blocks, 1) for s in sizes}
     return {"picked": max(sizes, key=lambda s: (accept[s], -s)), "accept": accept}
