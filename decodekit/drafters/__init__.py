@@ -9,6 +9,7 @@ from decodekit.drafters.eagle3 import Eagle3Drafter
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.drafters.exit_head import ExitHead
 from decodekit.drafters.fallback import FallbackDrafter
+from decodekit.drafters.flexdraft import FlexDraftDrafter
 from decodekit.drafters.layer_skip import LayerSkipDrafter
 from decodekit.drafters.lookup_eagle3 import LookupEagle3Drafter
 from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
@@ -29,6 +30,7 @@ __all__ = [
     "EarlyExitDrafter",
     "ExitHead",
     "FallbackDrafter",
+    "FlexDraftDrafter",
     "LayerSkipDrafter",
     "LookupEagle3Drafter",
     "EagleHead",

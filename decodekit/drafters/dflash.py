@@ -36,6 +36,7 @@ from decodekit.draft import Draft
 from decodekit.draft.budget import DraftBudget
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.dflash_head import DFlashHead
+from decodekit.drafters.dflash_release import is_release, load_dflash_release, release_fields
 from decodekit.drafters.feature_queue import requeue
 from decodekit.drafters.head_files import TrimmedHead, load_tensors, on_target, read_head, read_metadata
 from decodekit.errors import ConfigError
@@ -77,7 +78,9 @@ class DFlashDrafter(SamplesLikeTheTarget):
 
     Args:
         weights: a DFlash head file (:meth:`~decodekit.drafters.dflash_head.DFlashHead.save`, written by
-            ``train recipe=dflash``); read when the call starts and refused if it was trained for another target.
+            ``train recipe=dflash``), or a directory in the layout z-lab releases and vLLM serves
+            (:mod:`~decodekit.drafters.dflash_release`); read when the call starts and refused if it was made for
+            another target.
         temperature: the drafter's sampling temperature; None = the call's. 0 = argmax drafts.
         target: optionally the target to load the head for now (refusals then come here, not at the first call).
 
@@ -89,9 +92,12 @@ class DFlashDrafter(SamplesLikeTheTarget):
 
     def __init__(self, weights: str | Path, temperature: float | None = None, target: Any = None) -> None:
         self.weights = Path(weights)
-        meta = read_metadata(self.weights)
-        if not self.weights.is_file() or meta.get("architecture") != "dflash":
-            raise ConfigError(f"no DFlash head at {self.weights}; train one with {RETRAIN} and pass weights=<its file>")
+        meta = release_fields(self.weights) if is_release(self.weights) else read_metadata(self.weights)
+        if not meta.get("layers") or not (self.weights.is_dir() or meta.get("architecture") == "dflash"):
+            raise ConfigError(
+                f"no DFlash head at {self.weights}; train one with {RETRAIN} and pass weights=<its file> (or a "
+                "directory in the released layout: decodekit.drafters.dflash_release)"
+            )
         self.hidden_layers = tuple(int(i) for i in meta["layers"])
         self.block_size = int(meta["block_size"])
         self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")
@@ -104,7 +110,8 @@ class DFlashDrafter(SamplesLikeTheTarget):
 
     def _load(self, target: LanguageModel) -> None:
         if self._for != id(target):
-            self.head, self.metadata = load_dflash(self.weights, target)
+            load = load_dflash_release if self.weights.is_dir() else load_dflash
+            self.head, self.metadata = load(self.weights, target)
             self.trimmed = TrimmedHead(target, self.head.vocab)
             self._for = id(target)
         self.target = target

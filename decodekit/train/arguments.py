@@ -168,7 +168,7 @@ RULES: dict[str, Rule] = {
     "gen_len": _int(low=1),
     "context": _int(low=1),
     "block_length": _int(low=1, optional=True),
-    "mask_token_id": _int(low=0),
+    "mask_token_id": _int(low=0, optional=True, hint=" (None: flexdraft's default, the vocabulary's last id)"),
     "objective": _choice("diffusion", "draft"),
     "draft_length": _int(low=1),
     "draft_decay": _float(low=0, high=1, low_open=True, hint=" (slot j's loss weight is draft_decay ** j)"),
@@ -187,6 +187,7 @@ RULES: dict[str, Rule] = {
     "block_size": _int(low=2, hint=" (the pending token and at least one mask slot)"),
     "anchors": _int(low=1, hint=" (blocks per sequence a step)"),
     "gamma": _float(low=0, low_open=True, optional=True, hint=" (slot j's loss weight is exp(-(j - 1) / gamma))"),
+    "tuned_layers": _int(low=1, hint=" (the last layers whose attention projections are tuned)"),
     # the loss
     "decay": _float(low=0, high=1, low_open=True, hint=_DECAY),
     "ce_weight": _float(low=0, hint=_WEIGHT),

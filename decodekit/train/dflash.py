@@ -30,7 +30,16 @@ import torch
 
 from decodekit.train.recipe import HeadConfig, run_recipe, shares
 
-__all__ = ["accepted_prefix", "block_mask", "block_outputs", "dflash_loss", "pick_vocab", "sample_anchors", "train"]
+__all__ = [
+    "accepted_prefix",
+    "block_loss",
+    "block_mask",
+    "block_outputs",
+    "dflash_loss",
+    "pick_vocab",
+    "sample_anchors",
+    "train",
+]
 
 
 def sample_anchors(
@@ -104,11 +113,28 @@ def dflash_loss(
     agreement with the target over ``V_d``), ``accept`` (the mean greedy accepted prefix of a block: how many of its
     ``n - 1`` drafts in a row match the target's argmax over ``V_d``)."""
     out, at = block_outputs(head, embed, tokens, taps, anchors)
+    return block_loss(out, at, valid, lengths, feats, w_d, gamma)
+
+
+def block_loss(
+    out: torch.Tensor,
+    at: torch.Tensor,
+    valid: torch.Tensor,
+    lengths: torch.Tensor,
+    feats: torch.Tensor,
+    w_d: torch.Tensor,
+    gamma: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The block drafters' loss (DFlash's, FlexDraft's) from a head's outputs ``out [B, A, m, H]`` at the slots
+    predicting the tokens at ``at [B, A, m]``: each slot's soft cross-entropy to the target's distribution over the
+    rows ``w_d [V_d, H]`` (from its final features ``feats [B, L, H]`` at ``at - 1``), slot ``j`` (1-based) weighted
+    ``exp(-(j - 1) / gamma)``, slots past ``lengths [B]`` or of invalid blocks (``valid [B, A]``) left out. Returns
+    the loss and ``acc`` (the first slot's top-1 agreement) and ``accept`` (the mean greedy accepted prefix)."""
     real = valid[..., None] & (at < lengths[:, None, None])
     logq = (out @ w_d.T).float().log_softmax(-1)
     with torch.no_grad():
         p = (_at(feats, at).float() @ w_d.T.float()).softmax(-1).unflatten(1, at.shape[1:])
-    weight = torch.exp(-torch.arange(at.shape[2], device=tokens.device) / gamma)  # slot j: exp(-(j - 1) / gamma)
+    weight = torch.exp(-torch.arange(at.shape[2], device=at.device) / gamma)  # slot j: exp(-(j - 1) / gamma)
     ce = -(p * logq).sum(-1)  # [B, A, n - 1]
     loss = (ce * weight * real).sum() / (weight * real).sum().clamp(min=1e-9)
     hit = (logq.argmax(-1) == p.argmax(-1)) & real

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from decodekit.train import dflash, eagle, exit_head, medusa
+from decodekit.train import dflash, eagle, exit_head, flexdraft, medusa
 from tests.conftest import CUT
 from tests.integration.test_eagle_recipe import ONE_VOCAB
 
@@ -54,3 +54,19 @@ def test_the_dflash_recipe_writes_a_head_that_drafts(tmp_path, smollm2_cut):
     plain = dk.generate(target, prompts, max_new_tokens=12, eos_token_id=()).sequences
     out = dk.generate(target, prompts, DFlashDrafter(head), max_new_tokens=12, eos_token_id=(), debug=True)
     assert out.sequences == plain and out.stats.drafted > 0
+
+
+def test_the_flexdraft_recipe_writes_a_head_that_drafts(tmp_path, smollm2_cut):
+    """The FlexDraft recipe on the runner (one short epoch): its head file loads in the ``flexdraft`` drafter, whose
+    greedy output is plain decoding's and whose first draft of a round, the target's own, is always accepted."""
+    import decodekit as dk
+    from decodekit.drafters import FlexDraftDrafter
+
+    summary = flexdraft.train(tmp_path, epochs=1, device="cpu", **ONE_VOCAB, base=smollm2_cut, block_size=4, anchors=4)
+    assert summary["steps"] > 0 and 0 <= summary["vocab"]["accept"] <= 3
+    head = tmp_path / f"flexdraft_{CUT}.safetensors"
+    target = dk.load_model(smollm2_cut)
+    prompts = [[1, 504, 3107, 28], [1, 9690, 314]]
+    plain = dk.generate(target, prompts, max_new_tokens=12, eos_token_id=()).sequences
+    out = dk.generate(target, prompts, FlexDraftDrafter(head), max_new_tokens=12, eos_token_id=(), debug=True)
+    assert out.sequences == plain and out.stats.accepted_per_pos[0] == out.stats.drafted_per_pos[0] > 0

@@ -51,7 +51,8 @@ def compose_bench(overrides: list[str]):
         return compose("bench", overrides=overrides)
 
 
-UNSHIPPED = {("drafter", "dflash")}  # recipes of heads not shipped: they name the train recipe's output
+# recipes of heads not shipped: they name the train recipe's output
+UNSHIPPED = {("drafter", "dflash"), ("drafter", "flexdraft")}
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS)
@@ -130,6 +131,14 @@ def test_every_registered_component_prints_readably(kind, name, tmp_path):
 
         target, path = dk.load_model(tiny_llama(0)), tmp_path / "dflash.safetensors"
         head = DFlashHead(target.hf.config, (1,))
+        head.save(path, head_metadata(target, **head.file_fields()))
+        parts = (path,)
+    if name == "flexdraft":  # a random head for the tiny target
+        from decodekit.drafters.flexdraft_head import FlexDraftHead
+        from decodekit.drafters.head_files import head_metadata
+
+        target, path = dk.load_model(tiny_llama(0)), tmp_path / "flexdraft.safetensors"
+        head = FlexDraftHead(target, 1, 4, 0)
         head.save(path, head_metadata(target, **head.file_fields()))
         parts = (path,)
     component = cls(dk.load_model(tiny_llama(0))) if needs_model else dk.build(kind, name, *parts)

@@ -280,7 +280,7 @@ def test_an_eagle3_head_reading_layers_the_target_lacks_says_so(head_target, tmp
 
 # ---------------------------------------------------------------------------------------- 3. the train command
 
-RECIPES = ("eagle", "eagle3", "medusa", "exit_head", "threshold_head", "dlm_adapter", "dflash")
+RECIPES = ("eagle", "eagle3", "medusa", "exit_head", "threshold_head", "dlm_adapter", "dflash", "flexdraft")
 BAD = [  # (argument, bad value, what the refusal says); each recipe gets those among its arguments
     ("epochs", "abc", r"epochs must be an integer >= 1, got 'abc'"),
     ("lr", -1e-3, r"lr must be a finite number > 0"),
@@ -299,6 +299,8 @@ BAD = [  # (argument, bad value, what the refusal says); each recipe gets those 
     ("vocab_sizes", [], r"vocab_sizes must be a non-empty list"),
     ("layers", [2, 0], r"layers\[1\] must be an integer >= 1"),
     ("ttt_steps", 0, r"ttt_steps must be an integer >= 1"),
+    ("tuned_layers", 0, r"tuned_layers must be an integer >= 1"),
+    ("mask_token_id", -1, r"mask_token_id must be None or an integer >= 0"),
     ("num_heads", 0, r"num_heads must be an integer >= 1"),
     ("width", -16, r"width must be an integer >= 1"),
     ("seq_len", 1, r"seq_len must be an integer >= 2"),

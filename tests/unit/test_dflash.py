@@ -315,3 +315,43 @@ def test_drafting_reads_nothing_from_the_device(trained, ragged_prompts):
     out = dk.generate(target, [[t % 32 for t in p] for p in ragged_prompts[:2]], drafter, policy=FixedLength(3),
                       max_new_tokens=16, eos_token_id=())  # fmt: skip
     assert out.stats.num_drafts > 5 and drafter.syncs == 0
+
+
+def test_export_to_the_released_layout_drafts_what_the_file_drafts(trained, ragged_prompts, tmp_path):
+    """Exported (``export_dflash``) and read back from the directory, a head drafts exactly what its file drafts,
+    with a trimmed draft vocabulary too; the directory holds what vLLM's loader reads."""
+    import copy
+    import json
+
+    from safetensors import safe_open
+
+    from decodekit.drafters.dflash_release import export_dflash, load_dflash_release
+
+    target, head, path, _ = trained
+    trimmed = copy.deepcopy(head)
+    trimmed.vocab = torch.tensor([5, 1, 30, 2, 17, 9, 0, 12, 3, 29, 7, 21])  # by frequency, as the recipe orders it
+    files = {"full": path, "trimmed": save(trimmed, target, tmp_path / "trimmed.safetensors")}
+    prompts = [[t % 32 for t in p] for p in ragged_prompts]
+    for name, file in files.items():
+        out = export_dflash(file, tmp_path / name, target)
+        config = json.loads((out / "config.json").read_text())
+        assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
+        assert config["dflash_config"] == {"mask_token_id": 31, "target_layer_ids": [i - 1 for i in LAYERS]}
+        assert config["block_size"] == BLOCK and config["num_hidden_layers"] == 1
+        with safe_open(str(out / "model.safetensors"), "pt") as f:
+            keys = set(f.keys())
+        assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_norm.weight",
+                "layers.0.mlp.down_proj.weight", "layers.0.input_layernorm.weight"} <= keys  # fmt: skip
+        assert not any(k.startswith("model.") for k in keys) and ("d2t" in keys) == (name == "trimmed")
+        runs = [dk.generate(target, prompts, DFlashDrafter(w), policy=FixedLength(3), max_new_tokens=20,
+                            eos_token_id=()) for w in (file, out)]  # fmt: skip
+        assert runs[0].sequences == runs[1].sequences
+        assert runs[0].stats.accepted_per_pos == runs[1].stats.accepted_per_pos and runs[1].stats.accepted > 0
+    (tmp_path / "full" / "mask_embedding.pt").unlink()  # a release without one: the target's embedding of the id
+    released, fields = load_dflash_release(tmp_path / "full", target)
+    torch.testing.assert_close(released.mask_embedding, target.embed(torch.tensor([31]))[0])
+    assert fields["layers"] == list(LAYERS) and fields["block_size"] == BLOCK
+    with pytest.raises(ConfigError, match="not an empty directory"):
+        export_dflash(path, tmp_path / "full", target)
+    with pytest.raises(ConfigError, match="released for another target"):
+        load_dflash_release(tmp_path / "trimmed", dk.load_model(tiny_llama(0, vocab=8, hidden=32)))

@@ -221,7 +221,7 @@ def test_train_command_recipe_matches_the_training_function():
     from decodekit.train.recipe import recipe_arguments
 
     assert train_recipe(["recipe=threshold_head", "epochs=2"]) == ("threshold_head", ["epochs=2"])
-    names = "bdlm_adapter, dflash, dlm_adapter, draft_dlm, eagle, eagle3, exit_head, medusa, threshold_head"
+    names = "bdlm_adapter, dflash, dlm_adapter, draft_dlm, eagle, eagle3, exit_head, flexdraft, medusa, threshold_head"
     with pytest.raises(ConfigError, match=f"one of {names}"):
         train_recipe(["recipe=nope"])
     for recipe in sorted(p.stem for p in TRAIN_RECIPES.glob("*.yaml")):  # every recipe's keys are its function's

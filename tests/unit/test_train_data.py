@@ -91,7 +91,7 @@ def test_states_of_length_sorted_batches_are_each_sequence_alone(target, tmp_pat
         assert not data["feats"][i, n:].any() and not taps[i, n:].any()
 
 
-@pytest.mark.parametrize("recipe", ["eagle", "eagle3", "medusa", "exit_head", "dflash"])
+@pytest.mark.parametrize("recipe", ["eagle", "eagle3", "medusa", "exit_head", "dflash", "flexdraft"])
 @pytest.mark.parametrize(
     ("bad", "match"),
     [

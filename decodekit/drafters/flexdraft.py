@@ -1,0 +1,141 @@
+"""FlexDraft (arXiv 2605.20022), its sequential mode: the target itself drafts a block through mask tokens, with
+the attention projections of its last few layers tuned for the mask slots only.
+
+Each round one forward of the target runs a block of ``block_size`` slots after each row's committed tokens: the
+pending token, then mask slots. The target's first ``L - n`` layers run as they are (an early-exit forward over
+the block, staged in the target's own :class:`~decodekit.cache.KVCache`); the last ``n`` run with the head's tuned
+attention projections at the mask slots (:class:`~decodekit.drafters.flexdraft_head.FlexDraftHead`), reading the
+committed context's keys and values from the same cache. Nothing the forward stages survives: verification stages
+the pending token and the draft at the same slots in every layer, so the output is exactly the target's. Draft
+``1`` comes from the pending token's output, which is the target's own next-token distribution (its path through
+the model is the target's); drafts ``2 .. k`` come from mask slots ``1 .. k - 1``.
+
+Lossless at any temperature. The whole block comes from one forward over committed tokens only, so each draft is
+drawn from its own ``q_j`` independently of the others and its law given the tokens before it is exactly the
+reported ``q_j`` (as for the ``dflash`` and ``diffusion`` drafters); greedy drafts are argmaxes, so greedy output
+equals plain decoding.
+
+Faithfulness ``[paper]``, and only its sequential mode: the paper (not reachable here; built from its abstract as
+noted in ``shared/papers``) tunes the attention projections of the last layers on mask tokens only, keeping the
+autoregressive path exact, which is what this drafter and ``train recipe=flexdraft`` do. Not here: the parallel
+mode (the next block's mask slots riding in the verification forward, with a small MLP conditioned on the resolved
+bonus token recalibrating their logits), because decodekit's loop verifies with the target's own ``score`` forward
+and a drafter cannot add positions to it; in the sequential mode the bonus token is the block's pending token,
+which the mask slots attend to, so there is nothing for that calibration to correct. With it goes the batch-size
+switch between the two modes. Ours: the mask token is an existing token of the target's vocabulary
+(``mask_token_id``; the paper adds one), the block's pending-token draft, full copies of the projections (not
+low-rank). Trained by ``python -m decodekit train recipe=flexdraft`` (:mod:`decodekit.train.flexdraft`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from decodekit.cache import KVCache
+from decodekit.checks import check_float
+from decodekit.draft import Draft
+from decodekit.draft.budget import DraftBudget
+from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
+from decodekit.drafters.flexdraft_head import FlexDraftHead, block_slots_mask
+from decodekit.drafters.head_files import load_tensors, on_target, read_head, read_metadata
+from decodekit.errors import ConfigError
+from decodekit.models.base import LanguageModel
+from decodekit.registry import register
+from decodekit.spec.state import DecodeState
+
+__all__ = ["FlexDraftDrafter", "block_logits", "load_flexdraft"]
+
+RETRAIN = "python -m decodekit train recipe=flexdraft (docs/training.md)"
+
+
+def load_flexdraft(path: str | Path, target: LanguageModel) -> tuple[FlexDraftHead, dict[str, Any]]:
+    """The FlexDraft head in ``path`` (written by :meth:`FlexDraftHead.save`) for ``target``, and its metadata; a
+    head trained for another target, or a file of another kind, is refused with what to do."""
+    meta, tensors = read_head(path, target, "a FlexDraft head", RETRAIN)
+    if meta.get("architecture") != "flexdraft":
+        raise ConfigError(f"{path} is not a FlexDraft head file (architecture {meta.get('architecture')!r}); {RETRAIN}")
+    head = FlexDraftHead(target, int(meta["tuned_layers"]), int(meta["block_size"]), int(meta["mask_token_id"]))
+    load_tensors(head, tensors, path, "a FlexDraft head", RETRAIN)
+    return on_target(head, target), meta
+
+
+def block_logits(head: FlexDraftHead, target: Any, cache: KVCache, pending: torch.Tensor) -> torch.Tensor:
+    """``[B, block_size, V]`` logits of one FlexDraft block after each row's cached tokens: slot 0 the pending
+    tokens ``pending [B]`` (the target's own next-token logits), then the mask slots. Stages the block in ``cache``
+    (the next forward's staging overwrites it)."""
+    n = head.block_size
+    kv_len = cache.stage(n)
+    mask, positions = block_slots_mask(cache.lengths, n, kv_len)
+    tokens = torch.cat([pending[:, None], pending.new_full((len(pending), n - 1), head.mask_token_id)], 1)
+    none = torch.zeros(len(pending), 0, dtype=torch.long, device=pending.device)  # no logits at the exit
+    out = target.forward(tokens, positions, mask, cache, none, exit_layer=head.first, hidden_layers=(head.first,))
+    return target.head(head(target, out.hidden[head.first], 1, positions, mask, cache)).float()
+
+
+@register("drafter", "flexdraft")
+class FlexDraftDrafter(SamplesLikeTheTarget):
+    """Draft up to ``block_size`` tokens a round with the target itself through mask slots (module docstring).
+
+    Args:
+        weights: a FlexDraft head file (written by ``train recipe=flexdraft``); read when the call starts and
+            refused if it was trained for another target.
+        temperature: the drafter's sampling temperature; None = the call's. 0 = argmax drafts.
+        target: optionally the target to load the head for now (refusals then come here, not at the first call).
+
+    Host syncs: none of its own.
+    """
+
+    shares_target = True
+
+    def __init__(self, weights: str | Path, temperature: float | None = None, target: Any = None) -> None:
+        self.weights = Path(weights)
+        meta = read_metadata(self.weights)
+        if not self.weights.is_file() or meta.get("architecture") != "flexdraft":
+            raise ConfigError(
+                f"no FlexDraft head at {self.weights}; train one with {RETRAIN} and pass weights=<its file>"
+            )
+        self.block_size = int(meta["block_size"])
+        self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")
+        self.head: FlexDraftHead | None = None
+        self._for: int | None = None
+        if target is not None:
+            from decodekit.models import load_model
+
+            self._load(load_model(target))
+
+    def _load(self, target: LanguageModel) -> None:
+        if self._for != id(target):
+            self.head, self.metadata = load_flexdraft(self.weights, target)
+            self._for = id(target)
+        self.target = target
+
+    def check_model(self, target: LanguageModel) -> None:
+        """Before the call's first forward: load the head for ``target`` (refusing one trained for another)."""
+        self._load(target)
+
+    def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache) -> None:
+        self._load(target)
+        self.cache = cache
+
+    def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
+        if budget.max_len == 0 or budget.width == 0:
+            return Draft.empty(state.batch_size, state.device)
+        assert self.head is not None
+        budget = budget.capped_at(self.block_size)
+        logits = self._block(state)
+        done = 0
+
+        def advance(x: torch.Tensor) -> tuple[torch.Tensor, None]:
+            nonlocal done
+            done += 1
+            return logits[:, done], None
+
+        return draft_chain(state, budget, self.sampling(state.sampling), logits[:, 0], None, advance)
+
+    def _block(self, state: DecodeState) -> torch.Tensor:
+        """``[B, block_size, V]``: the block's logits after each row's committed tokens (:func:`block_logits`)."""
+        rows = torch.arange(state.batch_size, device=state.device)
+        return block_logits(self.head, self.target, self.cache, state.tokens[rows, state.lengths - 1])  # type: ignore[arg-type]
