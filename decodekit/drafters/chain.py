@@ -9,6 +9,7 @@ the draft's ``q`` (sampled) or reported probabilities (greedy, when a component 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -81,6 +82,20 @@ def draft_chain(
     return draft if budget.stop is not None else draft.knowing_width(budget.filled_width)  # every row to its length
 
 
+def draft_block(state: DecodeState, budget: DraftBudget, sampling: SamplingParams, logits: torch.Tensor) -> Draft:
+    """A chain from one forward's slot logits ``logits [B, m, V]`` (slot ``j`` drafts token ``j + 1``; ``budget``
+    at most ``m``): :func:`draft_chain` with each step reading the next slot, the drafted tokens changing nothing
+    (block drafters: every draft drawn independently from its own slot's ``q``)."""
+    done = 0
+
+    def advance(x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        nonlocal done
+        done += 1
+        return logits[:, done], None
+
+    return draft_chain(state, budget, sampling, logits[:, 0], None, advance)
+
+
 class SamplesLikeTheTarget:
     """For step-wise drafters with a ``temperature`` attribute (None = the call's sampling parameters): the
     drafter's sampling parameters and the kind of draft they give (argmax at temperature 0, else sampled)."""
@@ -95,3 +110,35 @@ class SamplesLikeTheTarget:
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
         return DraftKind.DETERMINISTIC if self.sampling(sampling).greedy else DraftKind.SAMPLED
+
+
+class ReadsAHeadPerTarget(SamplesLikeTheTarget):
+    """For drafters that read a head file for each target they meet (once per target): ``_read(target)`` returns
+    the head and its metadata; :meth:`check_model` (before the call's first forward) loads it, so a head made for
+    another target is refused there."""
+
+    head: Any = None
+
+    def _start(self, temperature: float | None, target: Any) -> None:
+        """Check ``temperature``; with ``target``, load the head for it now (refusals come here)."""
+        from decodekit.checks import check_float
+
+        self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")
+        self.head, self._for = None, None
+        if target is not None:
+            from decodekit.models import load_model
+
+            self._load(load_model(target))
+
+    def _read(self, target: Any) -> tuple[Any, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _load(self, target: Any) -> None:
+        if self._for != id(target):
+            self.head, self.metadata = self._read(target)
+            self._for = id(target)
+        self.target = target
+
+    def check_model(self, target: Any) -> None:
+        """Before the call's first forward: load the head for ``target`` (refusing one made for another)."""
+        self._load(target)

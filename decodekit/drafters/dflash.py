@@ -31,10 +31,9 @@ from typing import Any
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.checks import check_float
 from decodekit.draft import Draft
 from decodekit.draft.budget import DraftBudget
-from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
+from decodekit.drafters.chain import ReadsAHeadPerTarget, draft_block
 from decodekit.drafters.dflash_head import DFlashHead
 from decodekit.drafters.dflash_release import is_release, load_dflash_release, release_fields
 from decodekit.drafters.feature_queue import requeue
@@ -73,7 +72,7 @@ def load_dflash(path: str | Path, target: LanguageModel) -> tuple[DFlashHead, di
 
 
 @register("drafter", "dflash")
-class DFlashDrafter(SamplesLikeTheTarget):
+class DFlashDrafter(ReadsAHeadPerTarget):
     """Draft up to ``block_size - 1`` tokens a round with a DFlash head, in one head forward (module docstring).
 
     Args:
@@ -100,25 +99,12 @@ class DFlashDrafter(SamplesLikeTheTarget):
             )
         self.hidden_layers = tuple(int(i) for i in meta["layers"])
         self.block_size = int(meta["block_size"])
-        self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")
-        self.head: DFlashHead | None = None
-        self._for: int | None = None
-        if target is not None:
-            from decodekit.models import load_model
+        self._start(temperature, target)
 
-            self._load(load_model(target))
-
-    def _load(self, target: LanguageModel) -> None:
-        if self._for != id(target):
-            load = load_dflash_release if self.weights.is_dir() else load_dflash
-            self.head, self.metadata = load(self.weights, target)
-            self.trimmed = TrimmedHead(target, self.head.vocab)
-            self._for = id(target)
-        self.target = target
-
-    def check_model(self, target: LanguageModel) -> None:
-        """Before the call's first forward: load the head for ``target`` (refusing one trained for another)."""
-        self._load(target)
+    def _read(self, target: LanguageModel) -> tuple[DFlashHead, dict[str, Any]]:
+        head, meta = (load_dflash_release if self.weights.is_dir() else load_dflash)(self.weights, target)
+        self.trimmed = TrimmedHead(target, head.vocab)
+        return head, meta
 
     def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache, prefill: ModelOutput) -> None:
         """Load the head (once per target), start its cache and queue the prompt's features."""
@@ -164,15 +150,7 @@ class DFlashDrafter(SamplesLikeTheTarget):
         if budget.max_len == 0 or budget.width == 0:
             return Draft.empty(state.batch_size, state.device)
         budget = budget.capped_at(self.block_size - 1)  # a block drafts at most its mask slots
-        logits = self._block_logits(state)
-        done = 0
-
-        def advance(x: torch.Tensor) -> tuple[torch.Tensor, None]:
-            nonlocal done
-            done += 1
-            return logits[:, done], None
-
-        return draft_chain(state, budget, self.sampling(state.sampling), logits[:, 0], None, advance)
+        return draft_block(state, budget, self.sampling(state.sampling), self._block_logits(state))
 
     def observe(self, state: DecodeState, round: Round) -> None:
         """Queue the target's features of the tokens this round committed (after those still queued when the

@@ -35,10 +35,9 @@ from typing import Any
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.checks import check_float
 from decodekit.draft import Draft
 from decodekit.draft.budget import DraftBudget
-from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
+from decodekit.drafters.chain import ReadsAHeadPerTarget, draft_block
 from decodekit.drafters.flexdraft_head import FlexDraftHead, block_slots_mask
 from decodekit.drafters.head_files import load_tensors, on_target, read_head, read_metadata
 from decodekit.errors import ConfigError
@@ -76,7 +75,7 @@ def block_logits(head: FlexDraftHead, target: Any, cache: KVCache, pending: torc
 
 
 @register("drafter", "flexdraft")
-class FlexDraftDrafter(SamplesLikeTheTarget):
+class FlexDraftDrafter(ReadsAHeadPerTarget):
     """Draft up to ``block_size`` tokens a round with the target itself through mask slots (module docstring).
 
     Args:
@@ -98,23 +97,10 @@ class FlexDraftDrafter(SamplesLikeTheTarget):
                 f"no FlexDraft head at {self.weights}; train one with {RETRAIN} and pass weights=<its file>"
             )
         self.block_size = int(meta["block_size"])
-        self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")
-        self.head: FlexDraftHead | None = None
-        self._for: int | None = None
-        if target is not None:
-            from decodekit.models import load_model
+        self._start(temperature, target)
 
-            self._load(load_model(target))
-
-    def _load(self, target: LanguageModel) -> None:
-        if self._for != id(target):
-            self.head, self.metadata = load_flexdraft(self.weights, target)
-            self._for = id(target)
-        self.target = target
-
-    def check_model(self, target: LanguageModel) -> None:
-        """Before the call's first forward: load the head for ``target`` (refusing one trained for another)."""
-        self._load(target)
+    def _read(self, target: LanguageModel) -> tuple[FlexDraftHead, dict[str, Any]]:
+        return load_flexdraft(self.weights, target)
 
     def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache) -> None:
         self._load(target)
@@ -125,15 +111,7 @@ class FlexDraftDrafter(SamplesLikeTheTarget):
             return Draft.empty(state.batch_size, state.device)
         assert self.head is not None
         budget = budget.capped_at(self.block_size)
-        logits = self._block(state)
-        done = 0
-
-        def advance(x: torch.Tensor) -> tuple[torch.Tensor, None]:
-            nonlocal done
-            done += 1
-            return logits[:, done], None
-
-        return draft_chain(state, budget, self.sampling(state.sampling), logits[:, 0], None, advance)
+        return draft_block(state, budget, self.sampling(state.sampling), self._block(state))
 
     def _block(self, state: DecodeState) -> torch.Tensor:
         """``[B, block_size, V]``: the block's logits after each row's committed tokens (:func:`block_logits`)."""
