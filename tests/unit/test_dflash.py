@@ -355,3 +355,41 @@ def test_export_to_the_released_layout_drafts_what_the_file_drafts(trained, ragg
         export_dflash(path, tmp_path / "full", target)
     with pytest.raises(ConfigError, match="released for another target"):
         load_dflash_release(tmp_path / "trimmed", dk.load_model(tiny_llama(0, vocab=8, hidden=32)))
+
+
+def test_the_exported_tensors_run_in_the_reference_forward(trained, tmp_path):
+    """The reference forward (the transcription above) run on the exported directory's tensors, taken by their
+    released names, gives the head file's block logits: each tensor went where the released model reads it."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file
+
+    from decodekit.drafters.dflash_release import export_dflash
+
+    target, head, path, _ = trained
+    out = export_dflash(path, tmp_path / "export", target)
+    tensors = {k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()}
+
+    def weight(name: str) -> SimpleNamespace:
+        return SimpleNamespace(weight=tensors[name])
+
+    parts = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+    layer = SimpleNamespace(
+        head_dim=head.layers[0].head_dim,
+        input_layernorm=weight("layers.0.input_layernorm.weight"),
+        post_attention_layernorm=weight("layers.0.post_attention_layernorm.weight"),
+        **{p: weight(f"layers.0.self_attn.{p}.weight") for p in parts},
+        **{p: weight(f"layers.0.mlp.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")},
+    )
+    mask = torch.load(out / "mask_embedding.pt", weights_only=True)["embedding"]
+    released = SimpleNamespace(norm=SimpleNamespace(weight=tensors["norm.weight"], eps=head.norm.eps),
+                               hidden_norm=weight("hidden_norm.weight"), fc=weight("fc.weight"), mask_embedding=mask,
+                               rotary=head.rotary, layers=[layer])  # fmt: skip
+    ids = torch.randint(0, 32, (1, 9), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        taps = torch.cat([target.hf(ids, output_hidden_states=True).hidden_states[i] for i in LAYERS], -1)
+        block = ids[:, 8:].expand(1, BLOCK)
+        want = reference_draft_logits(head, target, taps[:, :8], block)
+        got = reference_draft_logits(released, target, taps[:, :8], block)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)  # the export is float16
+    assert (got.argmax(-1) == want.argmax(-1)).all()
