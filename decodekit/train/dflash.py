@@ -45,14 +45,18 @@ __all__ = [
 def sample_anchors(
     lengths: torch.Tensor, starts: torch.Tensor, count: int, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``count`` anchors per row, uniform over ``[max(starts - 1, 0), lengths - 2]`` (a block's first prediction is
-    a response token, and at least one token follows the anchor): ``anchors [B, count]`` and ``valid [B, count]``
-    (False for a row too short to hold one)."""
-    lo = (starts - 1).clamp(min=0)
-    span = lengths - 1 - lo  # anchors lo .. lengths - 2
-    u = torch.rand(len(lengths), count, generator=generator, device=lengths.device if generator is None else "cpu")
-    anchors = lo[:, None] + (u.to(lengths.device) * span.clamp(min=1)[:, None]).long()
-    return anchors, (span > 0)[:, None].expand(-1, count)
+    """Up to ``count`` distinct anchors per row, uniform over the response positions ``[starts, lengths - 2]`` (the
+    anchor is a response token and at least one token follows it), in ascending order, as SpecForge's DFlash trainer
+    draws them: ``anchors [B, count]`` and ``valid [B, count]`` (False past a row's candidates, whose anchors are
+    0)."""
+    lo = starts.clamp(min=0)
+    span = (lengths - 1 - lo).clamp(min=0)  # candidates lo .. lengths - 2
+    width = max(int(span.max()), count) if len(span) else count
+    keys = torch.rand(len(lengths), width, generator=generator, device="cpu" if generator is not None else None)
+    keys = keys.to(lengths.device).masked_fill(torch.arange(width, device=lengths.device) >= span[:, None], 2.0)
+    offsets = keys.argsort(1)[:, :count].sort(1).values  # distinct: a random subset, ascending
+    valid = offsets < span[:, None]
+    return (lo[:, None] + offsets).where(valid, 0), valid
 
 
 def block_mask(anchors: torch.Tensor, block: int, context: int) -> torch.Tensor:

@@ -269,8 +269,12 @@ def test_the_training_mask_and_anchors():
     assert mask[:2, :5].tolist() == [[True, True, False, False, False]] * 2
     assert mask[2:, :5].tolist() == [[True, True, True, True, False]] * 2
     assert mask[:, 5:].tolist() == [[True, True, False, False]] * 2 + [[False, False, True, True]] * 2
-    anchors, valid = sample_anchors(torch.tensor([10, 3, 2]), torch.tensor([4, 0, 2]), 64, torch.Generator())
-    assert anchors[0].min() >= 3 and anchors[0].max() <= 8 and anchors[1].max() <= 1 and not valid[2].any()
+    anchors, valid = sample_anchors(torch.tensor([9, 3, 2]), torch.tensor([4, 0, 2]), 4, torch.Generator())
+    assert anchors[0].tolist() == [4, 5, 6, 7] and valid[0].all()  # distinct response tokens, ascending
+    assert anchors[1, :2].tolist() == [0, 1] and valid[1].tolist() == [True, True, False, False]
+    assert not valid[2].any()
+    picked, _ = sample_anchors(torch.tensor([40]), torch.tensor([4]), 8, torch.Generator().manual_seed(1))
+    assert len(set(picked[0].tolist())) == 8 and picked[0].tolist() == sorted(picked[0].tolist())
     assert default_layers(30, 1) == (16,) and default_layers(30, 2) == (2, 28)
 
 
