@@ -21,7 +21,8 @@ MASK = 127
 
 @pytest.fixture(scope="module")
 def heads(tmp_path_factory):
-    """Untrained EAGLE and Medusa head files for tiny_llama(0) (any head drafts; greedy output must not change)."""
+    """Untrained EAGLE, Medusa, DFlash and FlexDraft head files for tiny_llama(0) (any head drafts; greedy output
+    must not change)."""
     lm = dk.load_model(tiny_llama(0))
     folder = tmp_path_factory.mktemp("heads")
     eagle = EagleHead(lm.hf.config, None)
@@ -29,6 +30,14 @@ def heads(tmp_path_factory):
     eagle.save(folder / "eagle.safetensors", head_metadata(lm, base="eagle"))
     medusa = MedusaHeads(lm.hf.config.hidden_size, 3, torch.arange(lm.vocab_size))
     medusa.save(folder / "medusa.safetensors", head_metadata(lm, base="medusa"))
+    from decodekit.drafters.dflash_head import DFlashHead
+    from decodekit.drafters.flexdraft_head import FlexDraftHead
+
+    dflash = DFlashHead(lm.hf.config, (1,), 1, 4)
+    dflash.init_from(lm)
+    dflash.save(folder / "dflash.safetensors", head_metadata(lm, **dflash.file_fields()))
+    flex = FlexDraftHead(lm, 1, 4, MASK)  # random projections: its mask slots draft something
+    flex.save(folder / "flexdraft.safetensors", head_metadata(lm, **flex.file_fields()))
     return folder
 
 
@@ -46,6 +55,8 @@ def drafters(device: str, heads) -> dict[str, tuple]:
         "eagle": (EagleDrafter(heads / "eagle.safetensors"), FixedLength(3)),
         "eagle_tree": (EagleDrafter(heads / "eagle.safetensors", shape="dynamic", top_k=2), FixedLength(6, depth=3)),
         "medusa": (MedusaDrafter(heads / "medusa.safetensors"), FixedLength(2)),
+        "dflash": (dk.drafters.DFlashDrafter(heads / "dflash.safetensors"), FixedLength(3)),
+        "flexdraft": (dk.drafters.FlexDraftDrafter(heads / "flexdraft.safetensors"), FixedLength(3)),
         "early_exit": (dk.drafters.EarlyExitDrafter(1), FixedLength(3)),
         "layer_skip": (dk.drafters.LayerSkipDrafter(), FixedLength(3)),
         "model_template": (dk.build("drafter", "model_tree", draft, shape="template"), FixedLength(6, depth=3)),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.train import eagle, eagle3, exit_head, medusa
+from decodekit.train import dflash, eagle, eagle3, exit_head, flexdraft, medusa
 from tests.integration.test_eagle_recipe import SMALL
 
 pytestmark = [
@@ -23,6 +23,8 @@ RECIPES = {  # name -> (train, extra recipe keys, the drafter of a head file)
     "eagle3": (eagle3.train, {}, dk.drafters.Eagle3Drafter),
     "medusa": (medusa.train, {}, dk.drafters.MedusaDrafter),
     "exit_head": (exit_head.train, {"exit_layer": 3, "width": 64}, lambda f: dk.drafters.EarlyExitDrafter(exit_head=f)),
+    "dflash": (dflash.train, {"block_size": 4, "anchors": 8}, dk.drafters.DFlashDrafter),
+    "flexdraft": (flexdraft.train, {"block_size": 4, "anchors": 8}, dk.drafters.FlexDraftDrafter),
 }
 
 
@@ -46,5 +48,11 @@ def test_recipe_trains_on_cuda_and_its_head_drafts_greedy_output(tmp_path, recip
         from decodekit.train.export import export_head
 
         exported = drafter(str(export_head(path, tmp_path / "speculators")))
+        out = dk.generate(smollm2_cuda, prompts, exported, max_new_tokens=24, eos_token_id=())
+        assert out.sequences == plain
+    if recipe == "dflash":  # exported to the layout z-lab releases and vLLM serves, read back on the GPU
+        from decodekit.drafters.dflash_release import export_dflash
+
+        exported = drafter(str(export_dflash(path, tmp_path / "released", smollm2_cuda)))
         out = dk.generate(smollm2_cuda, prompts, exported, max_new_tokens=24, eos_token_id=())
         assert out.sequences == plain
