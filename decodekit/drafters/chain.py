@@ -82,10 +82,17 @@ def draft_chain(
     return draft if budget.stop is not None else draft.knowing_width(budget.filled_width)  # every row to its length
 
 
-def draft_block(state: DecodeState, budget: DraftBudget, sampling: SamplingParams, logits: torch.Tensor) -> Draft:
+def draft_block(
+    state: DecodeState, budget: DraftBudget, sampling: SamplingParams, logits: torch.Tensor, confidence: float = 0.0
+) -> Draft:
     """A chain from one forward's slot logits ``logits [B, m, V]`` (slot ``j`` drafts token ``j + 1``; ``budget``
     at most ``m``): :func:`draft_chain` with each step reading the next slot, the drafted tokens changing nothing
-    (block drafters: every draft drawn independently from its own slot's ``q``)."""
+    (block drafters: every draft drawn independently from its own slot's ``q``).
+
+    ``confidence > 0`` (FlexDraft's verification length): row ``b`` keeps its first draft and then drafts ``j``
+    while the product of slots ``1 .. j``'s top-1 probabilities (softmax of their logits) is at least
+    ``confidence``. The cut depends on the logits only, never on the drafted tokens, so every verifier keeps its
+    guarantee; the draft's width is then unknown on the host (the loop's trim reads it: one host sync a round)."""
     done = 0
 
     def advance(x: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -93,7 +100,13 @@ def draft_block(state: DecodeState, budget: DraftBudget, sampling: SamplingParam
         done += 1
         return logits[:, done], None
 
-    return draft_chain(state, budget, sampling, logits[:, 0], None, advance)
+    draft = draft_chain(state, budget, sampling, logits[:, 0], None, advance)
+    if confidence <= 0:
+        return draft
+    top1 = logits[:, 1 : draft.num_nodes].float().softmax(-1).amax(-1)  # [B, w - 1]
+    first = torch.ones(len(top1), 1, dtype=torch.bool, device=top1.device)
+    keep = torch.cat([first, top1.cumprod(1) >= confidence], 1)
+    return Draft.chain(draft.tokens, draft.valid & keep, draft.q, draft.kind, draft.draft_probs)
 
 
 class SamplesLikeTheTarget:

@@ -37,7 +37,14 @@ from decodekit.drafters.chain import ReadsAHeadPerTarget, draft_block
 from decodekit.drafters.dflash_head import DFlashHead
 from decodekit.drafters.dflash_release import is_release, load_dflash_release, release_fields
 from decodekit.drafters.feature_queue import requeue
-from decodekit.drafters.head_files import TrimmedHead, load_tensors, on_target, read_head, read_metadata
+from decodekit.drafters.head_files import (
+    TrimmedHead,
+    load_tensors,
+    on_target,
+    read_head,
+    read_metadata,
+    target_config,
+)
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.registry import register
@@ -52,11 +59,7 @@ RETRAIN = "python -m decodekit train recipe=dflash (docs/training.md)"
 def load_dflash(path: str | Path, target: LanguageModel) -> tuple[DFlashHead, dict[str, Any]]:
     """The DFlash head in ``path`` (a file :meth:`DFlashHead.save` wrote) for ``target``, and its metadata; a head
     trained for another target, or a file of another kind, is refused with what to do."""
-    config = getattr(getattr(target, "hf", None), "config", None)
-    if config is None:
-        raise ConfigError(
-            f"the dflash drafter needs a transformers target (its config builds the head); got {target!r}"
-        )
+    config = target_config(target, "dflash")
     meta, tensors = read_head(path, target, "a DFlash head", RETRAIN)
     if meta.get("architecture") != "dflash":
         raise ConfigError(f"{path} is not a DFlash head file (architecture {meta.get('architecture')!r}); {RETRAIN}")

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from decodekit.drafters.dflash_head import DFlashHead
-from decodekit.drafters.head_files import load_tensors, on_target
+from decodekit.drafters.head_files import check_release_sizes, load_tensors, on_target
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
 
@@ -86,15 +86,7 @@ def load_dflash_release(path: str | Path, target: LanguageModel) -> tuple[DFlash
     root = Path(path)
     config = json.loads((root / "config.json").read_text())
     fields = release_fields(root)
-    hf_config = getattr(getattr(target, "hf", None), "config", None)
-    if hf_config is None:
-        raise ConfigError(f"the dflash drafter needs a transformers target (for its config); got {target!r}")
-    vocab_size = config.get("vocab_size", target.vocab_size)
-    if config.get("hidden_size") != hf_config.hidden_size or vocab_size != target.vocab_size:
-        raise ConfigError(
-            f"the DFlash head at {root} was released for another target: hidden size {config.get('hidden_size')}, "
-            f"vocabulary {config.get('vocab_size')}; the target has {hf_config.hidden_size} and {target.vocab_size}"
-        )
+    check_release_sizes(root, "DFlash", config.get("hidden_size"), config.get("vocab_size"), target)
     tensors = {_ours(k): v for k, v in read_tensors(root).items()}
     vocab = torch.arange(target.vocab_size)
     if "d2t" in tensors:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decodekit.drafters.head_files import check_release_sizes, target_config
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
 
@@ -249,14 +250,9 @@ def build_release3(
 ) -> Eagle3ReleaseHead:
     """The head of an EAGLE-3 release for ``target`` (``fc`` fusing ``taps`` target layers); refuses one for another
     target (sizes named)."""
-    hf_config = target.hf.config  # type: ignore[attr-defined]
-    target_hidden = int(config.get("target_hidden_size") or hf_config.hidden_size)
-    if target_hidden != hf_config.hidden_size or int(config.get("vocab_size", target.vocab_size)) != target.vocab_size:
-        raise ConfigError(
-            f"the EAGLE-3 head at {root} was released for another target: hidden size {target_hidden}, vocabulary "
-            f"{config.get('vocab_size')}; the target has hidden size {hf_config.hidden_size}, vocabulary "
-            f"{target.vocab_size}; pass the head released for this target"
-        )
+    hf_config = target_config(target, "eagle3")
+    hidden = int(config.get("target_hidden_size") or hf_config.hidden_size)
+    check_release_sizes(root, "EAGLE-3", hidden, config.get("vocab_size"), target, "pass the head released for it")
     if "lm_head.weight" not in tensors:
         raise ConfigError(f"{root} lacks 'lm_head.weight': not an EAGLE-3 head")
     if "d2t" not in tensors:  # no draft vocabulary map: the draft vocabulary is the target's
@@ -264,9 +260,7 @@ def build_release3(
             raise ConfigError(f"{root} lacks 'd2t', and its draft vocabulary is not the target's: not an EAGLE-3 head")
         tensors = {**tensors, "d2t": torch.zeros(target.vocab_size, dtype=torch.long)}
     before = bool(config.get("norm_before_residual", False))
-    head = Eagle3ReleaseHead(
-        llama_config(config), int(tensors["lm_head.weight"].shape[0]), taps * target_hidden, before
-    )
+    head = Eagle3ReleaseHead(llama_config(config), int(tensors["lm_head.weight"].shape[0]), taps * hidden, before)
     expected = head.state_dict()
     problems = [f"{src!r} is missing" for src in NAMES if src not in tensors]
     problems += [

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from decodekit.cache import KVCache
-from decodekit.drafters.head_files import load_tensors, on_target, read_head, read_metadata, save_head
+from decodekit.drafters.head_files import load_tensors, on_target, read_head, read_metadata, save_head, target_config
 from decodekit.drafters.lean_layer import LeanLayer, lean_layer
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
@@ -157,9 +157,7 @@ def load_head(
     :class:`~decodekit.drafters.lean_layer.LeanLayer` where one covers it (``lean=False``, ``bf16=False``: the head
     as trained, through transformers in the target's dtype). ``retrain``: the command its refusals name (None: the
     recipe of the file's kind, EAGLE or EAGLE-3)."""
-    config = getattr(getattr(target, "hf", None), "config", None)
-    if config is None:
-        raise ConfigError(f"the eagle drafter needs a transformers target (its config builds the head); got {target!r}")
+    config = target_config(target, "eagle")
     if retrain is None:  # the recipe that wrote this kind of head (EAGLE-3's names the layers it reads)
         retrain = RETRAIN_EAGLE3 if read_metadata(path).get("layers") else RETRAIN
     meta, tensors = read_head(path, target, "an EAGLE head", retrain)

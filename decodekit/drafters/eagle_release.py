@@ -30,7 +30,7 @@ from torch import nn
 
 from decodekit.drafters.eagle3_release import build_release3, default_layers, speculators_eagle3
 from decodekit.drafters.eagle_head import EagleHead
-from decodekit.drafters.head_files import load_tensors, on_target, read_state
+from decodekit.drafters.head_files import check_release_sizes, load_tensors, on_target, read_state, target_config
 from decodekit.drafters.lean_layer import lean_layer
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
@@ -64,9 +64,7 @@ def load_release(
     root = Path(path)
     config = json.loads((root / "config.json").read_text())
     tensors = read_tensors(root)
-    hf_config = getattr(getattr(target, "hf", None), "config", None)
-    if hf_config is None:
-        raise ConfigError(f"the eagle drafter needs a transformers target (its config builds the head); got {target!r}")
+    hf_config = target_config(target, "eagle")
     kind = config.get("speculators_model_type")
     layers = config.get("eagle_aux_hidden_state_layer_ids")  # vLLM's key (decodekit's exports write it); None: default
     if kind == "eagle3":  # vLLM speculators' EAGLE-3: the authors' head under other names
@@ -83,13 +81,7 @@ def load_release(
         head3 = on_target(head3, target, bf16)
         layers = list(layers or default_layers(target.num_layers))
         return head3, {"release": "eagle3", "config": config, "layers": layers}
-    hidden, vocab = config.get("hidden_size"), config.get("vocab_size") or target.vocab_size
-    if hidden != hf_config.hidden_size or vocab != target.vocab_size:
-        raise ConfigError(
-            f"the EAGLE head at {root} was released for another target: hidden size {hidden}, vocabulary "
-            f"{config.get('vocab_size')}; the target has hidden size {hf_config.hidden_size}, vocabulary "
-            f"{target.vocab_size}; {HINT}"
-        )
+    check_release_sizes(root, "EAGLE", config.get("hidden_size"), config.get("vocab_size"), target, HINT)
     head = EagleHead(_head_config(hf_config, config))
     layer = head.decoder.layers[0]
     layer.input_layernorm, head.decoder.norm = nn.Identity(), nn.Identity()  # the release has neither

@@ -1,15 +1,18 @@
-"""FlexDraft's trained part (:class:`FlexDraftHead`): copies of the attention projections of a target's last few
-decoder layers, used only at mask slots, so the target itself drafts a block through mask tokens.
+"""FlexDraft's trained part (:class:`FlexDraftHead`): copies of the attention projections (and query / key norms) of
+a target's last few decoder layers, used only at mask slots, and the mask slots' learned input, so the target itself
+drafts a block through mask slots.
 
-A FlexDraft forward runs the target's decoder over a block of the pending token and ``block_size - 1`` mask slots
-(the token ``mask_token_id``). The first ``L - n`` layers and everything but the attention projections of the last
-``n`` layers are the target's own, frozen, at every position. In the last ``n`` layers a mask slot's query, key,
-value and output projections are the head's tuned copies; every other position (the pending token, the committed
-context in the cache) keeps the target's. So the autoregressive path is the target's exactly: the pending token's
-output is the target's own next-token distribution, and the committed context's keys and values are those the
-target's cache already holds. A mask slot attends to the context, the pending token and every mask slot of its
-block (bidirectional); the pending token attends causally. Slot ``j``'s output (after the target's final norm and
-output head) predicts the token after position ``s + j``, the target's own (shifted) convention.
+A FlexDraft forward runs a block of the pending token and ``block_size - 1`` mask slots through the target's last
+``n`` layers. The pending token comes through the target's first ``L - n`` layers as the target runs it; the mask
+slots enter at layer ``L - n`` as one learned vector (``mask_embedding``, as FlexDraft's release adds its mask
+slots in the final layers only). In the last ``n`` layers a mask slot's query, key, value and output projections
+(and Qwen3's query / key norms) are the head's tuned copies; every other weight is the target's, and every other
+position (the pending token, the committed context in the cache) keeps the target's projections. So the
+autoregressive path is the target's exactly: the pending token's output is the target's own next-token
+distribution, and the committed context's keys and values are those the target's cache already holds. A mask slot
+attends to the context, the pending token and every mask slot of its block (bidirectional); the pending token
+attends causally. Slot ``j``'s output (after the target's final norm and output head) predicts the token after
+position ``s + j``, the target's own (shifted) convention.
 
 Covered: the Llama family of decoder layers (:data:`~decodekit.models.lean.COVERED_LAYERS`: Llama, Mistral, Qwen2,
 Qwen3, with their biases and Qwen3's query / key norms) whose layers all attend alike (no sliding windows).
@@ -17,6 +20,7 @@ Qwen3, with their biases and Qwen3's query / key norms) whose layers all attend 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -29,6 +33,7 @@ from decodekit.models.lean import COVERED_LAYERS
 __all__ = ["FlexDraftHead", "block_slots_mask"]
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_NORMS = ("q_norm", "k_norm")  # Qwen3's, tuned with the projections where the layer has them
 
 
 def _attention(target: Any, index: int) -> Any:
@@ -43,14 +48,16 @@ class FlexDraftHead(nn.Module):
         num_layers: tuned layers, the last ones (``1 <= n < L``).
         block_size: slots a block, the pending token's included (drafts of up to ``block_size``: the pending
             token's exact next token, then one a mask slot).
-        mask_token_id: the token the mask slots hold.
+
+    Attributes:
+        mask_embedding: ``[H]``, the mask slots' state entering layer ``L - n`` (random until trained).
     """
 
-    def __init__(self, target: Any, num_layers: int, block_size: int, mask_token_id: int) -> None:
+    def __init__(self, target: Any, num_layers: int, block_size: int) -> None:
         super().__init__()
         check_target(target, num_layers)
         self.first = target.num_layers - int(num_layers)  # layers 1 .. first run frozen everywhere
-        self.block_size, self.mask_token_id = int(block_size), int(mask_token_id)
+        self.block_size = int(block_size)
         self.tuned = nn.ModuleList()
         for i in range(self.first, target.num_layers):
             attn = _attention(target, i)
@@ -58,15 +65,27 @@ class FlexDraftHead(nn.Module):
             for name in _PROJECTIONS:
                 base = getattr(attn, name)
                 layer[name] = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None)
+            for name in _NORMS:
+                if getattr(attn, name, None) is not None:
+                    layer[name] = copy.deepcopy(getattr(attn, name))
             self.tuned.append(layer)
+        hidden = _attention(target, self.first).q_proj.in_features
+        self.mask_embedding = nn.Parameter(0.02 * torch.randn(hidden))
 
     @torch.no_grad()
-    def init_from(self, target: Any) -> None:
-        """Start every tuned projection from the target's own (a head that changes nothing yet)."""
+    def init_from(self, target: Any, mask_state: torch.Tensor | None = None) -> None:
+        """Start every tuned projection and norm from the target's own (a head that changes nothing yet) and, given
+        ``mask_state [H]`` (e.g. the mean state of the data at layer ``L - n``), the mask embedding from it."""
         for j, layer in enumerate(self.tuned):
             attn = _attention(target, self.first + j)
-            for name in _PROJECTIONS:
-                layer[name].load_state_dict(getattr(attn, name).state_dict())
+            for name, module in layer.items():
+                module.load_state_dict(getattr(attn, name).state_dict())
+        if mask_state is not None:
+            self.mask_embedding.copy_(mask_state.to(self.mask_embedding))
+
+    def mask_slots(self, batch: int, count: int) -> torch.Tensor:
+        """``[batch, count, H]``: the mask slots' state entering layer ``L - n``."""
+        return self.mask_embedding.expand(batch, count, -1)
 
     def forward(
         self,
@@ -77,8 +96,9 @@ class FlexDraftHead(nn.Module):
         mask: torch.Tensor,
         cache: Any = None,
     ) -> torch.Tensor:
-        """The last ``n`` layers over ``x [B, N, H]`` (the target's layer-``L - n`` output; rows ``:frozen`` take
-        the target's projections, the rest the tuned ones) at ``positions [B, N]`` -> the normed ``[B, N, H]``.
+        """The last ``n`` layers over ``x [B, N, H]`` (the states entering layer ``L - n``: the target's at rows
+        ``:frozen``, which take the target's projections; :meth:`mask_slots` at the rest, which take the tuned ones) at
+        ``positions [B, N]`` -> the normed ``[B, N, H]``.
 
         With ``cache`` (a :class:`~decodekit.cache.KVCache` staged for the ``N`` rows) each layer writes its keys
         and values there and attends to the slots ``mask [B, 1, N, S]`` allows; without, to the ``N`` rows
@@ -99,7 +119,7 @@ class FlexDraftHead(nn.Module):
                 project(getattr(attn, n), tuned[n], h).view(batch, num, -1, attn.head_dim) for n in _PROJECTIONS[:3]
             )
             if getattr(attn, "q_norm", None) is not None:
-                q, k = attn.q_norm(q), attn.k_norm(k)
+                q, k = project(attn.q_norm, tuned["q_norm"], q), project(attn.k_norm, tuned["k_norm"], k)
             q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             v = v.transpose(1, 2)
             if cache is not None:
@@ -115,11 +135,10 @@ class FlexDraftHead(nn.Module):
             "architecture": "flexdraft",
             "tuned_layers": len(self.tuned),
             "block_size": self.block_size,
-            "mask_token_id": self.mask_token_id,
         }
 
     def save(self, path: Any, metadata: dict[str, Any]) -> None:
-        """Write the tuned projections (float16) and ``metadata``."""
+        """Write the tuned projections and mask embedding (float16) and ``metadata``."""
         from decodekit.drafters.head_files import save_head
 
         save_head(self, path, metadata)

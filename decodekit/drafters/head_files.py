@@ -58,6 +58,30 @@ def save_head(module: nn.Module, path: str | Path, metadata: dict[str, Any], ski
     save_file(tensors, str(path), metadata={k: json.dumps(v) for k, v in metadata.items()})
 
 
+def target_config(target: LanguageModel, drafter: str) -> Any:
+    """``target``'s transformers config, which a head is built from; a target without one is refused, naming
+    ``drafter``."""
+    config = getattr(getattr(target, "hf", None), "config", None)
+    if config is None:
+        raise ConfigError(
+            f"the {drafter} drafter needs a transformers target (its config builds the head); got {target!r}"
+        )
+    return config
+
+
+def check_release_sizes(
+    root: Any, name: str, hidden: Any, vocab: Any, target: LanguageModel, hint: str = "pass the head released for it"
+) -> None:
+    """Refuse the ``name`` head released at ``root`` if its ``hidden`` size or ``vocab`` (None: the target's) is not
+    ``target``'s, both sizes named."""
+    own = target_config(target, name).hidden_size
+    if hidden != own or (vocab or target.vocab_size) != target.vocab_size:
+        raise ConfigError(
+            f"the {name} head at {root} was released for another target: hidden size {hidden}, vocabulary {vocab}; "
+            f"the target has hidden size {own}, vocabulary {target.vocab_size}; {hint}"
+        )
+
+
 def on_target(head: nn.Module, target: LanguageModel, bf16: bool | None = None) -> nn.Module:
     """A loaded head ready to draft for ``target``: on its device and in its dtype, in eval mode, with its CPU
     kernels (:func:`~decodekit.kernels.match_kernels`; ``bf16`` as there)."""

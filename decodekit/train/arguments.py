@@ -168,7 +168,7 @@ RULES: dict[str, Rule] = {
     "gen_len": _int(low=1),
     "context": _int(low=1),
     "block_length": _int(low=1, optional=True),
-    "mask_token_id": _int(low=0, optional=True, hint=" (None: flexdraft's default, the vocabulary's last id)"),
+    "mask_token_id": _int(low=0),
     "objective": _choice("diffusion", "draft"),
     "draft_length": _int(low=1),
     "draft_decay": _float(low=0, high=1, low_open=True, hint=" (slot j's loss weight is draft_decay ** j)"),

@@ -36,7 +36,7 @@ def heads(tmp_path_factory):
     dflash = DFlashHead(lm.hf.config, (1,), 1, 4)
     dflash.init_from(lm)
     dflash.save(folder / "dflash.safetensors", head_metadata(lm, **dflash.file_fields()))
-    flex = FlexDraftHead(lm, 1, 4, MASK)  # random projections: its mask slots draft something
+    flex = FlexDraftHead(lm, 1, 4)  # random projections: its mask slots draft something
     flex.save(folder / "flexdraft.safetensors", head_metadata(lm, **flex.file_fields()))
     return folder
 

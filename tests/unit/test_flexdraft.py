@@ -19,13 +19,13 @@ from decodekit.masks import chain_mask
 from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.train.dflash import sample_anchors
-from decodekit.train.flexdraft import flex_inputs, flex_outputs, flexdraft_loss
+from decodekit.train.flexdraft import entry_states, flex_layout, flex_outputs, flexdraft_loss
 from decodekit.train.layer_features import final_states
 from decodekit.verifiers import RejectionVerifier
 from tests.unit.test_host_syncs import count_syncs
 from tests.unit.test_lossless import MisreportsQ, assert_detected, assert_matches, sample_counts
 
-BLOCK, MASK = 4, 31
+BLOCK = 4
 
 
 def save(head: FlexDraftHead, target, path) -> str:
@@ -41,13 +41,14 @@ def fit(head: FlexDraftHead, target, steps: int, seed: int = 0) -> list[dict[str
     tokens = torch.tensor([p + s for p, s in zip(prompts, outs)])
     lengths, starts = torch.full((len(tokens),), tokens.shape[1]), torch.full((len(tokens),), 6)
     feats, w = final_states(target, tokens), target.lm_head.weight.detach()
+    states = entry_states(head, target, tokens)
     target.hf.requires_grad_(False)
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
     stats = []
     for _ in range(steps):
         idx = torch.randint(0, len(tokens), (16,), generator=gen)
         anchors, valid = sample_anchors(lengths[idx], starts[idx], 8, gen)
-        loss, st = flexdraft_loss(head, target, w, tokens[idx], feats[idx], anchors, valid, lengths[idx], 2.0)
+        loss, st = flexdraft_loss(head, target, w, states[idx], feats[idx], anchors, valid, lengths[idx], 2.0)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -60,7 +61,7 @@ def trained(tmp_path_factory):
     """A tiny target (32 tokens, 3 layers) and a FlexDraft head tuning its last two layers, trained for a few steps."""
     target = dk.load_model(tiny_llama(0, vocab=32, layers=3, init=0.4))
     torch.manual_seed(0)
-    head = FlexDraftHead(target, 2, BLOCK, MASK)
+    head = FlexDraftHead(target, 2, BLOCK)
     head.init_from(target)
     stats = fit(head, target, 200)
     return target, head.eval(), save(head, target, tmp_path_factory.mktemp("flexdraft") / "head.safetensors"), stats
@@ -93,14 +94,35 @@ class EveryPosition(FlexDraftHead):
 
 def test_the_pending_token_keeps_the_targets_own_path(trained):
     target, head, _, _ = trained
-    far = FlexDraftHead(target, 1, BLOCK, MASK)  # random projections, far from the target's
+    far = FlexDraftHead(target, 1, BLOCK)  # random projections, far from the target's
     ids = torch.randint(0, 32, (2, 9), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         plain = target.hf(ids).logits[:, -1]
     torch.testing.assert_close(_block(far, target, ids)[:, 0], plain, rtol=1e-4, atol=1e-4)
-    biased = EveryPosition(target, 1, BLOCK, MASK)
+    biased = EveryPosition(target, 1, BLOCK)
     biased.load_state_dict(far.state_dict())
     assert not torch.allclose(_block(biased, target, ids)[:, 0], plain, rtol=1e-2, atol=1e-2)
+
+
+def test_qwen3s_query_and_key_norms_are_tuned_at_the_mask_slots_only():
+    """On a Qwen3 target the head carries copies of the query / key norms: changing them moves the mask slots'
+    logits, never the pending token's (the target's own)."""
+    from tests.unit.test_lean_forward import family_model
+
+    target = dk.load_model(family_model("qwen3"))
+    torch.manual_seed(1)
+    head = FlexDraftHead(target, 1, BLOCK)
+    head.init_from(target)
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(7))
+    before = _block(head, target, ids)
+    with torch.no_grad():
+        head.tuned[0]["q_norm"].weight.mul_(3.0)
+        head.tuned[0]["k_norm"].weight.add_(0.5)
+    after = _block(head, target, ids)
+    with torch.no_grad():
+        plain = target.hf(ids).logits[:, -1]
+    torch.testing.assert_close(after[:, 0], plain, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(after[:, 1:], before[:, 1:], rtol=1e-2, atol=1e-2)
 
 
 def test_the_training_layout_gives_the_drafters_blocks(trained):
@@ -110,7 +132,7 @@ def test_the_training_layout_gives_the_drafters_blocks(trained):
     tokens = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(6))
     anchors = torch.tensor([[3, 7, 9], [5, 5, 10]])
     with torch.no_grad():
-        out, at = flex_outputs(head, target, tokens, anchors)
+        out, at = flex_outputs(head, target, entry_states(head, target, tokens), anchors)
         got = target.head(out)  # [B, A, BLOCK - 1, V]
         for row in range(2):
             for i, a in enumerate(anchors[row].tolist()):
@@ -120,8 +142,8 @@ def test_the_training_layout_gives_the_drafters_blocks(trained):
 
 
 def test_the_training_mask():
-    inputs, positions, mask = flex_inputs(torch.tensor([[1, 2, 3, 4]]), torch.tensor([[1, 2]]), 3, 9)
-    assert inputs[0].tolist() == [1, 2, 3, 4, 9, 9, 9, 9] and positions[0].tolist() == [0, 1, 2, 3, 2, 3, 3, 4]
+    positions, mask = flex_layout(4, torch.tensor([[1, 2]]), 3)
+    assert positions[0].tolist() == [0, 1, 2, 3, 2, 3, 3, 4]
     m = mask[0, 0].int().tolist()
     assert m[2] == [1, 1, 1, 0, 0, 0, 0, 0]  # the sequence: causal, no mask slot
     assert m[4] == m[5] == [1, 1, 0, 0, 1, 1, 0, 0]  # anchor 1's slots: the sequence up to 1, their own block
@@ -142,13 +164,52 @@ def test_greedy_equals_plain_decoding(trained, ragged_prompts):
             assert 0 < out.stats.accepted < out.stats.drafted, k
 
 
+class RecordsBlocks(FlexDraftDrafter):
+    """Keeps each round's block logits, budget lengths and draft validity."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rounds = []
+
+    def _block(self, state):
+        self.logits = super()._block(state)
+        return self.logits
+
+    def propose(self, state, budget):
+        draft = super().propose(state, budget)
+        self.rounds.append((self.logits, budget.lengths.clone(), draft.valid.sum(1)))
+        return draft
+
+
+def test_the_verification_length_follows_the_drafts_confidence(trained, ragged_prompts):
+    """``confidence=c`` (0.01, the release's default): a row keeps its first draft (the target's own), then
+    mask-slot drafts while the product of their top-1 probabilities is at least ``c`` (FlexDraft's rule), and greedy
+    output stays plain decoding's."""
+    target, _, path, _ = trained
+    prompts = [[t % 32 for t in p] for p in ragged_prompts]
+    plain = dk.generate(target, prompts, max_new_tokens=24, eos_token_id=()).sequences
+    drafter = RecordsBlocks(path, confidence=0.01)
+    out = dk.generate(target, prompts, drafter, policy=FixedLength(BLOCK), max_new_tokens=24, eos_token_id=(),
+                      debug=True)  # fmt: skip
+    assert out.sequences == plain
+    cut = longer = 0
+    for logits, lengths, kept in drafter.rounds:
+        product = logits[:, 1:].softmax(-1).amax(-1).cumprod(1)  # [B, BLOCK - 1]
+        want = torch.minimum(1 + (product >= 0.01).sum(1), lengths)
+        assert kept.tolist() == want.tolist()
+        cut, longer = cut + int((want < lengths).sum()), longer + int((want >= 3).sum())
+    assert cut > 0 and longer > 0  # the rule cut rows, and not all of them to the first mask draft
+    with pytest.raises(ConfigError, match="confidence"):
+        FlexDraftDrafter(path, confidence=1.5)
+
+
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """The lossless harness's 8-token target (two layers) and a random FlexDraft head tuning its last layer."""
     model = tiny_llama(0, vocab=8, hidden=32, init=0.3)
     target = dk.load_model(model)
     torch.manual_seed(4)
-    head = FlexDraftHead(target, 1, 3, 7)
+    head = FlexDraftHead(target, 1, 3)
     return model, save(head, target, tmp_path_factory.mktemp("flexdraft_small") / "head.safetensors")
 
 
@@ -165,10 +226,11 @@ class FromTheMaskSlots(FlexDraftDrafter):
         return super().propose(state, budget)
 
 
-@pytest.mark.parametrize("setting", ["T1", "T0.7-p0.9"])
-def test_sampling_is_lossless(small, setting):
+@pytest.mark.parametrize(("setting", "confidence"), [("T1", 0.0), ("T0.7-p0.9", 0.0), ("T1", 0.4)])
+def test_sampling_is_lossless(small, setting, confidence):
     model, path = small
-    counts, stats = sample_counts(model, FromTheMaskSlots(path), RejectionVerifier(), FixedLength(3), setting, seed=41)
+    drafter = FromTheMaskSlots(path, confidence=confidence)
+    counts, stats = sample_counts(model, drafter, RejectionVerifier(), FixedLength(3), setting, seed=41)
     assert_matches(model, counts, setting)
     assert 0.05 < stats.draft_acceptance_rate < 0.95
 
@@ -196,9 +258,9 @@ def test_refusals(trained, small, tmp_path):
     with pytest.raises(ConfigError, match="trained for"):
         FlexDraftDrafter(small[1], target=target)  # the 8-token target's head on the 32-token target
     with pytest.raises(ConfigError, match="tuned layers must be"):
-        FlexDraftHead(target, 3, BLOCK, MASK)
+        FlexDraftHead(target, 3, BLOCK)
     with pytest.raises(ConfigError, match="Llama-family"):
-        FlexDraftHead(object(), 1, BLOCK, MASK)
+        FlexDraftHead(object(), 1, BLOCK)
 
 
 class CountsSyncs(FlexDraftDrafter):
