@@ -131,6 +131,21 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         t: {"num_key_value_heads": 4, "head_dim": 8, "index_n_heads": 2, "index_head_dim": 16}
         for t in ("axk2", "deepseek_v32", "glm_moe_dsa")
     },
+    "ergo": {"first_dense_intermediate_size": 64, "shared_intermediate_size": 32},
+    # sparse indexed attention every few layers, with keys and values shared across layers
+    "kolibri1_1": {
+        "index_layers": [1],
+        "kv_source_layers": [0, 1],
+        "mlp_only_layers": [0],
+        "mlp_only_intermediate_size": 64,
+        "shared_expert_intermediate_size": 32,
+        "index_num_heads": 2,
+        "index_topk": 4,
+        "index_pool_size": 64,
+        "index_compression": 2,
+        "index_num_local_tokens": 2,
+        "index_num_sink_tokens": 1,
+    },
     "codegen": {"rotary_dim": 8},
     "gptj": {"rotary_dim": 8},
     "cwm": {"bos_token_id": 0, "eos_token_id": 1},
@@ -349,7 +364,8 @@ STATEFUL = (  # recurrent, convolutional or linear-attention state outside the K
     "zamba2",
     "zaya",
 )
-INDEXED = ("axk2", "deepseek_v32", "glm_moe_dsa", "hy_v4")  # sparse attention whose indexer keeps its own key cache
+# sparse attention whose indexer keeps its own key cache
+INDEXED = ("axk2", "deepseek_v32", "glm_moe_dsa", "hy_v4", "kolibri1_1")
 ALIBI = ("bloom", "falcon-alibi")  # ALiBi bias built from a 2-D padding mask (MPT's comes from key slots: exact)
 OWN_POSITIONS = (  # decoders of encoder-decoder models: positions from the cache length, position_ids ignored
     "bart",

@@ -106,9 +106,14 @@ def _pattern(layer_type: str, config: Any, architecture: str) -> Pattern:
         return Pattern("sliding", _window(config, architecture))
     if layer_type in _CHUNKED_TYPES:
         return Pattern("chunked", int(config.attention_chunk_size))
+    why = (
+        "sparse indexed attention keeps a key cache of its own"
+        if "index" in layer_type
+        else "recurrent, convolutional or linear-attention layers keep state outside the KV cache"
+    )
     raise UnsupportedModelError(
-        f"{architecture}: layer type {layer_type!r} is not attention decodekit can mask (recurrent, convolutional "
-        "or linear-attention layers keep state outside the KV cache); see docs/supported-models.md"
+        f"{architecture}: layer type {layer_type!r} is not attention decodekit can mask ({why}); "
+        "see docs/supported-models.md"
     )
 
 
