@@ -115,10 +115,12 @@ def held_out_accept(head: Any, target: Any, val: Any, anchors: int) -> float:
 
 
 def mean_response_state(head: Any, target: Any, data: Any, cached: torch.Tensor | None, rows: int = 64) -> torch.Tensor:
-    """``[H]``: the mean entry state (:func:`entry_states`) over the response tokens of the first ``rows`` sequences
-    of ``data`` (from ``cached`` states where given): the mask embedding's start."""
-    tokens, lengths, starts = data.tokens[:rows], data.lengths[:rows], data.starts[:rows]
-    states = cached[:rows].float() if cached is not None else entry_states(head, target, tokens.to(target.device))
+    """``[H]``: the mean entry state (:func:`entry_states`) over the response tokens of the first ``rows`` training
+    sequences of ``data`` (from ``cached`` states, one per sequence of ``data``, where given): the mask embedding's
+    start."""
+    picked = (~data.held).nonzero()[:rows, 0]
+    tokens, lengths, starts = data.tokens[picked], data.lengths[picked], data.starts[picked]
+    states = cached[picked].float() if cached is not None else entry_states(head, target, tokens.to(target.device))
     where = torch.arange(tokens.shape[1])[None]
     response = ((where >= starts[:, None]) & (where < lengths[:, None])).to(states.device)
     return (states * response[..., None]).sum((0, 1)) / response.sum().clamp(min=1)
