@@ -41,7 +41,8 @@ def _attention(target: Any, index: int) -> Any:
 
 
 class FlexDraftHead(nn.Module):
-    """Tuned attention projections for the last ``num_layers`` decoder layers of ``target`` (module docstring).
+    """Tuned attention projections (and query / key norms) for the last ``num_layers`` decoder layers of ``target``
+    and the mask slots' input to them (module docstring).
 
     Args:
         target: the target (a :class:`~decodekit.models.hf.HFCausalLM` of a covered architecture).
@@ -50,7 +51,8 @@ class FlexDraftHead(nn.Module):
             token's exact next token, then one a mask slot).
 
     Attributes:
-        mask_embedding: ``[H]``, the mask slots' state entering layer ``L - n`` (random until trained).
+        mask_embedding: ``[H]``, the mask slots' state entering layer ``L - n`` (small noise until trained or set
+            by :meth:`init_from`).
     """
 
     def __init__(self, target: Any, num_layers: int, block_size: int) -> None:

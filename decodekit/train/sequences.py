@@ -13,7 +13,8 @@ The sequences (offline, no benchmark prompts):
 
 The ``stdlib`` benchmark task mines ``Lib`` outside ``test``; HumanEval and MT-Bench are never read. The token
 sequences are written to ``<data_dir>/sequences.json`` (and where each response starts to ``starts.json``), which a
-later run (``resume=true``, or another recipe with ``data_dir``) reuses.
+later run (``resume=true``, or another recipe with ``data_dir``) reuses; ``plan.json`` records the knobs they were
+built with, and a run that asks for others is warned (:func:`check_data_plan`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ DATA_SOURCE = (
     "responses to chat requests it wrote itself, Magpie-style)"
 )
 MODELS_FILE = "models.json"  # in a data directory: the models its data was made with (check_data_models)
+PLAN_FILE = "plan.json"  # in a data directory: the knobs its sequences were built with (check_data_plan)
+PLAN_KEYS = ("chat_prompts", "code_prompts", "text_chunks", "self_instruct", "max_prompt_tokens", "max_new_tokens")
 
 
 def model_identity(model: Any) -> dict[str, Any]:
@@ -91,6 +94,36 @@ def check_data_models(data_dir: Path, models: dict[str, tuple[Any, Any]], record
     if record and any(role not in saved for role in mine):
         Path(data_dir).mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**mine, **saved}, indent=2))
+
+
+def check_data_plan(data_dir: Path, cfg: dict[str, Any], seed: int, record: bool) -> None:
+    """Warn when the sequences in ``data_dir`` were built with other data knobs than this run's ``cfg`` and
+    ``seed`` (as :data:`PLAN_FILE` records them; a directory without one is not checked): they are reused as they
+    are, so the run trains on those, not on what it asked for. ``text_chunks=0`` on data with chunks is no
+    difference (such a run takes the responses only). With ``record``, this run's knobs are written there (a new
+    data directory)."""
+    import warnings
+
+    path = Path(data_dir) / PLAN_FILE
+    mine = {key: cfg[key] for key in PLAN_KEYS if key in cfg} | {"seed": seed}
+    if record:
+        Path(data_dir).mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(mine, indent=2))
+        return
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    differ = [
+        key
+        for key, value in mine.items()
+        if key in saved and saved[key] != value and not (key == "text_chunks" and not value)
+    ]
+    if differ:
+        asked = ", ".join(f"{key}={mine[key]}" for key in differ)
+        built = ", ".join(f"{key}={saved[key]}" for key in differ)
+        warnings.warn(
+            f"the sequences in {data_dir} were built with {built}; this run asks for {asked} and reuses them as "
+            "they are: point data_dir at a new directory to build the ones asked for",
+            stacklevel=2,
+        )
 
 
 def check_token_ids(what: str, largest: int, model: Any, data_dir: Path) -> None:
@@ -200,6 +233,7 @@ def load_sequences(
     written = data_dir / "sequences.json"
     models = {"base": (cfg.get("base", repr(target)), target)}
     check_data_models(data_dir, models, record=not written.is_file())  # a new directory: recorded before the build
+    check_data_plan(data_dir, cfg, seed, record=not written.is_file())
     if not written.is_file():
         prompts, chunks = sequence_plan(target.tokenizer, cfg, seed)
         if cfg.get("self_instruct"):  # chat prompts the target writes itself (a recipe that has the key)

@@ -86,8 +86,9 @@ def test_block_causal_recipe_builds_self_distilled_rows_trains_and_loads_block_c
     # recipe=draft_dlm in small, on the same cached rows: DEER-style alignment (a cut inside each response, 4 slots
     # all masked), its zoo entry read back and drafting for the cut target: plain decoding's tokens
     small |= dict(objective="draft", draft_length=4, draft_decay=0.9)
-    draft = train(tmp_path / "draft", data_dir=str(tmp_path / "data"), max_steps=4, eval_every=2, save_every=4,
-                  progress=False, name="smollm2-135m-draft-dlm", base=smollm2_cut, **small)  # fmt: skip
+    draft = train(tmp_path / "draft", data_dir=str(tmp_path / "data"), sequences={**sequences, "gen_batch_size": 4},
+                  max_steps=4, eval_every=2, save_every=4, progress=False, name="smollm2-135m-draft-dlm",
+                  base=smollm2_cut, **small)  # fmt: skip
     assert (draft["objective"], draft["draft_length"], draft["steps"]) == ("draft", 4, 4)
     assert draft["train_tokens"] == 4 * 2 * 4  # steps x rows x drafted slots, not the region's gen_len
     assert draft["final_val_loss"] < draft["initial_val_loss"]

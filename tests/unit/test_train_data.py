@@ -55,6 +55,25 @@ def test_sequences_are_cached_with_their_response_starts(target, ragged_prompts,
     assert load_sequences(target, cfg, tmp_path, 0, False) == (seqs, starts)
 
 
+def test_reused_sequences_built_with_other_knobs_are_named(tmp_path):
+    """A data directory records the knobs its sequences were built with; a run that asks for others reuses them
+    with a warning naming both (``text_chunks=0``, the responses only, is no difference)."""
+    import warnings
+
+    from decodekit.train.sequences import check_data_plan
+
+    built = {"chat_prompts": 128, "code_prompts": 128, "text_chunks": 64, "max_new_tokens": 128}
+    check_data_plan(tmp_path, built, 0, record=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_data_plan(tmp_path, built, 0, record=False)  # the same knobs: quiet
+        check_data_plan(tmp_path, {**built, "text_chunks": 0}, 0, record=False)  # the responses only
+    with pytest.warns(
+        UserWarning, match=r"built with text_chunks=64, seed=0; this run asks for text_chunks=512, seed=3"
+    ):
+        check_data_plan(tmp_path, {**built, "text_chunks": 512}, 3, record=False)
+
+
 def test_target_features_keep_the_starts_of_the_sequences_they_keep(target):
     from decodekit.train.feature_data import target_features
 
