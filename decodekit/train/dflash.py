@@ -198,9 +198,10 @@ def train(
 
     picked: tuple[int, ...] = ()
 
-    def check_target(target: Any) -> None:
+    def check_target(target: Any) -> tuple[int, ...] | None:
         nonlocal picked
         picked = chosen_layers(layers, default_layers(target.num_layers, head_layers), target.num_layers)
+        return None if online else picked  # cached: the features' forward keeps these layers' states too
 
     dev, online = device_settings(cfg.device, cfg.online, cfg.time_budget_s)
     cached: list[torch.Tensor] = []  # the tapped states of every sequence, when the features are cached (the CPU)

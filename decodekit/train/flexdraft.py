@@ -159,6 +159,10 @@ def train(
         head.init_from(target, mean_response_state(head, target, data, cached[0] if cached else None))
         return head
 
+    def entry_layer(target: Any) -> tuple[int, ...] | None:
+        check_target(target, tuned_layers)
+        return None if online else (target.num_layers - int(tuned_layers),)  # cached by the features' forward
+
     generator = torch.Generator().manual_seed(int(cfg.seed))
 
     def loss(head: Any, target: Any, rows: torch.Tensor, b: Any) -> tuple[torch.Tensor, dict[str, float]]:
@@ -171,6 +175,6 @@ def train(
 
     return run_recipe(
         cfg, make_head, loss, pick=pick, title="FlexDraft head", loss_label=f"soft CE, slot decay exp(-j / {gamma:g})",
-        check_target=lambda target: check_target(target, tuned_layers), keep=lambda head, vocab: None,
+        check_target=lambda target: entry_layer(target), keep=lambda head, vocab: None,
         metadata=lambda head: head.file_fields(), gamma=gamma, anchors=anchors,
     )  # fmt: skip

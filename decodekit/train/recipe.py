@@ -176,7 +176,7 @@ def run_recipe(
     pick: Pick,
     title: str,
     loss_label: str,
-    check_target: Callable[[Any], None] | None = None,
+    check_target: Callable[[Any], Sequence[int] | None] | None = None,
     **summary: Any,
 ) -> dict[str, Any]:
     """Train a head on the target's hidden states and write it; returns the summary (also ``summary.json``).
@@ -188,7 +188,9 @@ def run_recipe(
             target's output-head rows for ``data.vocab`` (on its device), ``batch`` a :class:`Batch`.
         pick: ``(head, target, held-out data, sizes) -> {"picked": size, ...}``, the draft vocabulary.
         title, loss_label: what the progress bar, the plot and the summary call the head and its loss.
-        check_target: raises for a target the recipe cannot train on, before the data is built (an hour on a CPU).
+        check_target: raises for a target the recipe cannot train on, before the data is built (an hour on a CPU);
+            it may return target layers (1-based) whose states the data's features pass caches too (the recipe's
+            :func:`~decodekit.train.layer_features.cached_layer_states` then reads them instead of a second pass).
         summary: more fields for the summary; ``metadata`` (fields the drafter reads from the head file) may be a
             callable of the trained head.
     """
@@ -197,15 +199,14 @@ def run_recipe(
 
     dev, online = device_settings(cfg.device, cfg.online, cfg.time_budget_s)
 
-    def check(target: Any) -> None:
+    def check(target: Any) -> Sequence[int] | None:
         if head_rows(target, torch.zeros(1, dtype=torch.long)) is None:
             raise ConfigError(
                 f"the {cfg.name} recipe scores a trimmed vocabulary with rows of the target's output head, and "
                 f"{type(getattr(target, 'hf', target)).__name__} has no plain linear lm_head (weight [V, H]): "
                 "use a target whose output head is a linear layer"
             )
-        if check_target is not None:
-            check_target(target)
+        return check_target(target) if check_target is not None else None
 
     recipe, out, target, data = start_run(cfg, check, device=dev, features=not online)
     rows = head_rows(target, data.vocab)[0]

@@ -40,13 +40,30 @@ def test_online_features_train_like_the_cached_ones(tmp_path, smollm2_cut):
         assert online[recipe]["vocab"]["sizes"].keys() == cached["vocab"]["sizes"].keys(), recipe
 
 
-def test_the_dflash_recipe_writes_a_head_that_drafts(tmp_path, smollm2_cut):
-    """The DFlash recipe on the runner (one short epoch, a data directory of its own): its head file loads in the
-    ``dflash`` drafter, whose greedy output is plain decoding's."""
+def passes(monkeypatch) -> list[str]:
+    """The data passes a run makes over its sequences (their progress labels)."""
+    from decodekit.train import feature_data
+
+    seen, real = [], feature_data.by_length
+
+    def spy(tokens, lengths, batch_size, states, target, desc, progress):
+        seen.append(desc)
+        return real(tokens, lengths, batch_size, states, target, desc, progress)
+
+    monkeypatch.setattr(feature_data, "by_length", spy)
+    return seen
+
+
+def test_the_dflash_recipe_writes_a_head_that_drafts(tmp_path, smollm2_cut, monkeypatch):
+    """The DFlash recipe on the runner (one short epoch, a data directory of its own; its tapped states cached by
+    the features' own pass): its head file loads in the ``dflash`` drafter, whose greedy output is plain
+    decoding's."""
     import decodekit as dk
     from decodekit.drafters import DFlashDrafter
 
+    seen = passes(monkeypatch)
     summary = dflash.train(tmp_path, epochs=1, device="cpu", **ONE_VOCAB, base=smollm2_cut, block_size=4, anchors=4)
+    assert "target layer states" not in seen  # no second pass over the data
     assert summary["steps"] > 0 and summary["vocab"]["picked"] == 1024
     head = tmp_path / f"dflash_{CUT}.safetensors"
     target = dk.load_model(smollm2_cut)
@@ -56,13 +73,16 @@ def test_the_dflash_recipe_writes_a_head_that_drafts(tmp_path, smollm2_cut):
     assert out.sequences == plain and out.stats.drafted > 0
 
 
-def test_the_flexdraft_recipe_writes_a_head_that_drafts(tmp_path, smollm2_cut):
-    """The FlexDraft recipe on the runner (one short epoch): its head file loads in the ``flexdraft`` drafter, whose
-    greedy output is plain decoding's and whose first draft of a round, the target's own, is always accepted."""
+def test_the_flexdraft_recipe_writes_a_head_that_drafts(tmp_path, smollm2_cut, monkeypatch):
+    """The FlexDraft recipe on the runner (one short epoch; the entry states cached by the features' own pass): its
+    head file loads in the ``flexdraft`` drafter, whose greedy output is plain decoding's and whose first draft of a
+    round, the target's own, is always accepted."""
     import decodekit as dk
     from decodekit.drafters import FlexDraftDrafter
 
+    seen = passes(monkeypatch)
     summary = flexdraft.train(tmp_path, epochs=1, device="cpu", **ONE_VOCAB, base=smollm2_cut, block_size=4, anchors=4)
+    assert "target layer states" not in seen  # no second pass over the data
     assert summary["steps"] > 0 and 0 <= summary["vocab"]["accept"] <= 3
     head = tmp_path / f"flexdraft_{CUT}.safetensors"
     target = dk.load_model(smollm2_cut)
