@@ -24,6 +24,7 @@ from decodekit.train.sequences import (
     DATA_KEYS,
     DATA_SOURCE,
     check_data_models,
+    check_data_plan,
     check_token_ids,
     load_sequences,
     pad_sequences,
@@ -178,6 +179,7 @@ def prepare(
     data_dir.mkdir(parents=True, exist_ok=True)
     if cached.is_file():
         data = torch.load(cached)
+        check_data_plan(data_dir, cfg, seed, record=False)  # the features are reused with the sequences they came from
         check_cached(data, target, data_dir)
         check_data_models(data_dir, models, record=True)  # a cache made before models.json: its shapes fit
     else:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -102,8 +103,6 @@ def check_data_plan(data_dir: Path, cfg: dict[str, Any], seed: int, record: bool
     are, so the run trains on those, not on what it asked for. ``text_chunks=0`` on data with chunks is no
     difference (such a run takes the responses only). With ``record``, this run's knobs are written there (a new
     data directory)."""
-    import warnings
-
     path = Path(data_dir) / PLAN_FILE
     mine = {key: cfg[key] for key in PLAN_KEYS if key in cfg} | {"seed": seed}
     if record:

@@ -128,6 +128,24 @@ def test_feature_head_recipes_refuse_bad_run_settings_before_loading(tmp_path, r
     assert not any(tmp_path.iterdir())
 
 
+def test_cached_features_built_with_other_knobs_are_named_too(target, tmp_path):
+    """The warning holds where the features are already cached (no sequences are read then)."""
+    from decodekit.train.feature_data import prepare
+    from decodekit.train.sequences import check_data_plan
+
+    lm = dk.load_model(target)
+    seqs, starts = [[5, 6, 7, 8, 9, 10, 11], [3, 4, 9, 1], [9, 8, 7, 6, 2], [1, 2, 3], [4, 7, 7, 5, 6]], [2, 1, 2, 1, 0]
+    (tmp_path / "sequences.json").write_text(json.dumps(seqs))
+    (tmp_path / "starts.json").write_text(json.dumps(starts))
+    cfg = {"chat_prompts": 1, "code_prompts": 4, "text_chunks": 1, "max_prompt_tokens": 4, "max_new_tokens": 4,
+           "seq_len": 6, "gen_batch_size": 2}  # fmt: skip
+    check_data_plan(tmp_path, cfg, 0, record=True)
+    prepare(lm, cfg, tmp_path, train_vocab=16, val_fraction=0.4, seed=0, progress=False)
+    assert (tmp_path / "features.pt").is_file()
+    with pytest.warns(UserWarning, match="built with text_chunks=1; this run asks for text_chunks=8"):
+        prepare(lm, {**cfg, "text_chunks": 8}, tmp_path, train_vocab=16, val_fraction=0.4, seed=0, progress=False)
+
+
 def test_one_forward_gives_the_features_and_the_layer_states_the_second_pass_would(target, tmp_path):
     """``prepare(..., layers=...)`` (EAGLE-3's cached run) keeps the layer states from the features' forward;
     ``cached_layer_states`` then reads them instead of running the target again, and they equal its own pass."""
