@@ -252,7 +252,7 @@ def build_release3(
     target (sizes named)."""
     hf_config = target_config(target, "eagle3")
     hidden = int(config.get("target_hidden_size") or hf_config.hidden_size)
-    check_release_sizes(root, "EAGLE-3", hidden, config.get("vocab_size"), target, "pass the head released for it")
+    check_release_sizes(root, "EAGLE-3", hidden, config.get("vocab_size"), target)
     if "lm_head.weight" not in tensors:
         raise ConfigError(f"{root} lacks 'lm_head.weight': not an EAGLE-3 head")
     if "d2t" not in tensors:  # no draft vocabulary map: the draft vocabulary is the target's

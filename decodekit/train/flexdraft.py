@@ -56,10 +56,9 @@ def flex_layout(length: int, anchors: torch.Tensor, block: int) -> tuple[torch.T
 def entry_states(head: Any, target: Any, tokens: torch.Tensor) -> torch.Tensor:
     """``[B, T, H]``: the states of ``tokens [B, T]`` entering the head's first layer (the target's layer ``L - n``
     outputs)."""
-    from decodekit.train.layer_features import layer_states
+    from decodekit.train.layer_features import layer_states  # no-grad
 
-    with torch.no_grad():
-        return layer_states(target, tokens, (head.first,))
+    return layer_states(target, tokens, (head.first,))
 
 
 def flex_outputs(
@@ -175,6 +174,6 @@ def train(
 
     return run_recipe(
         cfg, make_head, loss, pick=pick, title="FlexDraft head", loss_label=f"soft CE, slot decay exp(-j / {gamma:g})",
-        check_target=lambda target: entry_layer(target), keep=lambda head, vocab: None,
+        check_target=entry_layer, keep=lambda head, vocab: None,
         metadata=lambda head: head.file_fields(), gamma=gamma, anchors=anchors,
     )  # fmt: skip
