@@ -21,6 +21,8 @@ each with ``isinstance`` once per call and calls what is there:
                        ``FixedLength(4)``): a lookup drafter that wants long drafts says so here
 :class:`ChecksModel`   ``check_model(target)`` (drafters): when the call starts, before any forward: raise
                        ``ConfigError`` for a target it cannot draft for (a head trained for another target)
+:class:`Clears`        ``clear()`` (drafters): forget what is kept across calls; called by you (and by composite
+                       drafters for their parts), never by the loop
 =====================  ==========================================================================================
 
 A component that defines a method one letter off a hook name (``obsrve``) gets a warning when the call starts
@@ -176,6 +178,14 @@ class ChecksModel(Protocol):
     def check_model(self, target: LanguageModel) -> None:
         """Raise :class:`~decodekit.errors.ConfigError` if this drafter cannot draft for ``target`` (called when a
         call starts, before any forward)."""
+        ...
+
+
+@runtime_checkable
+class Clears(Protocol):
+    def clear(self) -> None:
+        """Forget what this drafter keeps across calls (a suffix cache, a successor matrix). Called by you, and by
+        a composite drafter for its parts (:class:`~decodekit.drafters.composite.Composite`), never by the loop."""
         ...
 
 

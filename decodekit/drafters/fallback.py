@@ -2,39 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-import torch
-
 from decodekit.checks import check_instance, check_int
+from decodekit.drafters.composite import Composite
 from decodekit.drafters.recycling import RecyclingDrafter
 from decodekit.drafters.suffix import SuffixDrafter
 from decodekit.errors import ConfigError, IncompatibleDraftError
-from decodekit.interfaces import (
-    DeclaresKind,
-    Drafter,
-    HasVocab,
-    LengthPolicy,
-    Needs,
-    Observes,
-    SelectsRows,
-    hidden_layers_of,
-    shares_target,
-)
+from decodekit.interfaces import DeclaresKind, Drafter, LengthPolicy
 from decodekit.policies.fixed import policy_for
 from decodekit.registry import register
-from decodekit.spec.hooks import begin_component, select_component_rows
 from decodekit.spec.state import DecodeState
 from decodekit.types import Draft, DraftBudget, DraftKind, SamplingParams
 
-if TYPE_CHECKING:
-    from decodekit.cache import KVCache
-    from decodekit.models.base import LanguageModel, ModelOutput
-    from decodekit.spec.round import Round
-
 
 @register("drafter", "fallback")
-class FallbackDrafter:
+class FallbackDrafter(Composite):
     """Row ``b`` gets ``primary``'s draft, or ``fallback``'s where ``primary`` proposes no node for it.
 
     The idea: a lookup drafter that drafts well when it finds a match and nothing otherwise (``suffix``,
@@ -49,8 +30,9 @@ class FallbackDrafter:
     Lookup drafters want long drafts and model-based ones short ones: ``fallback_len`` caps the depth of the
     fallback's budget only (``policy.k=16 policy.depth=16`` for suffix, ``fallback_len=3`` for the head).
 
-    Both drafters see every hook (``begin``, ``observe``, ``select_rows``, ``clear``), so each keeps its own state
-    whichever drafted. ``needs`` and ``hidden_layers`` are the union of theirs. Each row's draft is one of the
+    Both drafters see every hook (``begin``, ``observe``, ``select_rows``, ``clear``:
+    :class:`~decodekit.drafters.composite.Composite`), so each keeps its own state whichever drafted. ``needs`` and
+    ``hidden_layers`` are the union of theirs. Each row's draft is one of the
     two drafters' drafts, within the budget, so every verifier that takes their kind keeps its guarantee
     (lossless stays lossless). Cost: the fallback runs only when some row got nothing, where that is known without
     a device sync: the primary built its draft on the host and said how many nodes each row has
@@ -89,17 +71,7 @@ class FallbackDrafter:
                 )
         self.primary, self.fallback = primary, fallback
         self.fallback_len = check_int("fallback_len", fallback_len, low=1, optional=True, hint=" (None = the budget's)")
-        self.parts = (primary, fallback)
-        # a part drafting from the target (a trained head on its hidden states, its first layers) gets the target in
-        # begin, so this drafter asks for it too
-        self.shares_target = any(shares_target(p) for p in self.parts)
-        self.needs = frozenset({"host_rows"}).union(*(p.needs for p in self.parts if isinstance(p, Needs)))
-        self.hidden_layers = tuple(sorted({int(i) for p in self.parts for i in hidden_layers_of(p)}))
-        sizes = {int(p.vocab_size) for p in self.parts if isinstance(p, HasVocab)}
-        if len(sizes) > 1:
-            raise ConfigError(f"FallbackDrafter's drafters have different vocabularies: {sorted(sizes)} tokens")
-        if sizes:  # checked against the target's by generate(); model-free drafters take any vocabulary
-            self.vocab_size = sizes.pop()
+        self.compose((primary, fallback), "FallbackDrafter")
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
         first, second = (p.draft_kind(sampling) for p in self.parts)  # type: ignore[attr-defined]
@@ -113,43 +85,6 @@ class FallbackDrafter:
     def default_policy(self) -> LengthPolicy:
         """The policy ``generate`` would give the primary alone (suffix: 16 nodes up to 16 deep)."""
         return policy_for(self.primary)
-
-    def check_model(self, target: LanguageModel) -> None:
-        """Each part's own refusal of ``target`` (an EAGLE-3 head trained for another), before any forward."""
-        for part in self.parts:
-            check = getattr(part, "check_model", None)
-            if callable(check):
-                check(target)
-
-    # ------------------------------------------------------------------------------------------------ hooks
-    def begin(
-        self,
-        state: DecodeState,
-        target: LanguageModel | None = None,
-        cache: KVCache | None = None,
-        prefill: ModelOutput | None = None,
-    ) -> None:
-        """Begin both parts; a part that shares the target gets it, its cache and the prefill's output (the loop
-        passes them when either part shares the target)."""
-        for part in self.parts:
-            begin_component(part, state, target, cache, prefill)  # type: ignore[arg-type]
-
-    def observe(self, state: DecodeState, round: Round) -> None:
-        for part in self.parts:
-            if isinstance(part, Observes):
-                part.observe(state, round)
-
-    def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
-        for part in self.parts:
-            if isinstance(part, SelectsRows):
-                select_component_rows(part, rows, host_rows)
-
-    def clear(self) -> None:
-        """Clear what either drafter keeps across calls (a suffix cache, a successor matrix)."""
-        for part in self.parts:
-            clear: Any = getattr(part, "clear", None)
-            if callable(clear):
-                clear()
 
     # ---------------------------------------------------------------------------------------------- drafting
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:

@@ -28,35 +28,10 @@ from typing import Any
 
 import torch
 
-from decodekit.train.recipe import HeadConfig, run_recipe, shares
+from decodekit.train.blocks import BlockConfig, BlockObjective, mean_accepted
+from decodekit.train.recipe import run_recipe, shares
 
-__all__ = [
-    "accepted_prefix",
-    "block_loss",
-    "block_mask",
-    "block_outputs",
-    "dflash_loss",
-    "pick_vocab",
-    "sample_anchors",
-    "train",
-]
-
-
-def sample_anchors(
-    lengths: torch.Tensor, starts: torch.Tensor, count: int, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Up to ``count`` distinct anchors per row, uniform over the response positions ``[starts, lengths - 2]`` (the
-    anchor is a response token and at least one token follows it), in ascending order, as SpecForge's DFlash trainer
-    draws them: ``anchors [B, count]`` and ``valid [B, count]`` (False past a row's candidates, whose anchors are
-    0)."""
-    lo = starts.clamp(min=0)
-    span = (lengths - 1 - lo).clamp(min=0)  # candidates lo .. lengths - 2
-    width = max(int(span.max()), count) if len(span) else count
-    keys = torch.rand(len(lengths), width, generator=generator, device="cpu" if generator is not None else None)
-    keys = keys.to(lengths.device).masked_fill(torch.arange(width, device=lengths.device) >= span[:, None], 2.0)
-    offsets = keys.argsort(1)[:, :count].sort(1).values  # distinct: a random subset, ascending
-    valid = offsets < span[:, None]
-    return (lo[:, None] + offsets).where(valid, 0), valid
+__all__ = ["block_mask", "block_outputs", "pick_vocab", "train"]
 
 
 def block_mask(anchors: torch.Tensor, block: int, context: int) -> torch.Tensor:
@@ -87,110 +62,38 @@ def block_outputs(
     return out, slots.unflatten(1, (count, n))[:, :, 1:]
 
 
-def _at(feats: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-    """``feats [B, L, H]`` at the positions before ``at [B, A, m]`` (whose features predict the tokens at ``at``)
-    -> ``[B, A * m, H]``."""
-    index = (at - 1).clamp(max=feats.shape[1] - 1).flatten(1)[..., None].expand(-1, -1, feats.shape[2])
-    return feats.gather(1, index)
-
-
-def accepted_prefix(hit: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """The mean greedy accepted prefix of the valid blocks: ``hit [B, A, n - 1]`` (slot matches), ``valid [B, A]``."""
-    return hit.long().cumprod(-1).sum(-1)[valid].float().mean() if bool(valid.any()) else torch.zeros(())
-
-
-def dflash_loss(
-    head: Any,
-    embed: Any,
-    w_d: torch.Tensor,
-    tokens: torch.Tensor,
-    taps: torch.Tensor,
-    feats: torch.Tensor,
-    anchors: torch.Tensor,
-    valid: torch.Tensor,
-    lengths: torch.Tensor,
-    gamma: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The DFlash loss on a batch (module docstring): ``tokens [B, L]``, the tapped layer states ``taps [B, L, k H]``,
-    the target's final features ``feats [B, L, H]``, ``anchors`` / ``valid [B, A]`` (:func:`sample_anchors`),
-    ``lengths [B]``; ``w_d [V_d, H]`` the output rows the loss scores. Returns the loss and ``acc`` (slot 1's top-1
-    agreement with the target over ``V_d``), ``accept`` (the mean greedy accepted prefix of a block: how many of its
-    ``n - 1`` drafts in a row match the target's argmax over ``V_d``)."""
-    out, at = block_outputs(head, embed, tokens, taps, anchors)
-    return block_loss(out, at, valid, lengths, feats, w_d, gamma)
-
-
-def block_loss(
-    out: torch.Tensor,
-    at: torch.Tensor,
-    valid: torch.Tensor,
-    lengths: torch.Tensor,
-    feats: torch.Tensor,
-    w_d: torch.Tensor,
-    gamma: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The block drafters' loss (DFlash's, FlexDraft's) from a head's outputs ``out [B, A, m, H]`` at the slots
-    predicting the tokens at ``at [B, A, m]``: each slot's soft cross-entropy to the target's distribution over the
-    rows ``w_d [V_d, H]`` (from its final features ``feats [B, L, H]`` at ``at - 1``), slot ``j`` (1-based) weighted
-    ``exp(-(j - 1) / gamma)``, slots past ``lengths [B]`` or of invalid blocks (``valid [B, A]``) left out. Returns
-    the loss and ``acc`` (the first slot's top-1 agreement) and ``accept`` (the mean greedy accepted prefix)."""
-    real = valid[..., None] & (at < lengths[:, None, None])
-    logq = (out @ w_d.T).float().log_softmax(-1)
-    with torch.no_grad():
-        p = (_at(feats, at).float() @ w_d.T.float()).softmax(-1).unflatten(1, at.shape[1:])
-    weight = torch.exp(-torch.arange(at.shape[2], device=at.device) / gamma)  # slot j: exp(-(j - 1) / gamma)
-    ce = -(p * logq).sum(-1)  # [B, A, n - 1]
-    loss = (ce * weight * real).sum() / (weight * real).sum().clamp(min=1e-9)
-    hit = (logq.argmax(-1) == p.argmax(-1)) & real
-    acc = float(hit[..., 0].sum() / real[..., 0].sum().clamp(min=1))
-    return loss, {"acc": acc, "accept": float(accepted_prefix(hit, valid))}
-
-
 @torch.no_grad()
-def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], anchors: int) -> dict[str, Any]:
+def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], objective: BlockObjective) -> dict[str, Any]:
     """The draft vocabulary size whose held-out blocks have the longest mean greedy accepted prefix against the
     target's argmax over its whole vocabulary (the head's cost hardly depends on the size: the slots' scores are a
     small product next to the target's forward), with each size's. One head forward per batch serves every size."""
     from decodekit.drafters.head_files import head_rows
     from decodekit.train.layer_features import layer_states
 
-    dev, gen = target.device, torch.Generator().manual_seed(0)
-    totals: dict[int, float] = {s: 0.0 for s in sizes}
-    blocks = 0
-    for i in range(0, len(val.lengths), 8):
-        tokens, feats, lengths, starts = val.batch(torch.arange(i, min(i + 8, len(val.lengths))), dev)
-        where, valid = sample_anchors(lengths, starts, anchors, gen)
-        out, at = block_outputs(head, target.embed, tokens, layer_states(target, tokens, head.target_layers), where)
-        real = valid[..., None] & (at < lengths[:, None, None])
-        want = target.head(_at(feats, at).float()).argmax(-1).unflatten(1, at.shape[1:])  # [B, A, n - 1]
-        vocab = head.vocab.to(dev)
-        scores = out @ head_rows(target, vocab[: max(sizes)])[0].T  # the target's output rows, dense
-        for s in sizes:
-            hit = (vocab[scores[..., :s].argmax(-1)] == want) & real
-            totals[s] += float(accepted_prefix(hit, valid)) * int(valid.sum())
-        blocks += int(valid.sum())
-    accept = {s: totals[s] / max(blocks, 1) for s in sizes}
+    vocab = head.vocab.to(target.device)
+    rows = head_rows(target, vocab[: max(sizes)])[0]  # the target's output rows, dense
+
+    def outputs(tokens: torch.Tensor, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return block_outputs(head, target.embed, tokens, layer_states(target, tokens, head.target_layers), anchors)
+
+    def hits(batch: Any) -> list[torch.Tensor]:
+        scores = batch.out @ rows.T
+        return [vocab[scores[..., :s].argmax(-1)] == batch.want for s in sizes]
+
+    accept = dict(zip(sizes, mean_accepted(objective.held_out(target, val, outputs), hits, len(sizes))))
     return {"picked": max(sizes, key=lambda s: (accept[s], -s)), "accept": accept}
 
 
-@shares(HeadConfig)
+@shares(BlockConfig)
 def train(
-    out_dir: str | Path,
-    *,
-    layers: tuple[int, ...] | None = None,
-    head_layers: int = 1,
-    block_size: int = 8,
-    anchors: int = 16,
-    gamma: float | None = None,
-    **shared: Any,
+    out_dir: str | Path, *, layers: tuple[int, ...] | None = None, head_layers: int = 1, **shared: Any
 ) -> dict[str, Any]:
     """Train the head; returns the summary numbers (also in ``summary.json``). The recipe's own knobs: the target
-    ``layers`` fused (1-based; None: DFlash's default for ``head_layers``), ``head_layers``, ``block_size`` (slots
-    a block, the anchor's included), ``anchors`` per sequence a step, the decay ``gamma`` (None: ``block_size / 2``);
-    ``shared``: :class:`~decodekit.train.recipe.HeadConfig`'s. ``decodekit/recipes/train/dflash.yaml`` documents
-    each."""
-    cfg = HeadConfig.of("dflash", locals(), train_vocab=16384, vocab_sizes=(4096, 16384), epochs=2, lr=5e-4)
-    gamma = block_size / 2 if gamma is None else float(gamma)
+    ``layers`` fused (1-based; None: DFlash's default for ``head_layers``) and ``head_layers``; ``shared``:
+    :class:`~decodekit.train.blocks.BlockConfig`'s (``block_size``, ``anchors``, ``gamma`` among them).
+    ``decodekit/recipes/train/dflash.yaml`` documents each."""
+    cfg = BlockConfig.of("dflash", locals(), train_vocab=16384, vocab_sizes=(4096, 16384), epochs=2, lr=5e-4)
+    objective = BlockObjective.of(cfg)
     from decodekit.drafters.dflash_head import DFlashHead, default_layers
     from decodekit.train.arguments import chosen_layers
     from decodekit.train.feature_heads import device_settings
@@ -210,19 +113,17 @@ def train(
         if not online:  # once, as eagle3 caches its taps: a step then runs no target forward
             cached.append(cached_layer_states(target, data.tokens, data.lengths, picked, cfg.data_path,
                                               cfg.gen_batch_size, cfg.progress))  # fmt: skip
-        head = DFlashHead(target.hf.config, picked, head_layers, block_size, data.vocab)
+        head = DFlashHead(target.hf.config, picked, head_layers, cfg.block_size, data.vocab)
         head.init_from(target)
         return head
 
-    generator = torch.Generator().manual_seed(int(cfg.seed))
-
     def loss(head: Any, target: Any, rows: torch.Tensor, b: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        where, valid = sample_anchors(b.lengths, b.starts, anchors, generator)
+        blocks = objective.sample(b)
         taps = cached[0][b.rows].to(b.tokens.device) if cached else layer_states(target, b.tokens, picked)
-        return dflash_loss(head, target.embed, rows, b.tokens, taps, b.feats, where, valid, b.lengths, gamma)
+        return objective.loss(lambda t, a: block_outputs(head, target.embed, t, taps, a), b, rows, blocks)
 
     return run_recipe(
-        cfg, make_head, loss, pick=lambda head, target, val, sizes: pick_vocab(head, target, val, sizes, anchors),
-        title="DFlash head", loss_label=f"soft CE, slot decay exp(-j / {gamma:g})", check_target=check_target,
-        metadata=lambda head: head.file_fields(), gamma=gamma, anchors=anchors,
+        cfg, make_head, loss, pick=lambda head, target, val, sizes: pick_vocab(head, target, val, sizes, objective),
+        title="DFlash head", loss_label=f"soft CE, slot decay exp(-j / {cfg.decay:g})", check_target=check_target,
+        metadata=lambda head: head.file_fields(), gamma=cfg.decay, anchors=cfg.anchors,
     )  # fmt: skip

@@ -40,7 +40,7 @@ from decodekit.errors import ConfigError
 from decodekit.train.common import BUDGET_PROBE, Checkpoints, budgeted_steps, plot_losses, take_step, warmup_cosine
 from decodekit.train.corpus import corpus_texts, token_chunks
 from decodekit.train.dlm_data import region_rows
-from decodekit.train.dlm_losses import draft_alignment_loss, masked_diffusion_loss, region_diffusion_loss
+from decodekit.train.dlm_losses import Regions, draft_alignment_loss, masked_diffusion_loss, region_diffusion_loss
 from decodekit.train.recipe import RunConfig, shares
 from decodekit.train.sequences import DATA_SOURCE as SELF_SOURCE
 from decodekit.train.sequences import SEQUENCES
@@ -162,12 +162,12 @@ def train(
 
         def loss_of(batch: Any, noise: torch.Generator) -> torch.Tensor:
             parts = batch if isinstance(batch, tuple) else source.batch(batch.tolist(), gen_len, context, window)
-            tokens, lengths, starts = (x.to(accelerator.device) for x in parts)
+            regions = Regions(*parts).to(accelerator.device)
             if objective == "draft":
                 return draft_alignment_loss(
-                    model, tokens, lengths, starts, mask_token_id, noise, draft_length, draft_decay, block_length
+                    model, regions, mask_token_id, noise, draft_length, draft_decay, block_length
                 )
-            return region_diffusion_loss(model, tokens, lengths, starts, mask_token_id, noise, block_length)
+            return region_diffusion_loss(model, regions, mask_token_id, noise, block_length)
 
     if len(rows) < batch_size or not val_batches:
         raise ConfigError(f"too little data: {len(rows)} training rows and {len(val_batches)} validation batches")

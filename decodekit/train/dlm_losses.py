@@ -14,7 +14,21 @@ throughout (slot ``j`` is predicted by the output at ``j - 1``: AR initialisatio
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+
+class Regions(NamedTuple):
+    """Rows with a region each: ``tokens [B, N]`` (row ``b`` real in ``[0, lengths[b])``; the padding is never
+    attended to), the region of row ``b`` being ``[starts[b], lengths[b])`` (``lengths``, ``starts``: ``[B]``)."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    starts: torch.Tensor
+
+    def to(self, device: torch.device | str) -> Regions:
+        return Regions(*(x.to(device) for x in self))
 
 
 def masked_diffusion_loss(
@@ -39,9 +53,7 @@ def masked_diffusion_loss(
 
 def region_diffusion_loss(
     model: torch.nn.Module,
-    tokens: torch.Tensor,
-    lengths: torch.Tensor,
-    starts: torch.Tensor,
+    regions: Regions,
     mask_token_id: int,
     generator: torch.Generator,
     block_length: int | None = None,
@@ -51,7 +63,8 @@ def region_diffusion_loss(
 
     Per block of the region (the whole region when bidirectional) ``t ~ U(0, 1)``, ``p = (1 - eps) t + eps``; each
     region slot masked with probability ``p``; ``sum over masked slots of CE / p`` divided by the number of region
-    slots. The arguments are :func:`region_logits`'s, plus the mask id, the noise ``generator`` and ``eps``."""
+    slots. The arguments are :func:`region_logits`'s (no ``masked``), plus the noise ``generator`` and ``eps``."""
+    tokens, lengths, starts = regions
     span = int((lengths - starts).max())
     slot = torch.arange(span, device=tokens.device)
     real = starts[:, None] + slot < lengths[:, None]
@@ -59,16 +72,14 @@ def region_diffusion_loss(
     t = torch.rand(len(tokens), int(block[-1]) + 1, generator=generator, device=tokens.device)
     p = ((1 - eps) * t + eps)[:, block]  # [B, R]
     masked = (torch.rand(len(tokens), span, generator=generator, device=tokens.device) < p) & real
-    logits, target = region_logits(model, tokens, lengths, starts, masked, mask_token_id, block_length)
+    logits, target = region_logits(model, regions, masked, mask_token_id, block_length)
     ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
     return (ce * masked / p).sum() / real.sum().clamp(min=1)
 
 
 def draft_alignment_loss(
     model: torch.nn.Module,
-    tokens: torch.Tensor,
-    lengths: torch.Tensor,
-    starts: torch.Tensor,
+    regions: Regions,
     mask_token_id: int,
     generator: torch.Generator,
     draft_length: int,
@@ -83,6 +94,7 @@ def draft_alignment_loss(
     distillation; ``< 1``: its second, accuracy near the verification boundary weighted up), divided by the weights'
     sum. Not the authors' code (unpublished here): their exact noise on the suffix, ``[SEP]`` marker and weights are
     not reproduced. ``block_length``: block-causal attention with blocks from the cut, as the drafter runs it."""
+    tokens, lengths, starts = regions
     batch = len(tokens)
     span = (lengths - starts).clamp(min=1)
     cut = starts + (torch.rand(batch, generator=generator, device=tokens.device) * span).long().clamp(max=span - 1)
@@ -90,29 +102,22 @@ def draft_alignment_loss(
     width = int((end - cut).max())
     slot = torch.arange(width, device=tokens.device)
     masked = slot[None] < (end - cut)[:, None]
-    logits, target = region_logits(model, tokens, end, cut, masked, mask_token_id, block_length)
+    logits, target = region_logits(model, Regions(tokens, end, cut), masked, mask_token_id, block_length)
     ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
     weight = masked * decay ** slot.float()[None]
     return (ce * weight).sum() / weight.sum()
 
 
 def region_logits(
-    model: torch.nn.Module,
-    tokens: torch.Tensor,
-    lengths: torch.Tensor,
-    starts: torch.Tensor,
-    masked: torch.Tensor,
-    mask_token_id: int,
-    block_length: int | None = None,
+    model: torch.nn.Module, regions: Regions, masked: torch.Tensor, mask_token_id: int, block_length: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The logits of every region slot with the slots ``masked`` replaced by the mask token, in one forward.
 
     Args:
         model: a transformers causal LM (or its peft wrapper) whose ``.model`` gives hidden states and ``lm_head`` the
             logits; it takes explicit ``position_ids`` and a 4-D boolean attention mask.
-        tokens: ``[B, N]`` token ids, row ``b`` real in ``[0, lengths[b])`` (the padding is never attended to).
-        lengths, starts: ``[B]``; ``1 <= starts[b] < lengths[b]`` (the region's first slot is predicted from the
-            context's last position).
+        regions: the rows and their regions; ``1 <= starts[b] < lengths[b]`` (the region's first slot is predicted
+            from the context's last position).
         masked: ``[B, R]`` bool, ``R = max(lengths - starts)``: the region slots to mask (only real ones).
         block_length: None = bidirectional attention over the whole row; else block-causal: block ``k`` of the region
             (slots ``[k B, (k + 1) B)``) sees the clean context, the clean region blocks before it and itself (with
@@ -123,6 +128,7 @@ def region_logits(
     Returns:
         ``logits [B, R, V]`` float32 (slot ``j`` read at the output before it) and the clean ``target [B, R]``.
     """
+    tokens, lengths, starts = regions
     batch, width = tokens.shape
     dev = tokens.device
     span = masked.shape[1]

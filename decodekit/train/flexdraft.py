@@ -5,14 +5,14 @@ Self-distillation on the feature heads' cached sequences (:mod:`decodekit.train.
 (:func:`~decodekit.train.recipe.run_recipe`). The sequences' states entering layer ``L - n`` are the target's, fixed:
 on the CPU they are computed once and cached next to the data (as ``dflash`` caches its taps), on a GPU per batch.
 Each step samples ``anchors`` positions ``a`` per sequence inside its response
-(:func:`~decodekit.train.dflash.sample_anchors`). After the sequence itself, each anchor gets a block of
+(:func:`~decodekit.train.blocks.sample_anchors`). After the sequence itself, each anchor gets a block of
 ``block_size - 1`` mask slots (the head's mask embedding) at positions ``a + 1 ..``, which attend to the sequence up
 to ``a`` (the pending token's place: its path is the target's) and to the block's own slots (:func:`flex_layout`);
 the sequence attends causally to itself. The head's last ``n`` layers run over all of it with their tuned attention
 projections at the mask slots only (:class:`~decodekit.drafters.flexdraft_head.FlexDraftHead`), the target's
 everywhere else. Mask slot ``j`` learns the
 target's distribution of the token at ``a + j + 1`` (soft cross-entropy over the ``train_vocab`` most frequent
-tokens, slot ``j`` weighted ``exp(-(j - 1) / gamma)``: :func:`~decodekit.train.dflash.block_loss`, DFlash's). The
+tokens, slot ``j`` weighted ``exp(-(j - 1) / gamma)``: :func:`~decodekit.train.blocks.block_loss`, DFlash's). The
 target (embedding, output head, every other weight) stays frozen; only the tuned projections and the mask embedding
 (started from the data's mean state at layer ``L - n``) learn.
 
@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 
-from decodekit.train.dflash import _at, accepted_prefix, block_loss, sample_anchors
-from decodekit.train.recipe import HeadConfig, run_recipe, shares
+from decodekit.train.blocks import BlockConfig, BlockObjective, mean_accepted
+from decodekit.train.recipe import run_recipe, shares
 
-__all__ = ["entry_states", "flex_layout", "flex_outputs", "flexdraft_loss", "train"]
+__all__ = ["entry_states", "flex_layout", "flex_outputs", "held_out_accept", "train"]
 
 
 def flex_layout(length: int, anchors: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,42 +75,15 @@ def flex_outputs(
     return out.unflatten(1, (count, m)), at
 
 
-def flexdraft_loss(
-    head: Any,
-    target: Any,
-    w_d: torch.Tensor,
-    states: torch.Tensor,
-    feats: torch.Tensor,
-    anchors: torch.Tensor,
-    valid: torch.Tensor,
-    lengths: torch.Tensor,
-    gamma: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The FlexDraft loss on a batch (module docstring): the sequences' :func:`entry_states` ``states [B, L, H]``,
-    the target's final features
-    ``feats [B, L, H]``, ``anchors`` / ``valid [B, A]``, ``lengths [B]``, ``w_d [V_d, H]`` the output rows scored.
-    Returns the loss, ``acc`` (the first mask slot's top-1 agreement over ``V_d``) and ``accept`` (the mean greedy
-    accepted prefix of the mask slots)."""
-    out, at = flex_outputs(head, target, states, anchors)
-    return block_loss(out, at, valid, lengths, feats, w_d, gamma)
-
-
-@torch.no_grad()
-def held_out_accept(head: Any, target: Any, val: Any, anchors: int) -> float:
+def held_out_accept(head: Any, target: Any, val: Any, objective: BlockObjective) -> float:
     """The held-out blocks' mean greedy accepted prefix of mask-slot drafts against the target's argmax over its
     whole vocabulary (the drafter scores the whole vocabulary: its first draft is the target's own)."""
-    dev, gen = target.device, torch.Generator().manual_seed(0)
-    total, blocks = 0.0, 0
-    for i in range(0, len(val.lengths), 8):
-        tokens, feats, lengths, starts = val.batch(torch.arange(i, min(i + 8, len(val.lengths))), dev)
-        where, valid = sample_anchors(lengths, starts, anchors, gen)
-        out, at = flex_outputs(head, target, entry_states(head, target, tokens), where)
-        real = valid[..., None] & (at < lengths[:, None, None])
-        want = target.head(_at(feats, at).float()).argmax(-1).unflatten(1, at.shape[1:])
-        hit = (target.head(out).argmax(-1) == want) & real
-        total += float(accepted_prefix(hit, valid)) * int(valid.sum())
-        blocks += int(valid.sum())
-    return total / max(blocks, 1)
+
+    def outputs(tokens: torch.Tensor, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return flex_outputs(head, target, entry_states(head, target, tokens), anchors)
+
+    blocks = objective.held_out(target, val, outputs)
+    return mean_accepted(blocks, lambda batch: [target.head(batch.out).argmax(-1) == batch.want])[0]
 
 
 def mean_response_state(head: Any, target: Any, data: Any, cached: torch.Tensor | None, rows: int = 64) -> torch.Tensor:
@@ -125,23 +98,14 @@ def mean_response_state(head: Any, target: Any, data: Any, cached: torch.Tensor 
     return (states * response[..., None]).sum((0, 1)) / response.sum().clamp(min=1)
 
 
-@shares(HeadConfig)
-def train(
-    out_dir: str | Path,
-    *,
-    tuned_layers: int = 2,
-    block_size: int = 8,
-    anchors: int = 16,
-    gamma: float | None = None,
-    **shared: Any,
-) -> dict[str, Any]:
-    """Train the head; returns the summary numbers (also in ``summary.json``). The recipe's own knobs: the last
-    ``tuned_layers`` layers' attention projections tuned, ``block_size`` (slots a block, the pending token's
-    included), ``anchors`` per sequence a step, the decay ``gamma`` (None: ``block_size / 2``); ``shared``:
-    :class:`~decodekit.train.recipe.HeadConfig`'s.
+@shares(BlockConfig)
+def train(out_dir: str | Path, *, tuned_layers: int = 2, **shared: Any) -> dict[str, Any]:
+    """Train the head; returns the summary numbers (also in ``summary.json``). The recipe's own knob: the last
+    ``tuned_layers`` layers' attention projections tuned; ``shared``: :class:`~decodekit.train.blocks.BlockConfig`'s
+    (``block_size``: the pending token's slot included; ``anchors``, ``gamma``).
     ``decodekit/recipes/train/flexdraft.yaml`` documents each."""
-    cfg = HeadConfig.of("flexdraft", locals(), train_vocab=16384, vocab_sizes=(16384,), epochs=1, lr=1e-4)
-    gamma = block_size / 2 if gamma is None else float(gamma)
+    cfg = BlockConfig.of("flexdraft", locals(), train_vocab=16384, vocab_sizes=(16384,), epochs=1, lr=1e-4)
+    objective = BlockObjective.of(cfg)
     from decodekit.drafters.flexdraft_head import FlexDraftHead, check_target
     from decodekit.train.feature_heads import device_settings
     from decodekit.train.layer_features import cached_layer_states
@@ -151,7 +115,7 @@ def train(
 
     def make_head(target: Any, data: Any) -> FlexDraftHead:
         target.hf.requires_grad_(False)  # frozen: only the tuned projections and the mask embedding learn
-        head = FlexDraftHead(target, tuned_layers, block_size)
+        head = FlexDraftHead(target, tuned_layers, cfg.block_size)
         if not online:  # once: a step then runs no target forward
             cached.append(cached_layer_states(target, data.tokens, data.lengths, (head.first,), cfg.data_path,
                                               cfg.gen_batch_size, cfg.progress))  # fmt: skip
@@ -162,18 +126,16 @@ def train(
         check_target(target, tuned_layers)
         return None if online else (target.num_layers - int(tuned_layers),)  # cached by the features' forward
 
-    generator = torch.Generator().manual_seed(int(cfg.seed))
-
     def loss(head: Any, target: Any, rows: torch.Tensor, b: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        where, valid = sample_anchors(b.lengths, b.starts, anchors, generator)
+        blocks = objective.sample(b)
         states = cached[0][b.rows].to(b.feats) if cached else entry_states(head, target, b.tokens)
-        return flexdraft_loss(head, target, rows, states, b.feats, where, valid, b.lengths, gamma)
+        return objective.loss(lambda tokens, a: flex_outputs(head, target, states, a), b, rows, blocks)
 
     def pick(head: Any, target: Any, val: Any, sizes: Any) -> dict[str, Any]:
-        return {"picked": max(sizes), "accept": held_out_accept(head, target, val, anchors)}
+        return {"picked": max(sizes), "accept": held_out_accept(head, target, val, objective)}
 
     return run_recipe(
-        cfg, make_head, loss, pick=pick, title="FlexDraft head", loss_label=f"soft CE, slot decay exp(-j / {gamma:g})",
-        check_target=entry_layer, keep=lambda head, vocab: None,
-        metadata=lambda head: head.file_fields(), gamma=gamma, anchors=anchors,
+        cfg, make_head, loss, pick=pick, title="FlexDraft head", check_target=entry_layer,
+        loss_label=f"soft CE, slot decay exp(-j / {cfg.decay:g})", keep=lambda head, vocab: None,
+        metadata=lambda head: head.file_fields(), gamma=cfg.decay, anchors=cfg.anchors,
     )  # fmt: skip

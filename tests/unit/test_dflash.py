@@ -24,8 +24,10 @@ from decodekit.drafters.head_files import head_metadata
 from decodekit.errors import ConfigError
 from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
-from decodekit.train.dflash import block_mask, dflash_loss, sample_anchors
+from decodekit.train.blocks import BlockObjective, sample_anchors
+from decodekit.train.dflash import block_mask, block_outputs
 from decodekit.train.layer_features import final_states, layer_states
+from decodekit.train.recipe import Batch
 from decodekit.verifiers import RejectionVerifier
 from tests.unit.test_host_syncs import count_syncs
 from tests.unit.test_lossless import MisreportsQ, assert_detected, assert_matches, sample_counts
@@ -51,9 +53,10 @@ def fit(head: DFlashHead, target, steps: int, seed: int = 0) -> list[dict[str, f
     stats = []
     for _ in range(steps):
         idx = torch.randint(0, len(tokens), (16,), generator=gen)
-        anchors, valid = sample_anchors(lengths[idx], starts[idx], 8, gen)
-        loss, st = dflash_loss(head, target.embed, w, tokens[idx], taps[idx], feats[idx], anchors, valid,
-                               lengths[idx], 2.0)  # fmt: skip
+        blocks = sample_anchors(lengths[idx], starts[idx], 8, gen)
+        batch = Batch(tokens[idx], feats[idx], lengths[idx], starts[idx])
+        outputs = lambda t, a: block_outputs(head, target.embed, t, taps[idx], a)  # noqa: B023, E731
+        loss, st = BlockObjective(8, 2.0).loss(outputs, batch, w, blocks)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -122,7 +122,7 @@ def test_draft_alignment_raises_acceptance_on_its_data(target):
     next 4 slots all masked, one forward) trains a noisy copy of the target, read as a block-causal DLM, to draft
     what the target then accepts: mean acceptance on the training prompts 1.01-1.02 before, 1.28-1.34 after 200
     steps (measured in two runs)."""
-    from decodekit.train.dlm_losses import draft_alignment_loss
+    from decodekit.train.dlm_losses import Regions, draft_alignment_loss
 
     gen = torch.Generator().manual_seed(0)
     prompts = [
@@ -144,7 +144,7 @@ def test_draft_alignment_raises_acceptance_on_its_data(target):
     draft.train()
     for _ in range(200):
         i = torch.randint(0, len(rows), (16,), generator=noise)
-        loss = draft_alignment_loss(draft, tokens[i], lengths[i], starts[i], 127, noise, 4, block_length=4)
+        loss = draft_alignment_loss(draft, Regions(tokens[i], lengths[i], starts[i]), 127, noise, 4, block_length=4)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

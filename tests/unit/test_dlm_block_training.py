@@ -14,7 +14,7 @@ from decodekit.dlm.parts import refusal
 from decodekit.errors import ConfigError
 from decodekit.models.tiny import tiny_llama
 from decodekit.train.dlm_data import RegionRows
-from decodekit.train.dlm_losses import region_diffusion_loss, region_logits
+from decodekit.train.dlm_losses import Regions, region_diffusion_loss, region_logits
 
 MASK = 127
 BLOCK = 4
@@ -62,7 +62,7 @@ def test_training_logits_are_the_samplers(hf, block):
     dlm = dk.dlm.load_model(hf, mask_token_id=MASK, shift_logits=True)
     tokens, lengths, starts, masked = ragged_batch()
     with torch.no_grad():
-        logits, target = region_logits(hf, tokens, lengths, starts, masked, MASK, block)
+        logits, target = region_logits(hf, Regions(tokens, lengths, starts), masked, MASK, block)
     for b, ref in enumerate(sampler_logits(dlm, tokens, lengths, starts, masked, block)):
         n = len(ref)
         torch.testing.assert_close(logits[b, :n], ref, atol=2e-4, rtol=1e-4)
@@ -79,7 +79,9 @@ def test_the_region_loss_trains(hf):
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     for step in range(30):
-        loss = region_diffusion_loss(model, tokens, lengths, starts, MASK, torch.Generator().manual_seed(step), BLOCK)
+        loss = region_diffusion_loss(
+            model, Regions(tokens, lengths, starts), MASK, torch.Generator().manual_seed(step), BLOCK
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()

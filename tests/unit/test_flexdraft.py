@@ -18,9 +18,10 @@ from decodekit.errors import ConfigError
 from decodekit.masks import chain_mask
 from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
-from decodekit.train.dflash import sample_anchors
-from decodekit.train.flexdraft import entry_states, flex_layout, flex_outputs, flexdraft_loss
+from decodekit.train.blocks import BlockObjective, sample_anchors
+from decodekit.train.flexdraft import entry_states, flex_layout, flex_outputs
 from decodekit.train.layer_features import final_states
+from decodekit.train.recipe import Batch
 from decodekit.verifiers import RejectionVerifier
 from tests.unit.test_host_syncs import count_syncs
 from tests.unit.test_lossless import MisreportsQ, assert_detected, assert_matches, sample_counts
@@ -47,8 +48,10 @@ def fit(head: FlexDraftHead, target, steps: int, seed: int = 0) -> list[dict[str
     stats = []
     for _ in range(steps):
         idx = torch.randint(0, len(tokens), (16,), generator=gen)
-        anchors, valid = sample_anchors(lengths[idx], starts[idx], 8, gen)
-        loss, st = flexdraft_loss(head, target, w, states[idx], feats[idx], anchors, valid, lengths[idx], 2.0)
+        blocks = sample_anchors(lengths[idx], starts[idx], 8, gen)
+        batch = Batch(tokens[idx], feats[idx], lengths[idx], starts[idx])
+        outputs = lambda t, a: flex_outputs(head, target, states[idx], a)  # noqa: B023, E731
+        loss, st = BlockObjective(8, 2.0).loss(outputs, batch, w, blocks)
         opt.zero_grad()
         loss.backward()
         opt.step()
