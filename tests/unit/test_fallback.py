@@ -5,12 +5,14 @@ whole loop (a merge that keeps the wrong rows' ``q`` must fail the same test), a
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import decodekit as dk
 from decodekit.drafters import FallbackDrafter, ModelDrafter, NGramDrafter, RecyclingDrafter, SuffixDrafter
+from decodekit.drafters.composite import Composite
 from decodekit.drafters.early_exit import EarlyExitDrafter
 from decodekit.policies import FixedLength
 from decodekit.verifiers import RejectionVerifier
@@ -200,6 +202,35 @@ def test_both_drafters_see_every_hook(target, ragged_prompts):
     drafter.clear()
     assert suffix.cached_outputs == [] and drafter.fallback.matrix is None
     assert drafter.needs == {"logits", "host_rows"}  # the union of its parts' (suffix takes host rows)
+
+
+class Alternate(Composite):
+    """A user's composite: its parts take turns round by round (only ``propose`` written)."""
+
+    def __init__(self, *parts) -> None:
+        self.compose(parts, "Alternate")
+        self.turn = 0
+
+    def draft_kind(self, sampling):
+        return self.parts[0].draft_kind(sampling)
+
+    def propose(self, state, budget):
+        self.turn += 1
+        return self.parts[self.turn % len(self.parts)].propose(state, budget)
+
+
+def test_a_composite_of_your_own_passes_every_hook_and_stays_greedy_decoding(target, ragged_prompts):
+    """A composite written as the docs say (``Composite``, ``compose`` and ``propose``): its parts' hooks run
+    (n-gram's index, the early exit's ``begin`` with the target), declarations are the union, output is greedy."""
+    reference = dk.generate(target, ragged_prompts, max_new_tokens=24, eos_token_id=()).sequences
+    ngram, exit_ = NGramDrafter(max_ngram=2), EarlyExitDrafter(exit_layer=1)
+    looked_up, exited = count_drafted(ngram), count_drafted(exit_)
+    drafter = Alternate(ngram, exit_)
+    assert drafter.shares_target and "host_rows" in drafter.needs
+    assert_greedy_twice(target, ragged_prompts, drafter, FixedLength(3), reference, 24)
+    assert sum(looked_up) > 0 and sum(exited) > 0
+    with pytest.raises(dk.errors.ConfigError, match="Alternate's drafters have different vocabularies"):
+        Alternate(SimpleNamespace(vocab_size=7), SimpleNamespace(vocab_size=8))
 
 
 # ------------------------------------------------------------------------------------------- distribution
