@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from decodekit.checks import check_int, describe
+from decodekit.draft.kind import DraftKind
+from decodekit.draft.tree import Draft
 from decodekit.errors import ConfigError, ConfigTypeError
 
 if TYPE_CHECKING:
@@ -216,3 +218,30 @@ def _fit(template: TreeTemplate, nodes: int, depth: int, width: int | None, devi
     tree = template.truncated(nodes, depth, width)
     parents, ranks, depths = (t.to(device) for t in (tree.parents, tree.ranks, tree.depth))
     return FittedTemplate(tree, tree.levels(), parents, ranks, depths)
+
+
+def ranked_tree(
+    template: TreeTemplate, scores: torch.Tensor, budget: DraftBudget, vocab: torch.Tensor | None = None
+) -> Draft:
+    """A deterministic tree whose node ``(r1, ..., rd)`` is the ``rd``-th best token at depth ``d`` whatever its
+    path: Medusa's static sparse tree from its heads, or a block drafter's from one forward's slots (each depth's
+    candidates do not see the path). ``scores [B, k, V']``: row ``d - 1`` ranks depth ``d``'s candidates; the
+    template is fitted to ``budget`` capped at ``k`` deep; ``vocab [V']`` maps the columns to token ids (None: they
+    are the ids). A rank past ``V'`` drafts nothing, nor does anything under an undrafted node; the draft declares
+    its width bound (no host sync)."""
+    batch, k = scores.shape[:2]
+    capped = budget.capped_at(k)
+    fitted = fit_template(template, capped, scores.device)
+    n = fitted.tree.num_nodes
+    if n == 0:
+        return Draft.empty(batch, scores.device)
+    deepest = max(c[-1] for c in fitted.tree.choices)  # on the host: no sync
+    top = scores.topk(min(deepest + 1, scores.shape[-1]), -1).indices  # [B, k, r]
+    inside = fitted.ranks < top.shape[-1]  # a rank past a tiny draft vocabulary drafts nothing
+    picked = top[:, fitted.depth - 1, torch.where(inside, fitted.ranks, 0)]  # [B, N]
+    valid = fitted.fits(capped) & inside
+    for start, end in fitted.levels[1:]:  # under a node that is not drafted, nothing is
+        valid[:, start:end] &= valid.gather(1, fitted.parents[start:end].expand(batch, -1))
+    tokens = picked if vocab is None else vocab[picked]
+    draft = Draft.tree(tokens, fitted.parents.expand(batch, n), valid, kind=DraftKind.DETERMINISTIC)
+    return draft.knowing_width(fitted.host_width(capped), exact=False)

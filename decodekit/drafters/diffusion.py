@@ -17,6 +17,13 @@ before ``j``. Committing by confidence instead (a diffusion sampler's usual orde
 decide an earlier one's, whose reported ``q`` would then not be its law given the tokens before it: the verifier's
 output would drift from the target's (``tests/unit/test_diffusion_drafter.py`` shows the drift with that order).
 
+Trees (``template=``, issue 57's "a tree from each slot's top candidates"): with one denoising step no slot sees
+another's token, so slot ``j``'s ranked candidates are the same under every path, as Medusa's heads' are; the
+template's node ``(r1, ..., rd)`` is slot ``d``'s ``rd``-th most likely token
+(:func:`~decodekit.draft.templates.ranked_tree`). Those trees are deterministic (their tokens are picked, not
+sampled), verified as point masses at any temperature: lossless with every verifier of deterministic trees. They
+need ``steps=1`` (a later chunk would see one path's tokens).
+
 Cost: with ``cache=True`` (the default) the DLM keeps the committed context's K/V across rounds, computed causally
 (each committed token sees those before it) and fed the tokens it has not seen, as a draft model is; the slots then
 attend to it and among themselves (block-causally past ``block_length``) without being stored, so a round costs the
@@ -33,14 +40,16 @@ from typing import Any
 import torch
 
 from decodekit.checks import check_bool, check_float, check_int, check_model_spec
-from decodekit.draft import Draft
+from decodekit.draft import Draft, DraftKind
 from decodekit.draft.budget import DraftBudget
+from decodekit.draft.templates import TreeTemplate, ranked_tree, resolve_template
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.model import feed_unseen
 from decodekit.errors import ConfigError
 from decodekit.masks import attend_layout, bidirectional_mask, block_causal_mask
 from decodekit.registry import register
 from decodekit.spec.state import DecodeState
+from decodekit.types import SamplingParams
 
 __all__ = ["DiffusionDrafter"]
 
@@ -57,18 +66,36 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         temperature: the drafter's sampling temperature; None = the call's sampling parameters. 0 = argmax drafts.
         cache: keep the committed context's K/V across rounds (computed causally); False = recompute the whole
             context each forward in the DLM's own attention pattern (module docstring).
+        template: None = chains; a :class:`~decodekit.draft.templates.TreeTemplate` or a name in
+            ``decodekit.draft.templates.TEMPLATES`` = deterministic trees of each slot's ranked candidates (module
+            docstring; give the policy a node budget, e.g. ``FixedLength(8, depth=4)``).
 
     Raises:
         ConfigError: a block-causal DLM whose blocks lie on the absolute position grid (SDAR, Fast-dLLM v2,
-            LLaDA 2: a draft block would straddle its blocks), a bad ``steps`` or ``temperature``.
+            LLaDA 2: a draft block would straddle its blocks), a bad ``steps`` or ``temperature``, a ``template``
+            with ``steps > 1``.
     """
 
     needs = frozenset({"host_rows"})  # select_rows hands the kept rows on the host to its cache
 
-    def __init__(self, model: Any, steps: int = 1, temperature: float | None = None, cache: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        steps: int = 1,
+        temperature: float | None = None,
+        cache: bool = True,
+        template: TreeTemplate | str | None = None,
+    ) -> None:
         from decodekit.dlm.model import DLMModel, load_model
 
         self.steps = check_int("steps", steps, low=1)
+        self.template = template
+        self._template = None if template is None else resolve_template(template)
+        if self._template is not None and self.steps > 1:
+            raise ConfigError(
+                f"DiffusionDrafter: template= drafts each slot's ranked candidates from one forward; steps={steps} "
+                "would let later slots see one path's tokens: use steps=1 with a template, or chains (template=None)"
+            )
         self.temperature = check_float("temperature", temperature, low=0, optional=True, hint=" (None = the call's)")
         if not isinstance(model, DLMModel):
             check_model_spec("model", model)
@@ -91,6 +118,9 @@ class DiffusionDrafter(SamplesLikeTheTarget):
     def vocab_size(self) -> int:
         return self.model.vocab_size
 
+    def draft_kind(self, sampling: SamplingParams) -> DraftKind:
+        return DraftKind.DETERMINISTIC if self._template is not None else super().draft_kind(sampling)
+
     def begin(self, state: DecodeState) -> None:
         if self.model.device != state.device:
             raise ConfigError(
@@ -100,7 +130,7 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         self._kv = self.model.lm.new_cache(state.batch_size, state.tokens.shape[1]) if self.cache else None
 
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
-        k = budget.max_len
+        k = budget.max_len if self._template is None else min(budget.max_depth, self._template.max_depth)
         if k == 0:
             return Draft.empty(state.batch_size, state.device)
         slots = torch.full((state.batch_size, k), self.model.mask_token_id, device=state.device)
@@ -108,6 +138,8 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         starts = {sum(chunks[:i]) for i in range(1, len(chunks))}  # slots whose chunk needs a new forward
         last = feed_unseen(self.model.lm, self._kv, state)[0].float() if self._kv is not None else None
         logits = self._slot_logits(state, slots, last)
+        if self._template is not None:
+            return ranked_tree(self._template, logits, budget)
         done = 0
 
         def advance(x: torch.Tensor) -> tuple[torch.Tensor, None]:

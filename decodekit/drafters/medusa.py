@@ -29,7 +29,7 @@ from decodekit.cache import KVCache
 from decodekit.checks import check_int
 from decodekit.draft import Draft, DraftKind
 from decodekit.draft.budget import DraftBudget
-from decodekit.draft.templates import TreeTemplate, fit_template, resolve_template
+from decodekit.draft.templates import TreeTemplate, ranked_tree, resolve_template
 from decodekit.drafters.head_files import TrimmedHead, load_tensors, on_target, read_head, save_head
 from decodekit.drafters.medusa_release import ReleasedMedusaHeads, load_release, release_file
 from decodekit.errors import ConfigError
@@ -159,30 +159,11 @@ class MedusaDrafter:
         h = self.heads(self.f.to(self.dtype))[:, :k]  # type: ignore[misc]  # [B, k, H]
         scores = self.scores(h)  # [B, k, V_d]
         if self._template is not None:
-            return self._tree(scores, budget)
+            return ranked_tree(self._template, scores, budget, self.heads.vocab)  # type: ignore[union-attr]
         tokens = self.heads.vocab[scores.argmax(-1)]  # type: ignore[union-attr]
         valid = torch.arange(k, device=state.device)[None] < budget.lengths[:, None]
         filled = budget.filled_width  # a row's length is max_len >= k: the chain's width is k
         return Draft.chain(tokens, valid=valid).knowing_width(None if filled is None else k)
-
-    def _tree(self, scores: torch.Tensor, budget: DraftBudget) -> Draft:
-        """The template fitted to ``budget`` (at most ``k`` deep) from the heads' ``scores [B, k, V_d]``."""
-        batch, k = scores.shape[:2]
-        capped = budget.capped_at(k)
-        fitted = fit_template(self._template, capped, scores.device)  # type: ignore[arg-type]
-        n = fitted.tree.num_nodes
-        if n == 0:
-            return Draft.empty(batch, scores.device)
-        deepest = max(c[-1] for c in fitted.tree.choices)  # on the host: no sync
-        top = scores.topk(min(deepest + 1, scores.shape[-1]), -1).indices  # [B, k, r]
-        inside = fitted.ranks < top.shape[-1]  # a rank past a tiny draft vocabulary drafts nothing
-        picked = top[:, fitted.depth - 1, torch.where(inside, fitted.ranks, 0)]  # [B, N]
-        valid = fitted.fits(capped) & inside
-        for start, end in fitted.levels[1:]:  # under a node that is not drafted, nothing is
-            valid[:, start:end] &= valid.gather(1, fitted.parents[start:end].expand(batch, -1))
-        tokens = self.heads.vocab[picked]  # type: ignore[union-attr]
-        draft = Draft.tree(tokens, fitted.parents.expand(batch, n), valid, kind=DraftKind.DETERMINISTIC)
-        return draft.knowing_width(fitted.host_width(capped), exact=False)
 
     def observe(self, state: DecodeState, round: Round) -> None:
         """Keep the target's feature of each row's last committed token."""

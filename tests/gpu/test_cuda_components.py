@@ -48,6 +48,7 @@ def drafters(device: str, heads) -> dict[str, tuple]:
     return {
         "ngram": (dk.drafters.NGramDrafter(), FixedLength(4)),
         "diffusion": (dk.drafters.DiffusionDrafter(block_dlm, steps=2), FixedLength(4)),
+        "diffusion_tree": (dk.drafters.DiffusionDrafter(block_dlm, template="smollm2_8"), FixedLength(8, depth=4)),
         "suffix": (dk.drafters.SuffixDrafter(), FixedLength(8, depth=8)),
         "recycling": (dk.drafters.RecyclingDrafter(template="smollm2_8"), FixedLength(8, depth=4)),
         "model_chain": (dk.drafters.ModelDrafter(draft), FixedLength(3)),

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 import decodekit as dk
+from decodekit.draft.templates import TreeTemplate
 from decodekit.drafters import DiffusionDrafter
 from decodekit.errors import ConfigError
 from decodekit.models.tiny import perturbed, tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.sampling import probs_from_logits, sample
-from decodekit.verifiers import RejectionVerifier
+from decodekit.verifiers import RejectionVerifier, TraversalVerifier
 from tests.unit.test_lossless import assert_detected, assert_matches, sample_counts
 
 
@@ -90,7 +91,58 @@ def test_committing_by_confidence_is_detected(small):
     assert_detected(model, counts, "T1")
 
 
+TREE = TreeTemplate(((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)))
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_trees_of_each_slots_ranked_candidates_equal_plain_decoding(target, ragged_prompts, cache):
+    """``template=``: deterministic trees of each slot's top candidates from one forward; plain decoding's tokens
+    with drafts accepted and rejected, on a block-causal and a bidirectional DLM."""
+    plain = dk.generate(target, ragged_prompts, max_new_tokens=24, eos_token_id=()).sequences
+    bidirectional = dk.dlm.load_model(perturbed(target.hf, 0.1, seed=1), mask_token_id=127)
+    for dlm in (block_dlm(target.hf, 127, 4), bidirectional):
+        drafter = DiffusionDrafter(dlm, cache=cache, template=TREE)
+        out = dk.generate(target, ragged_prompts, drafter, policy=FixedLength(6, depth=4), max_new_tokens=24,
+                          eos_token_id=(), debug=True)  # fmt: skip
+        assert out.sequences == plain
+        if dlm is not bidirectional:
+            assert 0 < out.stats.accepted < out.stats.drafted
+
+
+def test_a_tree_node_is_its_slots_ranked_token(target, ragged_prompts):
+    """Node ``(r1, ..., rd)`` is slot ``d``'s ``rd``-th most likely token (the mask id never), within the budget."""
+    drafter = DiffusionDrafter(block_dlm(perturbed(target.hf, 0.3, seed=2), 127, 4), cache=False, template=TREE)
+    seen = []
+    propose = drafter.propose
+
+    def spy(state, budget):
+        slots = torch.full((state.batch_size, 3), 127)
+        seen.append((drafter._slot_logits(state, slots, None), propose(state, budget)))
+        return seen[-1][1]
+
+    drafter.propose = spy
+    dk.generate(target, ragged_prompts[:2], drafter, policy=FixedLength(5, depth=3), max_new_tokens=8, eos_token_id=())
+    logits, draft = seen[0]
+    ranked = logits.topk(2, -1).indices  # [B, 3 slots, 2]
+    assert draft.parents[0].tolist() == [-1, -1, 0, 0, 1]  # the template's first 5 nodes, 3 deep at most
+    for b in range(2):
+        assert draft.tokens[b].tolist() == [ranked[b, 0, 0], ranked[b, 0, 1], ranked[b, 1, 0], ranked[b, 1, 1],
+                                            ranked[b, 1, 0]]  # fmt: skip
+    assert not (draft.tokens == 127).any()
+
+
+def test_tree_sampling_is_lossless(small):
+    model, dlm = small
+    drafter = DiffusionDrafter(dlm, template=TreeTemplate(((0,), (1,), (0, 0), (1, 0))))
+    assert drafter.draft_kind(dk.SamplingParams(0.7)) is dk.DraftKind.DETERMINISTIC
+    counts, stats = sample_counts(model, drafter, TraversalVerifier(), FixedLength(4, depth=2), "T0.7-p0.9", seed=33)
+    assert_matches(model, counts, "T0.7-p0.9")
+    assert stats.accepted > 0
+
+
 def test_refusals(target):
+    with pytest.raises(ConfigError, match="template= drafts each slot's ranked candidates from one forward; steps=2"):
+        DiffusionDrafter(block_dlm(target.hf, 127, 4), steps=2, template="smollm2_8")
     with pytest.raises(ConfigError, match="steps must be"):
         DiffusionDrafter(block_dlm(target.hf, 127, 4), steps=0)
     with pytest.raises(ConfigError, match="model must be"):

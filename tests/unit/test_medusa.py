@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.draft.templates import TreeTemplate
+from decodekit.draft.templates import TreeTemplate, ranked_tree
 from decodekit.drafters.medusa import MedusaDrafter, MedusaHeads
 from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import PackedLinear
@@ -106,7 +106,7 @@ def test_tree_nodes_are_the_heads_ranked_tokens(tiny, ragged_prompts):
     state_f = torch.randn(1, lm.hf.config.hidden_size)  # any feature
     budget = dk.DraftBudget(torch.tensor([5]), node_bound=5)
     scores = drafter.trimmed.scores(drafter.heads(state_f)[:, :3])
-    draft = drafter._tree(scores, budget)
+    draft = ranked_tree(drafter._template, scores, budget, drafter.heads.vocab)
     ranked = scores.topk(2, -1).indices[0]  # [3 heads, 2]
     assert draft.tokens[0].tolist() == [ranked[0, 0], ranked[0, 1], ranked[1, 0], ranked[1, 1], ranked[2, 0]]
     assert draft.parents[0].tolist() == [-1, -1, 0, 0, 2]
