@@ -11,6 +11,7 @@ import torch
 import decodekit as dk
 from decodekit.draft.templates import TreeTemplate
 from decodekit.drafters import DiffusionDrafter
+from decodekit.drafters.model import feed_unseen
 from decodekit.errors import ConfigError
 from decodekit.models.tiny import perturbed, tiny_llama
 from decodekit.policies import FixedLength
@@ -43,6 +44,46 @@ def test_greedy_equals_plain_decoding(target, ragged_prompts, steps, cache):
         assert out.sequences == plain
         if dlm is not bidirectional:
             assert 0 < out.stats.accepted < out.stats.drafted
+
+
+class TwoForwards(DiffusionDrafter):
+    """The cached round as two forwards (the unseen tokens committed, then the slots against the cache without
+    being stored): the reference for the one-forward round."""
+
+    def _fed_slot_logits(self, state, slots):
+        last = feed_unseen(self.model.lm, self._kv, state)[0].float()
+        return self._slot_logits(state, slots, last if self.model.shift_logits else None)
+
+
+@pytest.mark.parametrize("block", [None, 2])
+def test_a_cached_round_is_one_forward_with_the_two_forwards_drafts(target, ragged_prompts, block):
+    """A cached round runs the DLM once (the unseen tokens and the slots together) and drafts what the two-forward
+    round drafts: the same tokens every round (greedy drafts on a DLM that is often wrong: accepted counts equal)."""
+    model = perturbed(target.hf, 0.2, seed=3)
+    shifted = block_dlm(model, 127, block) if block else dk.dlm.DLMModel(dk.load_model(model), 127, shift_logits=True)
+    runs = []
+    for cls in (DiffusionDrafter, TwoForwards):
+        drafter = cls(shifted, steps=2)
+        counts = {"forward": 0, "round": 0}
+        forward, fed = drafter.model.lm.forward, drafter._fed_slot_logits
+
+        def counted(*args, _forward=forward, _counts=counts, **kwargs):
+            _counts["forward"] += 1
+            return _forward(*args, **kwargs)
+
+        def first(state, slots, _fed=fed, _counts=counts):
+            _counts["round"] += 1
+            return _fed(state, slots)
+
+        drafter.model.lm.forward, drafter._fed_slot_logits = counted, first
+        out = dk.generate(target, ragged_prompts, drafter, policy=FixedLength(4), max_new_tokens=24, eos_token_id=(),
+                          debug=True)  # fmt: skip
+        del drafter.model.lm.forward
+        runs.append((out.sequences, out.stats.accepted, out.stats.acceptance_rate_per_pos, counts))
+    (seqs, accepted, per_pos, counts), (ref_seqs, ref_accepted, ref_per_pos, ref_counts) = runs
+    assert seqs == ref_seqs and accepted == ref_accepted and per_pos == ref_per_pos
+    assert counts["round"] == ref_counts["round"] > 10
+    assert ref_counts["forward"] - counts["forward"] == counts["round"]  # one forward saved a round
 
 
 @pytest.fixture(scope="module")
