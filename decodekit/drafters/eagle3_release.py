@@ -25,6 +25,7 @@ from torch import nn
 from decodekit.drafters.head_files import check_release_sizes, target_config
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
+from decodekit.models.grouped_attention import grouped_attention
 
 # the release's tensor -> Eagle3ReleaseHead's
 NAMES = {
@@ -136,12 +137,7 @@ class Eagle3ReleaseHead(nn.Module):
         cos, sin = self.rotary(x, positions)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         keys, values = (k, v) if cache is None else cache.update(k, v, 0)
-        group = q.shape[1] // keys.shape[1]
-        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-        causal = cache is None and mask is None
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=causal, scale=self.head_dim**-0.5
-        )
+        out = grouped_attention(q, keys, values, mask, self.head_dim**-0.5, causal=cache is None)
         residual = normed if self.norm_before_residual else feats
         h = residual + self.o_proj(out.transpose(1, 2).reshape(batch, num, -1))
         y = self.post_norm(h)

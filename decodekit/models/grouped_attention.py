@@ -32,16 +32,24 @@ _UNSUPPORTED = ("position_bias", "softcap", "s_aux", "sinks")  # what transforme
 
 
 def grouped_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float | None = None
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float | None = None,
+    causal: bool = False,
 ) -> torch.Tensor:
-    """Attention of ``q [B, H, N, D]`` over grouped-query ``keys`` / ``values [B, H_kv, S, D]`` under ``mask``: torch's
-    ``enable_gqa`` on the CPU (where this torch has it), the keys and values repeated per group elsewhere (on a GPU a
-    masked ``enable_gqa`` call may take the math kernel) -> ``[B, H, N, D]``."""
+    """Attention of ``q [B, H, N, D]`` over grouped-query ``keys`` / ``values [B, H_kv, S, D]`` under ``mask`` (or,
+    with ``causal`` and no mask, causally): torch's ``enable_gqa`` on the CPU (where this torch has it), the keys and
+    values repeated per group elsewhere (on a GPU a masked ``enable_gqa`` call may take the math kernel) ->
+    ``[B, H, N, D]``."""
     if keys.shape[1] != q.shape[1] and not (TORCH_HAS_GQA and q.device.type == "cpu"):
         group = q.shape[1] // keys.shape[1]
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
     gqa = {"enable_gqa": True} if keys.shape[1] != q.shape[1] else {}
-    return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, **gqa)
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, is_causal=causal and mask is None, scale=scale, **gqa
+    )
 
 
 def _takes_over(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any, kwargs: dict) -> bool:
