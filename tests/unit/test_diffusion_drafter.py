@@ -55,12 +55,13 @@ class TwoForwards(DiffusionDrafter):
         return self._slot_logits(state, slots, last if self.model.shift_logits else None)
 
 
-@pytest.mark.parametrize("block", [None, 2])
-def test_a_cached_round_is_one_forward_with_the_two_forwards_drafts(target, ragged_prompts, block):
+@pytest.mark.parametrize(("block", "shift"), [(None, True), (2, True), (None, False)])
+def test_a_cached_round_is_one_forward_with_the_two_forwards_drafts(target, ragged_prompts, block, shift):
     """A cached round runs the DLM once (the unseen tokens and the slots together) and drafts what the two-forward
-    round drafts: the same tokens every round (greedy drafts on a DLM that is often wrong: accepted counts equal)."""
+    round drafts: the same tokens every round (greedy drafts on a DLM that is often wrong: accepted counts equal),
+    block-causal or bidirectional, with shifted logits (slot 0 read at the pending token) or not."""
     model = perturbed(target.hf, 0.2, seed=3)
-    shifted = block_dlm(model, 127, block) if block else dk.dlm.DLMModel(dk.load_model(model), 127, shift_logits=True)
+    shifted = block_dlm(model, 127, block) if block else dk.dlm.DLMModel(dk.load_model(model), 127, shift_logits=shift)
     runs = []
     for cls in (DiffusionDrafter, TwoForwards):
         drafter = cls(shifted, steps=2)
