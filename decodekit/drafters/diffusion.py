@@ -22,7 +22,10 @@ another's token, so slot ``j``'s ranked candidates are the same under every path
 template's node ``(r1, ..., rd)`` is slot ``d``'s ``rd``-th most likely token
 (:func:`~decodekit.draft.templates.ranked_tree`). Those trees are deterministic (their tokens are picked, not
 sampled), verified as point masses at any temperature: lossless with every verifier of deterministic trees. They
-need ``steps=1`` (a later chunk would see one path's tokens).
+need ``steps=1`` (a later chunk would see one path's tokens). With ``candidates="sampled"`` (and a temperature above
+0) each node is drawn instead from its slot's distribution after the call's processors given its path, siblings
+independently, and that distribution is its ``q`` (kind ``SAMPLED``): SpecInfer's and the traversal verifier's
+condition, so they keep the target's law at any temperature while the tree's candidates follow the DLM's law.
 
 Cost: with ``cache=True`` (the default) the DLM keeps the committed context's K/V across rounds, computed causally
 (each committed token sees those before it) and fed the tokens it has not seen, as a draft model is. A round's first
@@ -42,15 +45,17 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_bool, check_float, check_int, check_model_spec
+from decodekit.checks import check_bool, check_choice, check_float, check_int, check_model_spec
 from decodekit.draft import Draft, DraftKind
 from decodekit.draft.budget import DraftBudget
-from decodekit.draft.templates import TreeTemplate, ranked_tree, resolve_template
+from decodekit.draft.templates import TreeTemplate, fit_template, ranked_tree, resolve_template
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.drafters.model import feed_unseen
+from decodekit.drafters.staged import process_paths
 from decodekit.errors import ConfigError
 from decodekit.masks import attend_layout, bidirectional_mask, block_causal_mask, causal_mask, staged_layout
 from decodekit.registry import register
+from decodekit.sampling import probs_from_logits, sample
 from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams
 
@@ -72,11 +77,13 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         template: None = chains; a :class:`~decodekit.draft.templates.TreeTemplate` or a name in
             ``decodekit.draft.templates.TEMPLATES`` = deterministic trees of each slot's ranked candidates (module
             docstring; give the policy a node budget, e.g. ``FixedLength(8, depth=4)``).
+        candidates: a tree's nodes: ``"ranked"`` (each slot's most likely tokens, deterministic) or ``"sampled"``
+            (drawn from each slot's distribution, siblings independently, with their ``q``; ranked at temperature 0).
 
     Raises:
         ConfigError: a block-causal DLM whose blocks lie on the absolute position grid (SDAR, Fast-dLLM v2,
-            LLaDA 2: a draft block would straddle its blocks), a bad ``steps`` or ``temperature``, a ``template``
-            with ``steps > 1``.
+            LLaDA 2: a draft block would straddle its blocks), a bad ``steps``, ``temperature`` or ``candidates``, a
+            ``template`` with ``steps > 1``.
     """
 
     needs = frozenset({"host_rows"})  # select_rows hands the kept rows on the host to its cache
@@ -88,10 +95,12 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         temperature: float | None = None,
         cache: bool = True,
         template: TreeTemplate | str | None = None,
+        candidates: str = "ranked",
     ) -> None:
         from decodekit.dlm.model import DLMModel, load_model
 
         self.steps = check_int("steps", steps, low=1)
+        self.candidates = check_choice("candidates", candidates, ("ranked", "sampled"))
         self.template = template
         self._template = None if template is None else resolve_template(template)
         if self._template is not None and self.steps > 1:
@@ -122,7 +131,9 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         return self.model.vocab_size
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
-        return DraftKind.DETERMINISTIC if self._template is not None else super().draft_kind(sampling)
+        if self._template is not None and (self.candidates == "ranked" or self.sampling(sampling).greedy):
+            return DraftKind.DETERMINISTIC
+        return super().draft_kind(sampling)
 
     def begin(self, state: DecodeState) -> None:
         if self.model.device != state.device:
@@ -149,7 +160,9 @@ class DiffusionDrafter(SamplesLikeTheTarget):
             logits = self._fed_slot_logits(state, slots)
             last = logits[:, 0] if self.model.shift_logits else None
         if self._template is not None:
-            return ranked_tree(self._template, logits, budget)
+            if self.draft_kind(state.sampling) is DraftKind.DETERMINISTIC:
+                return ranked_tree(self._template, logits, budget)
+            return self._sampled_tree(state, budget, logits)
         done = 0
 
         def advance(x: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -161,6 +174,31 @@ class DiffusionDrafter(SamplesLikeTheTarget):
             return logits[:, done], None
 
         return draft_chain(state, budget, self.sampling(state.sampling), logits[:, 0], None, advance)
+
+    def _sampled_tree(self, state: DecodeState, budget: DraftBudget, logits: torch.Tensor) -> Draft:
+        """The template (fitted to ``budget``) with each node drawn from its slot's distribution ``logits [B, k, V]``
+        after the call's processors given its parent's path, siblings independently; ``q`` one row per parent."""
+        capped = budget.capped_at(logits.shape[1])
+        fitted = fit_template(self._template, capped, logits.device)  # type: ignore[arg-type]
+        n, batch = fitted.tree.num_nodes, state.batch_size
+        if n == 0:
+            return Draft.empty(batch, logits.device)
+        sampling, parents = self.sampling(state.sampling), fitted.tree.parents.tolist()  # the template's: host
+        tokens, rows, index = [], [], []
+        paths = logits.new_zeros(batch, 1, 0, dtype=torch.long)  # the level above's paths (the root's: empty)
+        above = 0  # the first node of the level above
+        for d, (start, end) in enumerate(fitted.levels):
+            slot = logits[:, d : d + 1].expand(-1, paths.shape[1], -1)
+            rows.append(probs_from_logits(process_paths(state, slot, paths), sampling))  # [B, F, V]: per parent
+            cols = [p - above if d else 0 for p in parents[start:end]]
+            x = sample(rows[-1][:, cols], state.generator, key=("draft", d))  # [B, M]: one independent draw each
+            index += [sum(r.shape[1] for r in rows[:-1]) + c for c in cols]
+            tokens.append(x)
+            paths, above = torch.cat([paths[:, cols], x[..., None]], 2), start
+        q_index = torch.tensor(index, device=logits.device).expand(batch, n)
+        draft = Draft.tree(torch.cat(tokens, 1), fitted.parents.expand(batch, n), fitted.fits(capped),
+                           kind=DraftKind.SAMPLED, q=torch.cat(rows, 1), q_index=q_index)  # fmt: skip
+        return draft.knowing_width(fitted.host_width(capped), exact=False)
 
     def _slot_logits(self, state: DecodeState, slots: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
         """``[B, k, V]`` float32: the DLM's logits at the slots after each row's committed tokens (``slots [B, k]``:

@@ -16,8 +16,8 @@ from decodekit.errors import ConfigError
 from decodekit.models.tiny import perturbed, tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.sampling import probs_from_logits, sample
-from decodekit.verifiers import RejectionVerifier, TraversalVerifier
-from tests.unit.test_lossless import assert_detected, assert_matches, sample_counts
+from decodekit.verifiers import RejectionVerifier, SpecInferVerifier, TraversalVerifier
+from tests.unit.test_lossless import MisreportsQ, assert_detected, assert_matches, sample_counts
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,41 @@ def test_tree_sampling_is_lossless(small):
     assert stats.accepted > 0
 
 
+SMALL_TREE = TreeTemplate(((0,), (1,), (0, 0), (1, 0)))
+
+
+@pytest.mark.parametrize(("verifier", "setting"), [(SpecInferVerifier, "T1"), (TraversalVerifier, "T0.7-p0.9")])
+def test_sampled_trees_keep_the_target_law(small, verifier, setting):
+    """``candidates="sampled"``: each node drawn from its slot's distribution, siblings independently, with its
+    ``q``: the target's exact law under SpecInfer and traversal verification (chi-square on the exact joint)."""
+    model, dlm = small
+    drafter = DiffusionDrafter(dlm, template=SMALL_TREE, candidates="sampled")
+    assert drafter.draft_kind(dk.SamplingParams(1.0)) is dk.DraftKind.SAMPLED
+    counts, stats = sample_counts(model, drafter, verifier(), FixedLength(4, depth=2), setting, seed=37)
+    assert_matches(model, counts, setting)
+    assert 0.05 < stats.draft_acceptance_rate < 0.95
+
+
+def test_a_sampled_tree_that_misreports_q_is_detected(small):
+    model, dlm = small
+    drafter = MisreportsQ(DiffusionDrafter(dlm, template=SMALL_TREE, candidates="sampled"))
+    counts, _ = sample_counts(model, drafter, SpecInferVerifier(), FixedLength(4, depth=2), "T1", seed=38)
+    assert_detected(model, counts, "T1")
+
+
+def test_sampled_trees_are_ranked_at_temperature_zero(target, ragged_prompts):
+    plain = dk.generate(target, ragged_prompts, max_new_tokens=16, eos_token_id=()).sequences
+    drafter = DiffusionDrafter(block_dlm(target.hf, 127, 4), template=TREE, candidates="sampled")
+    assert drafter.draft_kind(dk.SamplingParams(0.0)) is dk.DraftKind.DETERMINISTIC
+    out = dk.generate(
+        target, ragged_prompts, drafter, policy=FixedLength(6, depth=4), max_new_tokens=16, eos_token_id=()
+    )
+    assert out.sequences == plain and out.stats.accepted > 0
+
+
 def test_refusals(target):
+    with pytest.raises(ConfigError, match="candidates must be one of 'ranked', 'sampled'"):
+        DiffusionDrafter(block_dlm(target.hf, 127, 4), template=TREE, candidates="top")
     with pytest.raises(ConfigError, match="template= drafts each slot's ranked candidates from one forward; steps=2"):
         DiffusionDrafter(block_dlm(target.hf, 127, 4), steps=2, template="smollm2_8")
     with pytest.raises(ConfigError, match="steps must be"):
