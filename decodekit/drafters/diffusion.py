@@ -50,7 +50,7 @@ from decodekit.draft import Draft, DraftKind
 from decodekit.draft.budget import DraftBudget
 from decodekit.draft.templates import TreeTemplate, fit_template, ranked_tree, resolve_template
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
-from decodekit.drafters.model import feed_unseen
+from decodekit.drafters.model import feed_unseen, unseen_tokens
 from decodekit.drafters.staged import process_paths
 from decodekit.errors import ConfigError
 from decodekit.masks import attend_layout, bidirectional_mask, block_causal_mask, causal_mask, staged_layout
@@ -188,13 +188,15 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         paths = logits.new_zeros(batch, 1, 0, dtype=torch.long)  # the level above's paths (the root's: empty)
         above = 0  # the first node of the level above
         for d, (start, end) in enumerate(fitted.levels):
-            slot = logits[:, d : d + 1].expand(-1, paths.shape[1], -1)
-            rows.append(probs_from_logits(process_paths(state, slot, paths), sampling))  # [B, F, V]: per parent
-            cols = [p - above if d else 0 for p in parents[start:end]]
+            above_cols = [p - above if d else 0 for p in parents[start:end]]  # each node's parent in the level above
+            used = sorted(set(above_cols))  # the parents: one q row each
+            slot = logits[:, d : d + 1].expand(-1, len(used), -1)
+            cols = [used.index(c) for c in above_cols]
+            index += [sum(r.shape[1] for r in rows) + c for c in cols]
+            rows.append(probs_from_logits(process_paths(state, slot, paths[:, used]), sampling))  # [B, F, V]
             x = sample(rows[-1][:, cols], state.generator, key=("draft", d))  # [B, M]: one independent draw each
-            index += [sum(r.shape[1] for r in rows[:-1]) + c for c in cols]
             tokens.append(x)
-            paths, above = torch.cat([paths[:, cols], x[..., None]], 2), start
+            paths, above = torch.cat([paths[:, above_cols], x[..., None]], 2), start
         q_index = torch.tensor(index, device=logits.device).expand(batch, n)
         draft = Draft.tree(torch.cat(tokens, 1), fitted.parents.expand(batch, n), fitted.fits(capped),
                            kind=DraftKind.SAMPLED, q=torch.cat(rows, 1), q_index=q_index)  # fmt: skip
@@ -218,11 +220,9 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         other (in blocks past ``block_length``) and whose K/V are staged but not kept. Returns the slots' logits
         ``[B, k, V]`` float32 (:meth:`_slot_logits`'s)."""
         kv, shift, k = self._kv, int(self.model.shift_logits), slots.shape[1]
-        unseen = [n - s for n, s in zip(state.host_lengths, kv.host_lengths())]  # >= 1: the pending token at least
-        width = max(unseen) + k
-        counts = state.lengths - kv.lengths  # [B] the unseen tokens, then the slots
+        tokens, counts, unseen = unseen_tokens(kv, state, extra=k)  # each row: its unseen tokens, then the slots
+        width = tokens.shape[1]
         j = torch.arange(width, device=slots.device)[None]
-        tokens = state.tokens.gather(1, (kv.lengths[:, None] + j).clamp(max=state.tokens.shape[1] - 1))
         is_slot = (j >= counts[:, None]) & (j < counts[:, None] + k)  # [B, W]
         tokens = torch.where(is_slot, slots.gather(1, (j - counts[:, None]).clamp(0, k - 1)), tokens)
         keys = staged_layout(kv.lengths, width, kv.stage(width), counts=counts + k)

@@ -16,16 +16,24 @@ from decodekit.spec.round import Round
 from decodekit.spec.state import DecodeState
 
 
+def unseen_tokens(cache: Any, state: DecodeState, extra: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The committed tokens a drafter's own ``cache`` does not hold yet (the pending token, plus any accepted draft
+    tokens; the whole prompt the first time): ``tokens [B, max(unseen) + extra]`` from each row's cached length on
+    (right-padded with whatever follows; ``extra`` more columns for the caller's own), their ``counts [B]`` and the
+    same counts on the host (each >= 1). No host sync."""
+    unseen = [n - s for n, s in zip(state.host_lengths, cache.host_lengths())]  # >= 1: the pending token at least
+    idx = cache.lengths[:, None] + torch.arange(max(unseen) + extra, device=state.device)
+    tokens = state.tokens.gather(1, idx.clamp(max=state.tokens.shape[1] - 1))
+    return tokens, state.lengths - cache.lengths, unseen
+
+
 def feed_unseen(
     model: LanguageModel, cache: Any, state: DecodeState, hidden: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Commit to a drafter's own ``cache`` of ``model`` the committed tokens it has not seen (the pending token, plus
-    any accepted draft tokens it does not hold; the whole prompt the first time), in one forward; returns ``model``'s
-    logits ``[B, V]`` after each row's pending token and (with ``hidden``) its final hidden state ``[B, H]`` there."""
-    unseen = [n - s for n, s in zip(state.host_lengths, cache.host_lengths())]  # >= 1: the pending token at least
-    idx = cache.lengths[:, None] + torch.arange(max(unseen), device=state.device)
-    tokens_in = state.tokens.gather(1, idx.clamp(max=state.tokens.shape[1] - 1))
-    counts = state.lengths - cache.lengths
+    """Commit to a drafter's own ``cache`` of ``model`` the committed tokens it has not seen (:func:`unseen_tokens`),
+    in one forward; returns ``model``'s logits ``[B, V]`` after each row's pending token and (with ``hidden``) its
+    final hidden state ``[B, H]`` there."""
+    tokens_in, counts, unseen = unseen_tokens(cache, state)
     out = model.extend(cache, tokens_in, counts, host_counts=unseen, return_hidden=hidden)
     if not hidden:
         return out.logits, None

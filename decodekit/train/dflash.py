@@ -118,9 +118,8 @@ def train(
         return head
 
     def loss(head: Any, target: Any, rows: torch.Tensor, b: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        blocks = objective.sample(b)
         taps = cached[0][b.rows].to(b.tokens.device) if cached else layer_states(target, b.tokens, picked)
-        return objective.loss(lambda t, a: block_outputs(head, target.embed, t, taps, a), b, rows, blocks)
+        return objective.loss(lambda t, a: block_outputs(head, target.embed, t, taps, a), b, rows)
 
     return run_recipe(
         cfg, make_head, loss, pick=lambda head, target, val, sizes: pick_vocab(head, target, val, sizes, objective),

@@ -127,9 +127,8 @@ def train(out_dir: str | Path, *, tuned_layers: int = 2, **shared: Any) -> dict[
         return None if online else (target.num_layers - int(tuned_layers),)  # cached by the features' forward
 
     def loss(head: Any, target: Any, rows: torch.Tensor, b: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        blocks = objective.sample(b)
         states = cached[0][b.rows].to(b.feats) if cached else entry_states(head, target, b.tokens)
-        return objective.loss(lambda tokens, a: flex_outputs(head, target, states, a), b, rows, blocks)
+        return objective.loss(lambda tokens, a: flex_outputs(head, target, states, a), b, rows)
 
     def pick(head: Any, target: Any, val: Any, sizes: Any) -> dict[str, Any]:
         return {"picked": max(sizes), "accept": held_out_accept(head, target, val, objective)}
