@@ -6,7 +6,10 @@ slot index == position: the token at position ``p`` has its K/V in slot ``p``. P
 decodekit always passes its own boolean 4-D mask ``[B, 1, N, S]`` over slots ``0 .. S - 1``
 (see :mod:`decodekit.masks`), so the model never asks the cache for lengths.
 
-**A forward** is planned by one call, then run (transformers models write through ``Cache.update``):
+**A forward** runs against a :class:`~decodekit.cache.view.CacheView` that one call of the cache returns and the
+caller passes to the model (the cache keeps no plan for its next forward; transformers models write through the
+view's ``Cache.update``, and ``view.slots()`` gives the written slots as a ``[B, N]`` tensor, gpt-fast's
+``input_pos``):
 
 - :meth:`KVCache.stage` ``(N, offset=0)``: the ``N`` new tokens are written to slots ``L_b + offset + j`` (their
   positions); nothing is committed until :meth:`KVCache.keep` says which staged tokens to keep (a gather that
@@ -26,10 +29,11 @@ when callers pass what they know on the host (``keep(..., host_counts=)``, ``cro
 ``select_rows(..., host_rows=)``, :meth:`KVCache.set_host_lengths`); otherwise it reads the lengths once (one device
 sync) at the next ``stage``.
 
-Buffers are allocated lazily at the first ``update`` (shapes, dtype and device come from the model) and grow when a
+Buffers are allocated lazily at a view's first ``update`` (shapes, dtype and device come from the model) and grow when a
 forward needs more slots than allocated; each has one extra scratch slot past ``S_cap`` for padding writes.
 """
 
 from decodekit.cache.kv import KVCache
+from decodekit.cache.view import CacheView
 
-__all__ = ["KVCache"]
+__all__ = ["CacheView", "KVCache"]

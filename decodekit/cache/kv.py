@@ -1,22 +1,23 @@
-"""The :class:`KVCache` class (the slot model is described in :mod:`decodekit.cache`): planning and running a
-forward, and keeping its staged tokens; the committed lengths, row selection, validity and snapshots are its
-:class:`~decodekit.cache.rows.CommittedRows` side."""
+"""The :class:`KVCache` class (the slot model is described in :mod:`decodekit.cache`): making the
+:class:`~decodekit.cache.view.CacheView` a forward runs against, and keeping its staged tokens; the committed lengths,
+row selection, validity and snapshots are its :class:`~decodekit.cache.rows.CommittedRows` side."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 import torch
-from transformers.cache_utils import Cache
 
 from decodekit.cache.rows import CommittedRows
 from decodekit.cache.validity import SlotValidity
+from decodekit.cache.view import CacheView
 
-_STAGE, _WRITE_AT, _ATTEND = "stage", "write_at", "attend"
 
-
-class KVCache(CommittedRows, Cache):  # type: ignore[misc]  # crop() takes per-row lengths, not Cache's max_length
+class KVCache(CommittedRows):
     """Ragged, row-compactable KV cache.
+
+    A forward runs against a :class:`~decodekit.cache.view.CacheView` made by :meth:`stage`, :meth:`write_at` or
+    :meth:`attend` (the slots it writes, the keys it sees), never against the cache itself.
 
     Args:
         batch_size: number of rows ``B``.
@@ -25,7 +26,6 @@ class KVCache(CommittedRows, Cache):  # type: ignore[misc]  # crop() takes per-r
     """
 
     def __init__(self, batch_size: int, capacity: int, device: torch.device | str = "cpu") -> None:
-        super().__init__(layers=[])
         self.capacity = capacity
         self._lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._host: list[int] | None = [0] * batch_size  # host mirror of the lengths; None = unknown
@@ -33,19 +33,17 @@ class KVCache(CommittedRows, Cache):  # type: ignore[misc]  # crop() takes per-r
         self.values: list[torch.Tensor] = []
         self.validity = SlotValidity()
         self._extent: list[int] = []  # per layer: staged slots past L_b written since the last keep / crop
-        self._plan: str | None = None  # what the next forward does: _STAGE, _WRITE_AT or _ATTEND
-        self._write_index: torch.Tensor | None = None  # [B, N] slots the next forward writes (ragged / write_at)
-        self._write_start: int | None = None  # set when every row writes at the same slot (a slice copy)
-        self._offset = self._end = 0  # staged block: slots L_b + offset .. L_b + end - 1
-        self._kv_len = 0  # key length S the next forward sees (after attend: the cached part S_c)
+        self.version = 0  # bumped whenever views made before stop being right (CacheView.check)
+        self._last: str | None = None  # the kind of the last view made (keep refuses after write_at / attend)
 
-    # ------------------------------------------------------------------------------------- forward protocol
-    def stage(self, num_new: int, offset: int = 0, *, kv_len: int | None = None) -> int:
-        """Reserve slots ``L_b + offset .. L_b + offset + num_new - 1`` for the next forward's ``num_new`` tokens.
+    # ------------------------------------------------------------------------------------------ forward views
+    def stage(self, num_new: int, offset: int = 0, *, kv_len: int | None = None) -> CacheView:
+        """A forward whose ``num_new`` tokens go to slots ``L_b + offset .. L_b + offset + num_new - 1``.
 
         ``offset > 0`` continues a staged block (a self-speculative drafter runs the target's first layers on one
-        draft token per step at offsets 0, 1, 2, ...). Grows the buffers if needed; invalidates the staged slots
-        when validity is explicit. No host sync while the host mirror is known.
+        draft token per step at offsets 0, 1, 2, ...). Nothing is committed until :meth:`keep`. Grows the buffers
+        if needed; invalidates the staged slots when validity is explicit. No host sync while the host mirror is
+        known.
 
         Args:
             num_new: ``N`` new tokens per row.
@@ -53,7 +51,8 @@ class KVCache(CommittedRows, Cache):  # type: ignore[misc]  # crop() takes per-r
             kv_len: a longer key length, to reach valid slots past the block (a cached suffix); None = the least.
 
         Returns:
-            the key length ``S`` (at least ``max(L) + offset + num_new``); the mask must be ``[B, 1, num_new, S]``.
+            the forward's view; its ``kv_len`` ``S`` is at least ``max(L) + offset + num_new``, and the mask must be
+            ``[B, 1, num_new, S]``.
         """
         lo, hi = self._min_max()
         if kv_len is None:
@@ -61,19 +60,17 @@ class KVCache(CommittedRows, Cache):  # type: ignore[misc]  # crop() takes per-r
         elif kv_len < hi + offset + num_new:
             raise ValueError(f"stage: kv_len={kv_len} is shorter than max(L) + offset + num_new")
         self._reserve(kv_len)
-        if lo == hi:  # every row writes at the same slots: update() copies a slice
-            self._write_start, self._write_index = lo + offset, None
-        else:
-            self._write_start = None
-            self._write_index = self._lengths[:, None] + torch.arange(
-                offset, offset + num_new, device=self._lengths.device
-            )
+        index = None
+        if lo != hi:  # ragged rows: a scatter (else every row writes from the same slot: a slice copy)
+            index = self._lengths[:, None] + torch.arange(offset, offset + num_new, device=self._lengths.device)
         self.validity.staged(self._lengths, offset, num_new)
-        self._plan, self._offset, self._end, self._kv_len = _STAGE, offset, offset + num_new, kv_len
-        return kv_len
+        self._last = "stage"
+        return CacheView(
+            self, "stage", kv_len, self._lengths, index=index, start=lo + offset, offset=offset, num_new=num_new
+        )
 
-    def write_at(self, slots: torch.Tensor, kv_len: int | None = None) -> int:
-        """Stage a forward whose ``M`` new tokens overwrite ``slots [B, M]`` (``-1`` = padding; written to scratch).
+    def write_at(self, slots: torch.Tensor, kv_len: int | None = None) -> CacheView:
+        """A forward whose ``M`` new tokens overwrite ``slots [B, M]`` (``-1`` = padding; written to scratch).
 
         Committed or not, the slots become valid (validity turns explicit); lengths do not change. For refreshing
         committed K/V (dKV-Cache) and writing a cached suffix block past ``L_b`` (Fast-dLLM dual cache). Data staged
@@ -84,23 +81,23 @@ class KVCache(CommittedRows, Cache):  # type: ignore[misc]  # crop() takes per-r
             kv_len: the key length ``S`` (must exceed every slot); None = ``max(max(L), max(slots) + 1)`` (one sync).
 
         Returns:
-            ``S``; the forward's mask must be ``[B, 1, M, S]``.
+            the forward's view (``kv_len`` = ``S``); the forward's mask must be ``[B, 1, M, S]``.
         """
         if kv_len is None:
             kv_len = max(self._min_max()[1], int(slots.max()) + 1 if slots.numel() else 0)
         self._reserve(kv_len)
         slots = slots.to(self._lengths.device)
         self.validity.set(self._lengths, self.capacity, slots, True)
-        self._write_index = slots.where(slots >= 0, self.capacity)
         self._extent = [0] * len(self._extent)
-        self._plan, self._write_start, self._kv_len = _WRITE_AT, None, kv_len
-        return kv_len
+        self._last = "write_at"
+        index = slots.where(slots >= 0, self.capacity)
+        return CacheView(self, "write_at", kv_len, self._lengths, index=index, num_new=slots.shape[1])
 
-    def attend(self, num_new: int, cached_len: int | None = None) -> int:
-        """Run the next forward against the cache without writing its K/V (ephemeral blocks, attend-only queries).
+    def attend(self, num_new: int, cached_len: int | None = None) -> CacheView:
+        """A forward that attends the cache without writing its K/V (ephemeral blocks, attend-only queries).
 
-        ``update()`` returns the cached keys ``0 .. S_c - 1`` followed by the ``num_new`` new ones, so new token ``j``
-        sits at key index ``S_c + j``; the buffers are unchanged afterwards. Build the mask with
+        The view's ``update()`` returns the cached keys ``0 .. S_c - 1`` followed by the ``num_new`` new ones, so new
+        token ``j`` sits at key index ``S_c + j``; the buffers are unchanged afterwards. Build the mask with
         :func:`decodekit.masks.attend_layout`.
 
         Args:
@@ -108,112 +105,43 @@ class KVCache(CommittedRows, Cache):  # type: ignore[misc]  # crop() takes per-r
             cached_len: ``S_c``; None = ``max(L)`` (more to reach a valid suffix past the committed lengths).
 
         Returns:
-            ``S = S_c + num_new``; the forward's mask must be ``[B, 1, num_new, S]``.
+            the forward's view, ``kv_len`` ``S = S_c + num_new``; the forward's mask must be ``[B, 1, num_new, S]``.
         """
         cached = self._min_max()[1] if cached_len is None else cached_len
         self._reserve(cached)
-        self._plan, self._write_index, self._write_start, self._kv_len = _ATTEND, None, None, cached
-        return cached + num_new
+        self._last = "attend"
+        return CacheView(self, "attend", cached + num_new, self._lengths, cached_len=cached, num_new=num_new)
 
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """transformers ``Cache`` hook: take ``[B, H, N, D]`` new states of layer ``layer_idx`` (0-based).
-
-        Writes them where the last :meth:`stage` / :meth:`write_at` said (nothing after :meth:`attend`).
-
-        Returns:
-            keys and values ``[B, H, S, D]``: slots ``0 .. S - 1`` (after :meth:`attend`: the cached slots
-            ``0 .. S_c - 1`` then the new states).
-        """
-        if self._plan is None:
-            raise RuntimeError("KVCache.update called without stage(): run models through decodekit's adapters")
-        self.allocate(layer_idx + 1, key_states.shape[1], key_states.shape[3], key_states, value_states.shape[3])
-        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
-        if self._plan == _ATTEND:
-            cached = self._kv_len
-            return torch.cat([k_buf[:, :, :cached], key_states], 2), torch.cat([v_buf[:, :, :cached], value_states], 2)
-        if self._write_start is not None:  # all rows at the same length: a slice copy
-            end = self._write_start + key_states.shape[2]
-            k_buf[:, :, self._write_start : end] = key_states
-            v_buf[:, :, self._write_start : end] = value_states
-        else:
-            index = self._write_index.to(key_states.device)[:, None, :, None]
-            k_buf.scatter_(2, index.expand_as(key_states), key_states)
-            v_buf.scatter_(2, index.expand_as(value_states), value_states)
-        if self._plan == _STAGE:
-            self._book_staged(layer_idx)
-        return k_buf[:, :, : self._kv_len], v_buf[:, :, : self._kv_len]
+    def update(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Refuses: a forward writes through the view :meth:`stage`, :meth:`write_at` or :meth:`attend` returned."""
+        raise TypeError(
+            "a model's forward was given the KVCache itself: pass it the CacheView that cache.stage(), "
+            "cache.write_at() or cache.attend() returned for this forward"
+        )
 
     # ------------------------------------------------------------------------------ explicit-slot forwards
-    def planned_slots(self) -> torch.Tensor | None:
-        """``[B, N]`` long: the slots the forward planned by :meth:`stage` or :meth:`write_at` writes (``write_at``'s
-        padding: the scratch slot ``capacity``), as a tensor (gpt-fast's ``input_pos``), for a forward that writes
-        the buffers itself (:mod:`decodekit.models.compiled`); None after :meth:`attend` or with nothing planned. No
-        host sync."""
-        if self._plan not in (_STAGE, _WRITE_AT):
-            return None
-        if self._write_index is not None:
-            return self._write_index
-        start = self._write_start + torch.arange(self._end - self._offset, device=self._lengths.device)
-        return start.expand(self.batch_size, -1)
-
     def allocate(
         self, num_layers: int, kv_heads: int, head_dim: int, like: torch.Tensor, value_dim: int | None = None
     ) -> None:
         """Make sure layers ``0 .. num_layers - 1`` have their key buffers ``[B, kv_heads, capacity + 1, head_dim]``
-        and value buffers (``value_dim`` wide, default ``head_dim``), of ``like``'s dtype and device: what
-        :meth:`update` does on a layer's first write."""
+        and value buffers (``value_dim`` wide, default ``head_dim``), of ``like``'s dtype and device: what a view's
+        ``update`` does on a layer's first write."""
         shape = (self.batch_size, kv_heads, self.capacity + 1, head_dim)
         while len(self.keys) < num_layers:
             self.keys.append(like.new_zeros(shape))
             self.values.append(like.new_zeros(shape[:3] + (head_dim if value_dim is None else value_dim,)))
             self._extent.append(0)
 
-    def planned_written(self, layers: Iterable[int]) -> None:
-        """Book a forward that wrote the planned slots itself into ``layers`` (0-based cache layers; what
-        :meth:`update` books per layer: after :meth:`stage`, the staged extent; after :meth:`write_at`, nothing)."""
-        if self._plan == _STAGE:
-            for i in layers:
-                self._book_staged(i)
-
-    def _book_staged(self, layer_idx: int) -> None:
-        """Layer ``layer_idx`` now holds the staged block: it extends the contiguous staged extent when it starts
-        within it."""
-        if self._offset <= self._extent[layer_idx]:
-            self._extent[layer_idx] = max(self._extent[layer_idx], self._end)
-
-    def key_positions(self, positions: torch.Tensor) -> torch.Tensor:
-        """Position of the token at each key index the planned forward sees (for position-dependent masks such as
-        sliding windows).
-
-        Cached slot ``s`` holds position ``s``; the forward's new token ``j`` sits at slot ``L_b + offset + j``
-        (:meth:`stage`; a tree's nodes are not at their slot's position), at key index ``S_c + j`` (:meth:`attend`),
-        or at its own position's slot (:meth:`write_at`).
-
-        Args:
-            positions: ``[B, N]`` the new tokens' positions (the forward's ``position_ids``).
-
-        Returns:
-            ``[B, S]`` long, ``S`` = the key length the forward sees.
-        """
-        batch, num_new = positions.shape
-        device = positions.device
-        if self._plan == _ATTEND:
-            cached = torch.arange(self._kv_len, device=device).expand(batch, self._kv_len)
-            return torch.cat([cached, positions], 1)
-        keys = torch.arange(self._kv_len, device=device).expand(batch, self._kv_len)
-        if self._plan != _STAGE:
-            return keys  # write_at: every slot holds its own position
-        index = self._lengths.to(device)[:, None] + torch.arange(self._offset, self._offset + num_new, device=device)
-        return keys.clone().scatter_(1, index, positions)
+    def book_staged(self, layers: Iterable[int], offset: int, end: int) -> None:
+        """Layers ``layers`` (0-based) now hold a staged block at offsets ``offset .. end - 1``: it extends each
+        one's contiguous staged extent when it starts within it (a view books its own writes)."""
+        for i in layers:
+            if offset <= self._extent[i]:
+                self._extent[i] = max(self._extent[i], end)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Largest committed length (transformers asks; no sync while the host mirror is known)."""
+        """Largest committed length (no sync while the host mirror is known)."""
         return self._min_max()[1]
-
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return (self._kv_len + query_length if self._plan == _ATTEND else self._kv_len), 0
 
     def staged_extent(self, layer_idx: int) -> int:
         """Slots past each row's ``L_b`` holding K/V that staged forwards wrote in layer ``layer_idx`` (0-based).
@@ -236,8 +164,6 @@ class KVCache(CommittedRows, Cache):  # type: ignore[misc]  # crop() takes per-r
                 ``counts[b]`` are ignored.
             host_counts: the same counts on the host (an int = every row): keeps the host mirror valid.
         """
-        if self._plan in (_WRITE_AT, _ATTEND):
-            raise RuntimeError(f"KVCache.keep after {self._plan}(): nothing was staged")
         if nodes is not None and nodes.shape[1] > 0:
             m = nodes.shape[1]
             base = self._lengths[:, None]
@@ -247,6 +173,8 @@ class KVCache(CommittedRows, Cache):  # type: ignore[misc]  # crop() takes per-r
                 src_i, dst_i = src.to(buf.device), dst.to(buf.device)
                 shape = (buf.shape[0], buf.shape[1], m, buf.shape[3])
                 buf.scatter_(2, dst_i.expand(shape), buf.gather(2, src_i.expand(shape)))
+        if self._last in ("write_at", "attend"):
+            raise RuntimeError(f"KVCache.keep after {self._last}(): nothing was staged")
         counts = counts.to(self._lengths.device)
         self.validity.kept(self._lengths, counts)
         if self._host is not None and host_counts is not None:
@@ -259,7 +187,7 @@ class KVCache(CommittedRows, Cache):  # type: ignore[misc]  # crop() takes per-r
 
     # -------------------------------------------------------------------------------------------- internals
     def _clear(self) -> None:
-        self._plan, self._write_index, self._write_start = None, None, None
+        self.version, self._last = self.version + 1, None
         self._extent = [0] * len(self._extent)
 
     def _reserve(self, kv_len: int) -> None:
@@ -276,6 +204,7 @@ class KVCache(CommittedRows, Cache):  # type: ignore[misc]  # crop() takes per-r
         self.values = [grown(v) for v in self.values]
         self.validity.grow(capacity)
         self.capacity = capacity
+        self.version += 1
 
     def __repr__(self) -> str:
         return f"KVCache(batch={self.batch_size}, capacity={self.capacity}, lengths={self._lengths.tolist()})"

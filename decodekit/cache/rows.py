@@ -3,7 +3,7 @@ what changes only the committed slots or the set of rows (:meth:`~CommittedRows.
 :meth:`~CommittedRows.select_rows`, which compacts the buffers in place where it can), the explicit per-slot validity
 (:meth:`~CommittedRows.invalidate`, :meth:`~CommittedRows.mark_valid`, :meth:`~CommittedRows.key_mask`) and
 :meth:`~CommittedRows.snapshot` / :meth:`~CommittedRows.restore`. A mixin of ``KVCache``
-(:mod:`decodekit.cache.kv`), which owns the attributes below and plans the forwards."""
+(:mod:`decodekit.cache.kv`), which owns the attributes below and makes the forwards' views."""
 
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ class CommittedRows:
     values: list[torch.Tensor]
     validity: SlotValidity
     _extent: list[int]
+    version: int
 
     def _clear(self) -> None:
-        """Forget the planned forward and the staged extents (:class:`~decodekit.cache.KVCache` does)."""
+        """Forget the staged extents; views made before no longer run (:class:`~decodekit.cache.KVCache` does)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------- properties
@@ -39,6 +40,7 @@ class CommittedRows:
     @lengths.setter
     def lengths(self, value: torch.Tensor) -> None:
         self._lengths, self._host = value, None
+        self.version += 1  # views made before read the old lengths
 
     @property
     def batch_size(self) -> int:

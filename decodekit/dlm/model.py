@@ -106,15 +106,15 @@ class DLMModel:
         batch, total = canvas.shape
         cache = self.lm.new_cache(batch, total)
         cache.set_host_lengths([0] * batch)
-        kv_len = cache.stage(total)
-        keys = staged_layout(torch.zeros_like(lengths), total, kv_len, counts=lengths)
+        view = cache.stage(total)
+        keys = staged_layout(torch.zeros_like(lengths), total, view.kv_len, counts=lengths)
         if block_causal is None:
             mask, positions = bidirectional_mask(keys)
         else:
             mask, positions = block_causal_mask(keys, block_causal, origin=starts)
         at = starts[:, None] + torch.arange(width, device=canvas.device) - int(self.shift_logits)
         at = at.clamp(min=0)  # shifted slot 0 at position 0: a prompt token on an absolute grid, its logits unused
-        return self.lm.forward(canvas, positions, mask, cache, logits_at=at).logits.float(), cache
+        return self.lm.forward(canvas, positions, mask, view, logits_at=at).logits.float(), cache
 
 
 def load_model(

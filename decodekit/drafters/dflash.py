@@ -128,9 +128,9 @@ class DFlashDrafter(ReadsAHeadPerTarget):
         if width == 0:
             return
         positions = self.cache.lengths[:, None] + torch.arange(width, device=state.device)
-        self.cache.stage(width)
+        view = self.cache.stage(width)
         for i, (k, v) in enumerate(self.head.context_kv(self.feats[:, :width], positions)):  # type: ignore[union-attr]
-            self.cache.update(k, v, i)
+            view.update(k, v, i)
         self.cache.keep(state.lengths - 1 - self.cache.lengths, host_counts=unseen)
 
     def _block_logits(self, state: DecodeState) -> torch.Tensor:

@@ -225,13 +225,14 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         j = torch.arange(width, device=slots.device)[None]
         is_slot = (j >= counts[:, None]) & (j < counts[:, None] + k)  # [B, W]
         tokens = torch.where(is_slot, slots.gather(1, (j - counts[:, None]).clamp(0, k - 1)), tokens)
-        keys = staged_layout(kv.lengths, width, kv.stage(width), counts=counts + k)
+        view = kv.stage(width)
+        keys = staged_layout(kv.lengths, width, view.kv_len, counts=counts + k)
         block = self.model.block_length
         causal, positions = causal_mask(keys)  # the committed tokens: as the cache holds them
         pattern = bidirectional_mask(keys) if block is None else block_causal_mask(keys, block, origin=state.lengths)
         mask = torch.where(is_slot[:, None, :, None], pattern[0], causal)
         at = counts[:, None] - shift + torch.arange(k, device=slots.device)
-        logits = self.model.lm.forward(tokens, positions, mask, kv, logits_at=at).logits.float()
+        logits = self.model.lm.forward(tokens, positions, mask, view, logits_at=at).logits.float()
         kv.keep(counts, host_counts=unseen)
         return self._masked(logits)
 
@@ -249,13 +250,13 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         """The slots run against the cached context without being stored: each sees the whole context and the slots
         (its own block and earlier ones past ``block_length``)."""
         kv, shift, k = self._kv, int(self.model.shift_logits), slots.shape[1]
-        total = kv.attend(k, max(kv.host_lengths()))
-        keys = attend_layout(kv.lengths, k, total - k)
+        view = kv.attend(k, max(kv.host_lengths()))
+        keys = attend_layout(kv.lengths, k, view.cached_len)
         block = self.model.block_length
         origin = state.lengths
         mask, positions = bidirectional_mask(keys) if block is None else block_causal_mask(keys, block, origin=origin)
         at = torch.arange(k - shift, device=slots.device).expand(len(slots), -1)
-        out = self.model.lm.forward(slots, positions, mask, kv, logits_at=at).logits.float()
+        out = self.model.lm.forward(slots, positions, mask, view, logits_at=at).logits.float()
         return torch.cat([last[:, None], out], 1) if shift else out
 
     def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:

@@ -184,9 +184,9 @@ class EagleDrafter(SamplesLikeTheTarget):
     def _run(self, tokens: torch.Tensor, feats: torch.Tensor, counts: torch.Tensor, host: int | list[int]) -> Any:
         """Feed ``tokens [B, N]`` / ``feats [B, N, H]`` (row ``b``: the first ``counts[b]``) as the next entries;
         returns ``g [B, H]`` at each row's last one."""
-        kv_len = self.cache.stage(tokens.shape[1])
-        mask, positions = chain_mask(self.cache.lengths, tokens.shape[1], kv_len)
-        g = self.head(self.target.embed(tokens), feats.to(self.dtype), positions, mask, self.cache)  # type: ignore[misc,union-attr]
+        view = self.cache.stage(tokens.shape[1])
+        mask, positions = chain_mask(self.cache.lengths, tokens.shape[1], view.kv_len)
+        g = self.head(self.target.embed(tokens), feats.to(self.dtype), positions, mask, view)  # type: ignore[misc,union-attr]
         self.cache.keep(counts, host_counts=host)
         return g.gather(1, (counts - 1).clamp(min=0)[:, None, None].expand(-1, 1, g.shape[-1]))[:, 0]
 
@@ -220,10 +220,10 @@ class EagleDrafter(SamplesLikeTheTarget):
             )
         outputs = g[:, None]  # [B, 1 + T, H]: the head's output at the root, then at each staged slot
 
-        def run(tokens: torch.Tensor, parents: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> Any:
+        def run(tokens: torch.Tensor, parents: torch.Tensor, positions: Any, mask: Any, view: Any) -> torch.Tensor:
             nonlocal outputs
             parent = outputs.gather(1, (parents + 1)[..., None].expand(-1, -1, g.shape[1]))  # slot -1: the root
-            out = self.head(self.target.embed(tokens), parent, positions, mask, self.cache)  # type: ignore[misc]
+            out = self.head(self.target.embed(tokens), parent, positions, mask, view)  # type: ignore[misc]
             outputs = torch.cat([outputs, out], 1)
             return self.logits(out)
 

@@ -122,7 +122,7 @@ class Eagle3ReleaseHead(nn.Module):
         cache: Any = None,
     ) -> torch.Tensor:
         """``embeds [B, N, H]`` (of ``x_{t+1}``), ``feats [B, N, H]`` (``u_t`` or the head's own output) ->
-        ``g [B, N, H]``, attending to ``cache`` (a :class:`~decodekit.cache.KVCache` or transformers cache, layer
+        ``g [B, N, H]``, attending to ``cache`` (a :class:`~decodekit.cache.CacheView` or transformers cache, layer
         0) under ``mask [B, 1, N, S]`` at ``positions [B, N]``; without a cache, causal attention over the ``N``
         positions ``0 ..`` (training), as :class:`~decodekit.drafters.eagle_head.EagleHead` does."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from decodekit.cache import KVCache
+from decodekit.cache import CacheView
 from decodekit.drafters.head_files import load_tensors, on_target, read_head, read_metadata, save_head, target_config
 from decodekit.drafters.lean_layer import LeanLayer, lean_layer
 from decodekit.errors import ConfigError
@@ -66,13 +66,14 @@ class EagleHead(nn.Module):
         feats: torch.Tensor,
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: CacheView | None = None,
     ) -> torch.Tensor:
         """``embeds [B, N, H]`` (of the tokens ``x_{t+1}``) and ``feats [B, N, H]`` (``f_t``) -> ``g [B, N, H]``.
 
-        Without a cache, causal attention over the ``N`` positions (training); with one, ``positions [B, N]`` and a
-        4-D bool ``mask [B, 1, N, S]`` against the staged cache, as :meth:`LanguageModel.forward`, through
-        :attr:`lean` where :func:`load_head` set one (the same arithmetic, without transformers' per-call work)."""
+        Without a cache, causal attention over the ``N`` positions (training); with one (a cache's view,
+        ``cache.stage(N)``), ``positions [B, N]`` and a 4-D bool ``mask [B, 1, N, S]``, as
+        :meth:`LanguageModel.forward`, through :attr:`lean` where :func:`load_head` set one (the same arithmetic,
+        without transformers' per-call work)."""
         x = self.fc(torch.cat([embeds, feats], -1))
         if cache is not None and self.lean is not None:
             return self.lean(x, positions, mask, cache)  # type: ignore[arg-type]

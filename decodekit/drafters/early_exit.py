@@ -114,12 +114,12 @@ class EarlyExitDrafter(SamplesLikeTheTarget):
 
     def _step(self, x: torch.Tensor, offset: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run ``x [B]`` at each row's position ``c + offset`` through the first layers -> (``[B, V]``, ``[B, H]``)."""
-        kv_len = self.cache.stage(1, offset=offset)
-        mask, positions = chain_mask(self.cache.lengths + offset, 1, kv_len)
+        view = self.cache.stage(1, offset=offset)
+        mask, positions = chain_mask(self.cache.lengths + offset, 1, view.kv_len)
         trained = self.weights is not None
         skip = x.new_zeros(x.shape[0], 0) if trained else None  # a trained head scores its own rows only
         out = self.target.forward(
-            x[:, None], positions, mask, self.cache, skip, return_hidden=hidden or trained, **self.layer_args()
+            x[:, None], positions, mask, view, skip, return_hidden=hidden or trained, **self.layer_args()
         )
         if trained:
             g = self.head(out.last_hidden[:, -1])  # type: ignore[misc]

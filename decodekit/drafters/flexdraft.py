@@ -72,15 +72,15 @@ def block_logits(head: FlexDraftHead, target: Any, cache: KVCache, pending: torc
     tokens ``pending [B]`` (the target's own next-token logits), then the mask slots. Stages the block in ``cache``
     (the next forward's staging overwrites it)."""
     n, batch = head.block_size, len(pending)
-    kv_len = cache.stage(1)  # the pending token through the first L - n layers, as the target runs it
-    mask, positions = block_slots_mask(cache.lengths, 1, kv_len)
+    view = cache.stage(1)  # the pending token through the first L - n layers, as the target runs it
+    mask, positions = block_slots_mask(cache.lengths, 1, view.kv_len)
     none = torch.zeros(batch, 0, dtype=torch.long, device=pending.device)  # no logits at the exit
-    out = target.forward(pending[:, None], positions, mask, cache, none, exit_layer=head.first,
+    out = target.forward(pending[:, None], positions, mask, view, none, exit_layer=head.first,
                          hidden_layers=(head.first,))  # fmt: skip
-    kv_len = cache.stage(n)  # the block through the last n layers, the mask slots entering there
-    mask, positions = block_slots_mask(cache.lengths, n, kv_len)
+    view = cache.stage(n)  # the block through the last n layers, the mask slots entering there
+    mask, positions = block_slots_mask(cache.lengths, n, view.kv_len)
     x = torch.cat([out.hidden[head.first], head.mask_slots(batch, n - 1).to(out.hidden[head.first])], 1)
-    return target.head(head(target, x, 1, positions, mask, cache)).float()
+    return target.head(head(target, x, 1, positions, mask, view)).float()
 
 
 @register("drafter", "flexdraft")

@@ -102,7 +102,7 @@ class FlexDraftHead(nn.Module):
         ``:frozen``, which take the target's projections; :meth:`mask_slots` at the rest, which take the tuned ones) at
         ``positions [B, N]`` -> the normed ``[B, N, H]``.
 
-        With ``cache`` (a :class:`~decodekit.cache.KVCache` staged for the ``N`` rows) each layer writes its keys
+        With ``cache`` (a :class:`~decodekit.cache.CacheView` staged for the ``N`` rows) each layer writes its keys
         and values there and attends to the slots ``mask [B, 1, N, S]`` allows; without, to the ``N`` rows
         themselves (``mask [B, 1, N, N]``, training)."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb

@@ -136,13 +136,13 @@ class LayerSkipDrafter(EarlyExitDrafter):
         steps = torch.arange(width, device=state.device)
         tokens = state.tokens.gather(1, start[:, None] + steps)  # [B, W] positions c - W .. c - 1
         labels = state.tokens.gather(1, start[:, None] + 1 + steps)  # their successors (the last: the pending token)
-        kv_len = self.cache.stage(width)  # staged at c .. c + W - 1, past everything committed
-        mask, staged_at = chain_mask(committed, width, kv_len)  # [B, 1, W, S] causal over the staged window
-        slots = torch.arange(kv_len, device=state.device)
+        view = self.cache.stage(width)  # staged at c .. c + W - 1, past everything committed
+        mask, staged_at = chain_mask(committed, width, view.kv_len)  # [B, 1, W, S] causal over the staged window
+        slots = torch.arange(view.kv_len, device=state.device)
         window = (slots >= start[:, None]) & (slots < committed[:, None])  # its committed copy (the full model's K/V)
         mask = mask & ~window[:, None, None]
         positions = staged_at - width  # the window's own positions, c - W .. c - 1
-        logits = self.target.forward(tokens, positions, mask, self.cache, skip_layers=skip).logits
+        logits = self.target.forward(tokens, positions, mask, view, skip_layers=skip).logits
         return (logits.argmax(-1) == labels).float().mean()
 
 

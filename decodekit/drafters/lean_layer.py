@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from decodekit.cache import KVCache
+from decodekit.cache import CacheView
 from decodekit.kernels.cpu import fused_linear
 from decodekit.models.grouped_attention import grouped_attention
 from decodekit.models.lean import COVERED_LAYERS as COVERED
@@ -30,7 +30,7 @@ class LeanLayer:
     ``norm``), then its final norm, as one callable for cached inference. Build it with :func:`lean_layer`.
 
     ``__call__(x [B, N, H], positions [B, N], mask [B, 1, N, S] bool, cache) -> [B, N, H]``: the same contract as
-    the transformers decoder called with ``inputs_embeds=x`` on a staged :class:`~decodekit.cache.KVCache`
+    the transformers decoder called with ``inputs_embeds=x`` on a staged :class:`~decodekit.cache.CacheView`
     (layer 0)."""
 
     def __init__(self, decoder: Any) -> None:
@@ -48,7 +48,7 @@ class LeanLayer:
         self.split = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
         self.gate_up = fused_linear([layer.mlp.gate_proj, layer.mlp.up_proj])
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: CacheView) -> torch.Tensor:
         batch, num, _ = x.shape
         q, k, v = self.qkv(self.in_norm(x)).split(self.split, -1)
         q, k, v = (t.view(batch, num, -1, self.head_dim) for t in (q, k, v))

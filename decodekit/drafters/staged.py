@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from decodekit.cache import KVCache
+from decodekit.cache import CacheView, KVCache
 from decodekit.draft import Draft, DraftKind
 from decodekit.draft.budget import DraftBudget
 from decodekit.masks import tree_mask
@@ -25,9 +25,10 @@ if TYPE_CHECKING:
     from decodekit.drafters.model import ModelDrafter
 
 
-Run = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""``run(tokens [B, M], parent_slots [B, M], positions [B, M], mask [B, 1, M, S]) -> logits [B, M, V]``: one
-staged forward of a tree level (a draft model's, or a feature head's that also reads its parents' features)."""
+Run = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, CacheView], torch.Tensor]
+"""``run(tokens [B, M], parent_slots [B, M], positions [B, M], mask [B, 1, M, S], view) -> logits [B, M, V]``: one
+staged forward of a tree level against the cache's ``view`` (a draft model's, or a feature head's that also reads
+its parents' features)."""
 
 
 class StagedTree:
@@ -47,8 +48,8 @@ class StagedTree:
     def of_model(cls, drafter: ModelDrafter, batch: int, device: torch.device) -> StagedTree:
         """The tree of a draft model (:class:`~decodekit.drafters.ModelDrafter`) in its own cache."""
 
-        def run(tokens: torch.Tensor, parents: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> Any:
-            return drafter.model.forward(tokens, positions, mask, drafter.cache).logits
+        def run(tokens: torch.Tensor, parents: Any, positions: torch.Tensor, mask: torch.Tensor, view: Any) -> Any:
+            return drafter.model.forward(tokens, positions, mask, view).logits
 
         return cls(drafter.cache, run, batch, device)
 
@@ -62,9 +63,9 @@ class StagedTree:
             rows = self.ancestors.gather(1, parent_slots.clamp(min=0)[..., None].expand(-1, -1, off))
             anc[:, off:, :off] = rows & (parent_slots >= 0)[..., None]
         anc[:, off:, off:] = torch.eye(m, dtype=torch.bool, device=tokens.device)
-        kv_len = self.cache.stage(m, offset=off)
-        mask, positions = tree_mask(self.cache.lengths, anc, kv_len)
-        logits = self.run(tokens, parent_slots, positions[:, off:], mask[:, :, off:])
+        view = self.cache.stage(m, offset=off)
+        mask, positions = tree_mask(self.cache.lengths, anc, view.kv_len)
+        logits = self.run(tokens, parent_slots, positions[:, off:], mask[:, :, off:], view)
         self.ancestors = anc
         slots = torch.arange(off, off + m, device=tokens.device).expand(batch, m)
         return logits, slots

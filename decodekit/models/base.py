@@ -1,7 +1,8 @@
 """The model interface every decodekit component runs models through.
 
 A :class:`LanguageModel` exposes one primitive, :meth:`LanguageModel.forward`: run ``N`` tokens per row with
-explicit positions and a 4-D boolean mask against a :class:`~decodekit.cache.KVCache`, returning a
+explicit positions and a 4-D boolean mask against a :class:`~decodekit.cache.CacheView` of a
+:class:`~decodekit.cache.KVCache` (the keys it sees, the slots its K/V go to), returning a
 :class:`ModelOutput` (logits, and hidden states on request). The two helpers built on it, :meth:`extend` (append a
 ragged chain and commit it) and :meth:`score` (run the pending token plus a draft tree, staged but not committed),
 are all the speculative loop and model drafters need. Feature-level and self-speculative drafters also use
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from decodekit.cache import KVCache
+from decodekit.cache import CacheView, KVCache
 from decodekit.errors import ConfigError, IncompatibleDraftError
 from decodekit.masks import add_root, chain_mask, tree_mask
 from decodekit.types import Draft
@@ -83,7 +84,7 @@ class LanguageModel:
         tokens: torch.Tensor,
         positions: torch.Tensor,
         mask: torch.Tensor,
-        cache: KVCache,
+        view: CacheView,
         logits_at: torch.Tensor | None = None,
         *,
         exit_layer: int | None = None,
@@ -94,8 +95,10 @@ class LanguageModel:
         """Run ``tokens [B, N]`` at ``positions [B, N]`` under ``mask [B, 1, N, S]`` (bool, True = attend).
 
         Called under ``torch.no_grad`` by :meth:`extend`, :meth:`score` and :func:`decodekit.generate`.
-        The cache must have been staged for ``N`` tokens (``S = cache.stage(N)``); their K/V land in the staged
-        slots. ``logits_at [B, M]`` selects which of the ``N`` positions get logits (default: all).
+        ``view`` comes from the cache for this forward (``view = cache.stage(N)``, ``S = view.kv_len``); each layer
+        hands its new K/V to ``view.update(k, v, layer)``, which writes them where the view says (its slots as a
+        tensor: ``view.slots()``) and returns the keys and values ``[B, H, S, D]`` to attend. ``logits_at [B, M]``
+        selects which of the ``N`` positions get logits (default: all).
 
         Args:
             exit_layer: stop after decoder layer ``L`` (1-based; early exit / self-speculation): only layers
@@ -147,10 +150,10 @@ class LanguageModel:
             :class:`ModelOutput` with ``logits [B, V]`` at each row's last real token (the next-token
             distribution); hidden states, if asked for, at all ``N`` positions.
         """
-        kv_len = cache.stage(tokens.shape[1])
-        mask, positions = chain_mask(cache.lengths, tokens.shape[1], kv_len)
+        view = cache.stage(tokens.shape[1])
+        mask, positions = chain_mask(cache.lengths, tokens.shape[1], view.kv_len)
         last = (counts - 1).clamp(min=0)[:, None]
-        out = self.forward(tokens, positions, mask, cache, logits_at=last, **forward_kwargs)
+        out = self.forward(tokens, positions, mask, view, logits_at=last, **forward_kwargs)
         cache.keep(counts, host_counts=host_counts)
         return ModelOutput(out.logits[:, 0], out.hidden, out.last_hidden)
 
@@ -176,9 +179,9 @@ class LanguageModel:
         tokens = pending[:, None]
         if draft.num_nodes:
             tokens = torch.cat([tokens, draft.tokens.where(draft.valid, 0)], 1)
-        kv_len = cache.stage(tokens.shape[1])
+        view = cache.stage(tokens.shape[1])
         if draft.is_chain:
-            mask, positions = chain_mask(cache.lengths, tokens.shape[1], kv_len)
+            mask, positions = chain_mask(cache.lengths, tokens.shape[1], view.kv_len)
         else:
-            mask, positions = tree_mask(cache.lengths, add_root(draft.ancestors), kv_len)
-        return self.forward(tokens, positions, mask, cache, **forward_kwargs)
+            mask, positions = tree_mask(cache.lengths, add_root(draft.ancestors), view.kv_len)
+        return self.forward(tokens, positions, mask, view, **forward_kwargs)

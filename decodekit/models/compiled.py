@@ -1,13 +1,14 @@
 """Static-shape, compiled forwards: ``dk.generate(..., compile=True)`` and ``dk.dlm.generate(..., compile=True)``.
 
 The eager adapter runs a forward at whatever shape the ragged state has: ``N`` tokens per row (the pending token and
-this round's draft), ``S = max(L) + N`` keys, its K/V written where :meth:`KVCache.stage` planned. Compiled code (and
-a CUDA graph above all) wants a forward whose shapes take few values and that reads nothing from the host. Under
-:func:`~decodekit.models.compile_switch.compiling`, a covered family's forward (Llama, Mistral, Qwen2, Qwen3 through
-:class:`~decodekit.models.lean.LeanDecoder`'s arithmetic) runs as :class:`StaticForward` instead:
+this round's draft), ``S = max(L) + N`` keys, its K/V written where the :class:`~decodekit.cache.CacheView` from
+:meth:`KVCache.stage` says. Compiled code (and a CUDA graph above all) wants a forward whose shapes take few values
+and that reads nothing from the host. Under :func:`~decodekit.models.compile_switch.compiling`, a covered family's
+forward (Llama, Mistral, Qwen2, Qwen3 through :class:`~decodekit.models.lean.LeanDecoder`'s arithmetic) runs as
+:class:`StaticForward` instead:
 
-- **explicit slots**: the forward gets the slots it writes as a ``[B, N]`` tensor (:meth:`KVCache.planned_slots`,
-  after ``stage`` or ``write_at``: gpt-fast's ``input_pos``) and scatters its K/V into the cache's buffers itself;
+- **explicit slots**: the forward gets the slots it writes as a ``[B, N]`` tensor (:meth:`CacheView.slots` of the
+  view ``stage`` or ``write_at`` made: gpt-fast's ``input_pos``) and scatters its K/V into the cache's buffers itself;
 - **a fixed key length**: attention always reads the whole buffer, ``capacity + 1`` slots (the last is scratch),
   under the caller's mask padded with False; under ``compiling`` new caches get a capacity rounded up to a
   multiple of ``compile_switch.CAPACITY_STEP`` (with room for a padded draft), so calls with other prompt lengths
@@ -191,15 +192,15 @@ class StaticForward:
         tokens: torch.Tensor,
         positions: torch.Tensor,
         mask: torch.Tensor,
-        cache: Any,
+        view: Any,
         hidden_layers: Sequence[int] = (),
         logits: bool = False,
         mode: str = "default",
         canvas: bool = False,
         run: tuple[int, ...] | None = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], torch.Tensor | None] | None:
-        """Run ``tokens [B, N]`` at ``positions [B, N]`` under ``mask [B, 1, N, S]`` (bool) against ``cache``,
-        writing the slots :meth:`KVCache.stage` or :meth:`KVCache.write_at` planned, compiled in ``mode``
+        """Run ``tokens [B, N]`` at ``positions [B, N]`` under ``mask [B, 1, N, S]`` (bool) against ``view``
+        (a :class:`~decodekit.cache.CacheView`), writing its slots, compiled in ``mode``
         (``compile_switch.MODES``); ``canvas``: a diffusion LM's forward (a canvas-wide width, an empty cache);
         ``run``: the 1-based blocks an early-exit or layer-skipping forward runs (None: all).
         Returns the normed output ``[B, N, H]``, the hidden states asked for (each ``[B, N, H]``) and, if
@@ -207,10 +208,11 @@ class StaticForward:
         was written)."""
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1:
             return None  # per-layer, per-head or additive masks
-        slots = cache.planned_slots()
+        slots, cache = view.slots(), view.cache
         width = width_bucket(tokens.shape[1], canvas)
         if self.failed is not None or slots is None or width is None or (cache.get_seq_length() == 0 and not canvas):
-            return None  # a prefill (an empty cache: its width is the prompt's) or attend()'s plan
+            return None  # a prefill (an empty cache: its width is the prompt's) or an attend() view
+        view.check()
         batch, num_new = tokens.shape
         decoder = self.decoder
         layers = len(decoder.layers._modules)
@@ -249,7 +251,7 @@ class StaticForward:
                 stacklevel=4,
             )
             return None
-        cache.planned_written(range(layers) if run is None else [n - 1 for n in run])
+        view.written(range(layers) if run is None else [n - 1 for n in run])
         scores = None if scores is None else scores[:, :num_new]
         return out[:, :num_new], {i: h[:, :num_new] for i, h in hidden.items()}, scores
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from decodekit.cache import KVCache
+from decodekit.cache import CacheView, KVCache
 from decodekit.errors import ConfigError, UnsupportedModelError
 from decodekit.masks import to_additive
 from decodekit.models.attention_scores import recorded_attention, restricted_masks
@@ -177,7 +177,7 @@ class HFCausalLM(LanguageModel):
         tokens: torch.Tensor,
         positions: torch.Tensor,
         mask: torch.Tensor,
-        cache: KVCache,
+        view: CacheView,
         logits_at: torch.Tensor | None = None,
         *,
         exit_layer: int | None = None,
@@ -186,13 +186,18 @@ class HFCausalLM(LanguageModel):
         skip_layers: Sequence[int] = (),
         attend: torch.Tensor | None = None,
     ) -> ModelOutput:
+        if not isinstance(view, CacheView):
+            raise TypeError(
+                f"{type(self).__name__}.forward takes the CacheView for this forward (view = cache.stage(n), "
+                f"cache.write_at(slots) or cache.attend(n)), got {type(view).__name__}"
+            )
         attention_mask: Any = mask
         if attend is not None:  # [L, B, Hkv, S0]: each layer's and key/value head's allowed slots
             if not self.attention.plain or exit_layer is not None or skip_layers:
                 raise ConfigError("attend= needs every layer to attend alike, and all layers run (no exit or skips)")
             attention_mask = restricted_masks(mask, attend, self.hf.config.num_attention_heads)
         elif not self.attention.plain:
-            attention_mask = self.attention.masks(mask, positions, cache.key_positions(positions))
+            attention_mask = self.attention.masks(mask, positions, view.key_positions(positions))
         if self._additive_mask:
             attention_mask = _map_masks(attention_mask, lambda m: to_additive(m, self.dtype))
         layer_masks = attention_mask if isinstance(attention_mask, list) else None
@@ -208,7 +213,7 @@ class HFCausalLM(LanguageModel):
         if scope is not None:  # dk.generate(compile=True): a static-shape compiled forward where it applies
             why = eager_reason(self, lean, (attend, sink) != (None, None), bool(skip_layers))
             run = None if selected is None else run_numbers(self.layers, selected)  # an exit's or skips' blocks
-            args = (tokens, positions, attention_mask, cache, hidden_layers, logits_at is None, scope.mode)
+            args = (tokens, positions, attention_mask, view, hidden_layers, logits_at is None, scope.mode)
             static = None if why else self._static(*args, scope.canvas, run)
             if why:
                 scope.eager(why)
@@ -222,14 +227,14 @@ class HFCausalLM(LanguageModel):
             self._per_layer(layer_masks),
         ):
             if lean:  # the same arithmetic without transformers' per-call work (decodekit.models.lean)
-                last = self._lean(tokens, positions, attention_mask, cache, hidden_layers, hidden)
+                last = self._lean(tokens, positions, attention_mask, view, hidden_layers, hidden)
             else:
                 last = self.decoder(
                     input_ids=tokens,
                     position_ids=positions,
                     attention_mask=layer_masks[0] if layer_masks else attention_mask,
                     use_cache=True,
-                    **{self._cache_arg: cache},
+                    **{self._cache_arg: view},
                 ).last_hidden_state
         return self._output(last, hidden, logits_at, return_hidden)
 

@@ -119,7 +119,8 @@ class LeanDecoder:
         Args:
             tokens: ``[B, N]`` token ids; positions: ``[B, N]`` their positions.
             mask: the attention mask as transformers' ``sdpa`` entry takes it (``[B, 1 | Hq, N, S]``).
-            cache: the :class:`~decodekit.cache.KVCache` (its ``update`` is called per block, by ``layer_idx``).
+            cache: the forward's :class:`~decodekit.cache.CacheView` (its ``update`` is called per block, by
+                ``layer_idx``).
             hidden_layers: outputs to record into ``into`` (0 = the embeddings, ``i`` = block ``i``'s output).
 
         Returns:

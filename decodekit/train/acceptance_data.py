@@ -82,9 +82,9 @@ def _forward(
     """One causal forward of right-padded ``tokens [B, N]`` in a fresh cache (padding only follows real tokens);
     ``forward_kwargs`` go to :meth:`LanguageModel.forward` (e.g. ``exit_layer``)."""
     cache = model.new_cache(tokens.shape[0], tokens.shape[1])
-    kv_len = cache.stage(tokens.shape[1])
-    mask, positions = chain_mask(cache.lengths, tokens.shape[1], kv_len)
-    return model.forward(tokens, positions, mask, cache, logits_at=logits_at, return_hidden=hidden, **forward_kwargs)
+    view = cache.stage(tokens.shape[1])
+    mask, positions = chain_mask(cache.lengths, tokens.shape[1], view.kv_len)
+    return model.forward(tokens, positions, mask, view, logits_at=logits_at, return_hidden=hidden, **forward_kwargs)
 
 
 @torch.no_grad()

@@ -74,9 +74,9 @@ def target_ms(target: Any, counts: Sequence[int], context: int = 256) -> dict[in
     target.extend(cache, x, torch.tensor([context], device=target.device), host_counts=context)
 
     def verify(n: int) -> None:
-        kv = cache.stage(n)
-        mask, pos = chain_mask(cache.lengths, n, kv)
-        target.forward(x[:, :n], pos, mask, cache)
+        view = cache.stage(n)
+        mask, pos = chain_mask(cache.lengths, n, view.kv_len)
+        target.forward(x[:, :n], pos, mask, view)
 
     return {n: median_ms(lambda n=n: verify(n), target.device) for n in counts}
 
@@ -90,16 +90,16 @@ def step_ms(head: Any, target: Any, sizes: Sequence[int], context: int = 256) ->
     hidden, dev = int(target.hf.config.hidden_size), target.device
     cache = KVCache(1, context + 2, device=dev)
     x = torch.randint(0, target.vocab_size, (1, context), device=dev)
-    kv = cache.stage(context)
-    mask, pos = chain_mask(cache.lengths, context, kv)
-    head(target.embed(x), torch.randn(1, context, hidden, device=dev), pos, mask, cache)
+    view = cache.stage(context)
+    mask, pos = chain_mask(cache.lengths, context, view.kv_len)
+    head(target.embed(x), torch.randn(1, context, hidden, device=dev), pos, mask, view)
     cache.keep(torch.tensor([context], device=dev), host_counts=context)
     score = scorer(head, target.lm_head.weight[head.vocab[: max(sizes)]])
 
     def head_step(s: int) -> None:
-        kv = cache.stage(1)
-        mask, pos = chain_mask(cache.lengths, 1, kv)
-        g = head(target.embed(x[:, :1]), torch.randn(1, 1, hidden, device=dev), pos, mask, cache)
+        view = cache.stage(1)
+        mask, pos = chain_mask(cache.lengths, 1, view.kv_len)
+        g = head(target.embed(x[:, :1]), torch.randn(1, 1, hidden, device=dev), pos, mask, view)
         score(g[:, 0], s).argmax(-1)
 
     return {s: median_ms(lambda s=s: head_step(s), dev) for s in sizes}

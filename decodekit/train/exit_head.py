@@ -97,9 +97,9 @@ def pick_vocab(head: Any, target: Any, val: Any, sizes: Sequence[int], k: int) -
     empty = x.new_zeros(1, 0)
 
     def step(s: int) -> None:
-        kv = cache.stage(1)
-        mask, pos = chain_mask(cache.lengths, 1, kv)
-        n = target.forward(x[:, -1:], pos, mask, cache, empty, exit_layer=head.exit_layer, return_hidden=True)
+        view = cache.stage(1)
+        mask, pos = chain_mask(cache.lengths, 1, view.kv_len)
+        n = target.forward(x[:, -1:], pos, mask, view, empty, exit_layer=head.exit_layer, return_hidden=True)
         (head(n.last_hidden[:, 0]) @ w[:s].T).argmax(-1)
 
     draft = {s: median_ms(lambda s=s: step(s), target.device) for s in sizes}

@@ -273,6 +273,43 @@ def test_check_host_mirror_catches_a_wrong_mirror():
         cache.set_host_lengths([3])
 
 
+# ------------------------------------------------------------------------------------------ forward views
+def test_a_view_carries_its_slots_and_the_cache_no_plan():
+    cache = KVCache(2, 8)
+    cache.keep(torch.tensor([3, 5]), host_counts=[3, 5])
+    staged = cache.stage(2, offset=1)
+    assert staged.kind == "stage" and staged.kv_len == 5 + 1 + 2
+    assert staged.slots().tolist() == [[4, 5], [6, 7]]  # L_b + offset + j: ragged rows, one tensor
+    cache.keep(torch.tensor([0, 0]), host_counts=0)
+    cache.lengths = torch.tensor([4, 4])
+    cache.set_host_lengths([4, 4])
+    assert cache.stage(3).slots().tolist() == [[4, 5, 6]] * 2  # equal lengths: one start (a slice copy)
+    written = cache.write_at(torch.tensor([[1, -1], [7, 2]]))
+    assert written.kind == "write_at" and written.slots().tolist() == [[1, cache.capacity], [7, 2]]  # -1: scratch
+    attending = cache.attend(3)
+    assert attending.slots() is None and (attending.cached_len, attending.kv_len) == (4, 7)
+    # two views made in a row are both what they say: nothing of the first is replaced by the second
+    first, second = cache.stage(1), cache.stage(1, offset=1)
+    assert first.slots().tolist() == [[4]] * 2 and second.slots().tolist() == [[5]] * 2
+
+
+def test_a_forward_refuses_the_cache_itself_and_a_stale_view(rows):
+    model = dk.load_model(llama())
+    cache = model.new_cache(len(rows), 16)
+    model.extend(cache, *padded(rows))
+    view = cache.stage(1)
+    mask, positions = chain_mask(cache.lengths, 1, view.kv_len)
+    tokens = torch.tensor([[5], [6], [7]])
+    with pytest.raises(TypeError, match="CacheView"):
+        model.forward(tokens, positions, mask, cache)
+    model.forward(tokens, positions, mask, view)
+    cache.keep(torch.ones(3, dtype=torch.long))  # the lengths moved: the view's slots are wrong now
+    with pytest.raises(RuntimeError, match="after its cache changed"):
+        model.forward(tokens, positions, mask, view)
+    with pytest.raises(TypeError, match="CacheView"):
+        cache.update(torch.zeros(3, 1, 1, 4), torch.zeros(3, 1, 1, 4), 0)  # a hand-written forward, same message
+
+
 # ------------------------------------------------------------------------------------ staging at an offset
 def test_staged_extent_bookkeeping():
     cache = KVCache(2, 4)
@@ -280,10 +317,10 @@ def test_staged_extent_bookkeeping():
     kv = torch.zeros(2, 1, 1, 2)
 
     def run(num_new, offset, layers):
-        cache.stage(num_new, offset)
+        view = cache.stage(num_new, offset)
         states = kv.expand(2, 1, num_new, 2)
         for layer in layers:
-            cache.update(states, states, layer)
+            view.update(states, states, layer)
         return [cache.staged_extent(layer) for layer in range(3)]
 
     assert run(2, 0, [0, 1]) == [2, 2, 0]
@@ -302,9 +339,9 @@ def test_staged_extent_bookkeeping():
 
 def staged_step(model, cache, tokens, offset: int = 0, **forward_kwargs):
     """Run the chain ``tokens [B, N]`` staged at ``offset`` past each row's committed length; its logits."""
-    kv_len = cache.stage(tokens.shape[1], offset=offset)
-    mask, positions = chain_mask(cache.lengths + offset, tokens.shape[1], kv_len)
-    return model.forward(tokens, positions, mask, cache, **forward_kwargs).logits
+    view = cache.stage(tokens.shape[1], offset=offset)
+    mask, positions = chain_mask(cache.lengths + offset, tokens.shape[1], view.kv_len)
+    return model.forward(tokens, positions, mask, view, **forward_kwargs).logits
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -364,10 +401,10 @@ def test_write_at_refresh_matches_recompute(name, rows):
     before = cache.lengths.clone()
     slots = torch.tensor([[3, 4], [0, -1], [7, 8]])  # the last two slots of rows 0 and 2, the only one of row 1
     new = torch.tensor([[91, 92], [93, 0], [94, 95]])
-    kv_len = cache.write_at(slots)
-    assert kv_len == max(map(len, rows)) == cache.write_at(slots, kv_len=kv_len)
-    mask, positions = causal_mask(write_at_layout(slots, cache.key_mask(kv_len)))
-    logits = model.forward(new, positions, mask, cache).logits
+    view = cache.write_at(slots)
+    assert view.kv_len == max(map(len, rows)) == cache.write_at(slots, kv_len=view.kv_len).kv_len
+    mask, positions = causal_mask(write_at_layout(slots, cache.key_mask(view.kv_len)))
+    logits = model.forward(new, positions, mask, view).logits
     assert torch.equal(cache.lengths, before)
     changed = [rows[0][:3] + [91, 92], [93], rows[2][:7] + [94, 95]]
     for b, seq in enumerate(changed):
@@ -388,10 +425,10 @@ def test_attend_does_not_write(name, rows):
     model.extend(cache, *padded(rows))
     snap = cache.snapshot()
     block = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
-    kv_len = cache.attend(3)
-    assert kv_len == max(map(len, rows)) + 3
-    mask, positions = causal_mask(attend_layout(cache.lengths, 3, kv_len - 3))
-    logits = model.forward(block, positions, mask, cache).logits
+    view = cache.attend(3)
+    assert view.kv_len == max(map(len, rows)) + 3
+    mask, positions = causal_mask(attend_layout(cache.lengths, 3, view.cached_len))
+    logits = model.forward(block, positions, mask, view).logits
     for b, r in enumerate(rows):
         for j in range(3):
             torch.testing.assert_close(logits[b, j], full_logits(hf_model, r + block[b, : j + 1].tolist()), **tol)
@@ -458,10 +495,10 @@ def test_invalidated_slot_is_not_attended(name, rows):
     cache = model.new_cache(len(rows), 16)
     model.extend(cache, *padded(rows))
     cache.invalidate(torch.tensor([[1], [-1], [1]]))
-    kv_len = cache.stage(1)
-    keys = staged_layout(cache.lengths, 1, kv_len, key_valid=cache.key_mask(kv_len))
+    view = cache.stage(1)
+    keys = staged_layout(cache.lengths, 1, view.kv_len, key_valid=cache.key_mask(view.kv_len))
     mask, positions = causal_mask(keys)
-    logits = model.forward(torch.tensor([[5], [6], [7]]), positions, mask, cache).logits
+    logits = model.forward(torch.tensor([[5], [6], [7]]), positions, mask, view).logits
     for b, r in enumerate(rows):
         seq = r + [5 + b]
         ref_mask = torch.ones(len(seq), len(seq), dtype=torch.bool).tril()
@@ -487,19 +524,19 @@ def test_dual_cache_suffix_matches_recompute(name, block_write, rows):
     prompt = cache.lengths.clone()
     suffix_slots = prompt[:, None] + nb + torch.arange(ns)
     suffix = torch.tensor([[81, 82], [83, 84], [85, 86]])
-    kv_len = cache.write_at(suffix_slots)
-    mask, positions = causal_mask(write_at_layout(suffix_slots, cache.key_mask(kv_len)))
-    suffix_logits = model.forward(suffix, positions, mask, cache).logits
+    view = cache.write_at(suffix_slots)
+    mask, positions = causal_mask(write_at_layout(suffix_slots, cache.key_mask(view.kv_len)))
+    suffix_logits = model.forward(suffix, positions, mask, view).logits
     block = torch.tensor([[61, 62, 63], [64, 65, 66], [67, 68, 69]])
     if block_write == "stage":
-        kv_len = cache.stage(nb, kv_len=kv_len)
-        keys = staged_layout(cache.lengths, nb, kv_len, key_valid=cache.key_mask(kv_len))
+        view = cache.stage(nb, kv_len=view.kv_len)
+        keys = staged_layout(cache.lengths, nb, view.kv_len, key_valid=cache.key_mask(view.kv_len))
     else:
         block_slots = prompt[:, None] + torch.arange(nb)
-        kv_len = cache.write_at(block_slots, kv_len=kv_len)
-        keys = write_at_layout(block_slots, cache.key_mask(kv_len))
+        view = cache.write_at(block_slots, kv_len=view.kv_len)
+        keys = write_at_layout(block_slots, cache.key_mask(view.kv_len))
     mask, positions = bidirectional_mask(keys)
-    block_logits = model.forward(block, positions, mask, cache).logits
+    block_logits = model.forward(block, positions, mask, view).logits
     for b, r in enumerate(rows):
         p = len(r)
         q, k = torch.arange(p + nb + ns)[:, None], torch.arange(p + nb + ns)[None, :]
@@ -517,11 +554,11 @@ def test_dual_cache_suffix_matches_recompute(name, block_write, rows):
     # the same block again, attend-only, at its own positions with its slots invalidated: same logits, no writes
     cache.invalidate(prompt[:, None] + torch.arange(nb))
     snap = cache.snapshot()
-    kv_len = cache.attend(nb, cached_len=total)
+    view = cache.attend(nb, cached_len=total)
     keys = attend_layout(
         cache.lengths, nb, total, positions=prompt[:, None] + torch.arange(nb), key_valid=cache.key_mask(total)
     )
     mask, positions = bidirectional_mask(keys)
-    again = model.forward(block, positions, mask, cache).logits
+    again = model.forward(block, positions, mask, view).logits
     torch.testing.assert_close(again, block_logits, **tol)
     assert all(torch.equal(a, b) for a, b in zip(cache.keys + cache.values, snap["keys"] + snap["values"]))

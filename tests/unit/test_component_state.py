@@ -38,9 +38,9 @@ def plain(lm):
 
 def forward(lm, tokens, **kwargs):
     cache = lm.new_cache(tokens.shape[0], 16)
-    kv_len = cache.stage(tokens.shape[1])
-    mask, positions = chain_mask(cache.lengths, tokens.shape[1], kv_len)
-    return lm.forward(tokens, positions, mask, cache, **kwargs)
+    view = cache.stage(tokens.shape[1])
+    mask, positions = chain_mask(cache.lengths, tokens.shape[1], view.kv_len)
+    return lm.forward(tokens, positions, mask, view, **kwargs)
 
 
 def model_state(lm):

@@ -97,9 +97,9 @@ def drafted(head: EagleHead, lm: dk.LanguageModel, tokens: torch.Tensor, feat: t
     cache, outs = KVCache(1, tokens.shape[1] + steps), []
     x, f = tokens[:, 1 : p + 2], feat[:, : p + 1]
     for _ in range(steps):
-        kv = cache.stage(x.shape[1])
-        mask, positions = chain_mask(cache.lengths, x.shape[1], kv)
-        g = head(lm.embed(x), f, positions, mask, cache)
+        view = cache.stage(x.shape[1])
+        mask, positions = chain_mask(cache.lengths, x.shape[1], view.kv_len)
+        g = head(lm.embed(x), f, positions, mask, view)
         cache.keep(torch.tensor([x.shape[1]]), host_counts=x.shape[1])
         outs.append(g[0, -1])
         at = cache.host_lengths()[0]

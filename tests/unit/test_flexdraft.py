@@ -81,9 +81,9 @@ def _block(head, target, ids: torch.Tensor) -> torch.Tensor:
     """``block_logits`` after ``ids [B, T]`` committed (the last token pending)."""
     cache = target.new_cache(ids.shape[0], ids.shape[1] + BLOCK)
     with torch.no_grad():
-        kv_len = cache.stage(ids.shape[1] - 1)
-        mask, positions = chain_mask(cache.lengths, ids.shape[1] - 1, kv_len)
-        target.forward(ids[:, :-1], positions, mask, cache)
+        view = cache.stage(ids.shape[1] - 1)
+        mask, positions = chain_mask(cache.lengths, ids.shape[1] - 1, view.kv_len)
+        target.forward(ids[:, :-1], positions, mask, view)
         cache.keep(torch.full((ids.shape[0],), ids.shape[1] - 1))
         return block_logits(head, target, cache, ids[:, -1])
 

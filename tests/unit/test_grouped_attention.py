@@ -31,12 +31,12 @@ def forward(lm: dk.LanguageModel, new: int, monkeypatch) -> tuple[torch.Tensor, 
     cache = lm.new_cache(3, 32)
     lm.extend(cache, torch.randint(0, 128, (3, 7), generator=gen), torch.tensor([7, 2, 5]))
     calls[0] = 0  # the prefill above is a multi-position forward too: count only the one below
-    kv_len = cache.stage(new)
-    mask, positions = chain_mask(cache.lengths, new, kv_len)
+    view = cache.stage(new)
+    mask, positions = chain_mask(cache.lengths, new, view.kv_len)
     if new > 2:
         mask[:, :, new - 1, cache.lengths.max() + new - 2] = False  # a sibling, not a child
     with torch.no_grad():
-        out = lm.forward(torch.randint(0, 128, (3, new), generator=gen), positions, mask, cache)
+        out = lm.forward(torch.randint(0, 128, (3, new), generator=gen), positions, mask, view)
     monkeypatch.setattr(sdpa, "repeat_kv", original)
     return out.logits, calls[0]
 

@@ -36,9 +36,9 @@ def deep():
 
 def forward(lm, tokens, **kwargs):
     cache = lm.new_cache(1, 16)
-    kv_len = cache.stage(tokens.shape[1])
-    mask, positions = chain_mask(cache.lengths, tokens.shape[1], kv_len)
-    return lm.forward(tokens, positions, mask, cache, **kwargs), cache
+    view = cache.stage(tokens.shape[1])
+    mask, positions = chain_mask(cache.lengths, tokens.shape[1], view.kv_len)
+    return lm.forward(tokens, positions, mask, view, **kwargs), cache
 
 
 def test_skipping_idle_layers_changes_nothing_and_writes_no_kv():

@@ -57,13 +57,13 @@ def run(lm: dk.LanguageModel, lean: bool) -> list[object]:
                 (1, dict(attend="restricted")),
             )
             for new, kwargs in steps:
-                kv_len = cache.stage(new)
-                mask, positions = chain_mask(cache.lengths, new, kv_len)
+                view = cache.stage(new)
+                mask, positions = chain_mask(cache.lengths, new, view.kv_len)
                 if new > 2:
                     mask[:, :, new - 1, cache.lengths.max() + new - 2] = False
                 if kwargs.get("attend") == "restricted":  # [L, B, Hkv, S]: each layer's slots per key/value head
-                    kwargs = dict(attend=torch.rand(3, 3, 2, kv_len, generator=gen) > 0.3)
-                out = lm.forward(torch.randint(0, 128, (3, new), generator=gen), positions, mask, cache, **kwargs)
+                    kwargs = dict(attend=torch.rand(3, 3, 2, view.kv_len, generator=gen) > 0.3)
+                out = lm.forward(torch.randint(0, 128, (3, new), generator=gen), positions, mask, view, **kwargs)
                 seen += [out.logits, out.hidden, out.last_hidden]
                 cache.keep(torch.full((3,), new))
         return seen + cache.keys + cache.values

@@ -59,19 +59,19 @@ def run(head: EagleHead, lean: bool) -> list[torch.Tensor]:
     embeds, feats = torch.randn(2, 16, 32, generator=gen), torch.randn(2, 16, 32, generator=gen)
     cache, outs = KVCache(2, 32), []
     with torch.no_grad():
-        kv = cache.stage(9)
-        mask, positions = chain_mask(cache.lengths, 9, kv)
-        outs.append(head(embeds[:, :9], feats[:, :9], positions, mask, cache))
+        view = cache.stage(9)
+        mask, positions = chain_mask(cache.lengths, 9, view.kv_len)
+        outs.append(head(embeds[:, :9], feats[:, :9], positions, mask, view))
         cache.keep(torch.tensor([9, 6]), host_counts=[9, 6])
-        kv = cache.stage(3)
-        mask, positions = chain_mask(cache.lengths, 3, kv)
-        outs.append(head(embeds[:, 9:12], feats[:, 9:12], positions, mask, cache))
+        view = cache.stage(3)
+        mask, positions = chain_mask(cache.lengths, 3, view.kv_len)
+        outs.append(head(embeds[:, 9:12], feats[:, 9:12], positions, mask, view))
         cache.keep(torch.tensor([1, 3]), host_counts=[1, 3])
         parents = torch.tensor([[-1, 0, 0, 1], [-1, -1, 1, 2]])
         ancestors = tree_ancestors(parents, torch.ones_like(parents, dtype=torch.bool))
-        kv = cache.stage(4)
-        mask, positions = tree_mask(cache.lengths, ancestors, kv)
-        outs.append(head(embeds[:, 12:], feats[:, 12:], positions, mask, cache))
+        view = cache.stage(4)
+        mask, positions = tree_mask(cache.lengths, ancestors, view.kv_len)
+        outs.append(head(embeds[:, 12:], feats[:, 12:], positions, mask, view))
     head.lean = saved
     return outs
 

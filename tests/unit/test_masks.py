@@ -167,13 +167,13 @@ def test_bidirectional_block_after_cached_prefix_matches_uncached(name, run, row
     block = torch.tensor([[7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18]])
     counts = torch.tensor([4, 2, 3])  # ragged blocks: padding is invisible to real queries
     if run == "stage":
-        kv_len = cache.stage(4)
-        keys = staged_layout(cache.lengths, 4, kv_len, counts=counts)
+        view = cache.stage(4)
+        keys = staged_layout(cache.lengths, 4, view.kv_len, counts=counts)
     else:
-        kv_len = cache.attend(4)
-        keys = attend_layout(cache.lengths, 4, kv_len - 4, counts=counts)
+        view = cache.attend(4)
+        keys = attend_layout(cache.lengths, 4, view.cached_len, counts=counts)
     mask, positions = bidirectional_mask(keys)
-    logits = model.forward(block, positions, mask, cache).logits
+    logits = model.forward(block, positions, mask, view).logits
     for b, r in enumerate(rows):
         real = block[b, : counts[b]].tolist()
         total = len(r) + len(real)
@@ -197,9 +197,9 @@ def test_block_causal_cached_blocks_match_uncached(name):
         chunk = [r[start : start + block] for r in rows]
         counts = torch.tensor([len(c) for c in chunk])
         tokens = torch.tensor([c + [0] * (block - len(c)) for c in chunk])
-        kv_len = cache.stage(block)
-        mask, positions = block_causal_mask(staged_layout(cache.lengths, block, kv_len, counts=counts), block)
-        logits = model.forward(tokens, positions, mask, cache).logits
+        view = cache.stage(block)
+        mask, positions = block_causal_mask(staged_layout(cache.lengths, block, view.kv_len, counts=counts), block)
+        logits = model.forward(tokens, positions, mask, view).logits
         cache.keep(counts)
         for b, c in enumerate(counts.tolist()):
             got[b].append(logits[b, :c])
@@ -217,14 +217,14 @@ def test_prefix_lm_cached_matches_uncached(name, rows):
     prefix = torch.tensor([len(r) for r in rows])
     cache = model.new_cache(len(rows), 4)
     tokens, counts = padded(rows)
-    kv_len = cache.stage(tokens.shape[1])
-    mask, positions = prefix_mask(staged_layout(cache.lengths, tokens.shape[1], kv_len, counts=counts), prefix)
-    first = model.forward(tokens, positions, mask, cache).logits
+    view = cache.stage(tokens.shape[1])
+    mask, positions = prefix_mask(staged_layout(cache.lengths, tokens.shape[1], view.kv_len, counts=counts), prefix)
+    first = model.forward(tokens, positions, mask, view).logits
     cache.keep(counts)
     more = torch.tensor([[3, 4, 5], [6, 7, 8], [9, 10, 11]])
-    kv_len = cache.stage(3)
-    mask, positions = prefix_mask(staged_layout(cache.lengths, 3, kv_len), prefix)
-    second = model.forward(more, positions, mask, cache).logits
+    view = cache.stage(3)
+    mask, positions = prefix_mask(staged_layout(cache.lengths, 3, view.kv_len), prefix)
+    second = model.forward(more, positions, mask, view).logits
     for b, r in enumerate(rows):
         seq = r + more[b].tolist()
         q, k = grid(len(seq))

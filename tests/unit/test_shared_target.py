@@ -31,9 +31,9 @@ class FirstLayersDrafter:
     def propose(self, state: dk.DecodeState, budget: dk.DraftBudget) -> dk.Draft:
         x, tokens = state.pending, []
         for j in range(budget.max_len):  # step j runs the token at position L_b + j, staged at offset j
-            kv_len = self.cache.stage(1, offset=j)
-            mask, positions = chain_mask(self.cache.lengths + j, 1, kv_len)
-            out = self.target.forward(x[:, None], positions, mask, self.cache, exit_layer=self.layers)
+            view = self.cache.stage(1, offset=j)
+            mask, positions = chain_mask(self.cache.lengths + j, 1, view.kv_len)
+            out = self.target.forward(x[:, None], positions, mask, view, exit_layer=self.layers)
             x = out.logits[:, -1].argmax(-1)
             tokens.append(x)
         self.extents.append([self.cache.staged_extent(i) for i in range(self.target.num_layers)])

@@ -130,15 +130,15 @@ def test_key_positions_follow_the_forward_plan():
     cache = dk.KVCache(2, 16)
     cache.lengths = torch.tensor([3, 5])
     cache.set_host_lengths([3, 5])
-    kv_len = cache.stage(3)
+    view = cache.stage(3)
     tree_positions = torch.tensor([[3, 4, 4], [5, 6, 7]])
-    keys = cache.key_positions(tree_positions)
-    assert keys.shape == (2, kv_len)
+    keys = view.key_positions(tree_positions)
+    assert keys.shape == (2, view.kv_len)
     assert keys[0, :6].tolist() == [0, 1, 2, 3, 4, 4]  # row 0's nodes 1 and 2 are siblings at depth 1
     assert keys[1, :8].tolist() == list(range(8))
-    kv_len = cache.attend(2)
-    keys = cache.key_positions(torch.tensor([[9, 10], [11, 12]]))
-    assert keys.shape == (2, kv_len) and keys[:, -2:].tolist() == [[9, 10], [11, 12]]
+    view = cache.attend(2)
+    keys = view.key_positions(torch.tensor([[9, 10], [11, 12]]))
+    assert keys.shape == (2, view.kv_len) and keys[:, -2:].tolist() == [[9, 10], [11, 12]]
 
 
 def test_window_keeps_each_query_and_the_last_keys():

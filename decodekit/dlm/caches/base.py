@@ -36,9 +36,9 @@ def rewrite_forward(dlm: DLMModel, cache: KVCache, state: DLMState, slots: torch
     """Run the canvas tokens at ``slots [B, M]`` (canvas indices, ``-1`` = padding) bidirectionally against the
     kept K/V of the whole canvas, overwriting their K/V in place; returns their ``[B, M, V]`` float32 logits."""
     tokens = state.canvas.gather(1, slots.clamp(min=0))
-    kv_len = cache.write_at(slots, kv_len=state.canvas.shape[1])
-    mask, positions = bidirectional_mask(write_at_layout(slots, cache.key_mask(kv_len)))
-    return dlm.lm.forward(tokens, positions, mask, cache).logits.float()
+    view = cache.write_at(slots, kv_len=state.canvas.shape[1])
+    mask, positions = bidirectional_mask(write_at_layout(slots, cache.key_mask(view.kv_len)))
+    return dlm.lm.forward(tokens, positions, mask, view).logits.float()
 
 
 def fed_logits(dlm: DLMModel, cache: KVCache, state: DLMState, fed: torch.Tensor) -> torch.Tensor:

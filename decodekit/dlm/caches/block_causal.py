@@ -76,7 +76,8 @@ class BlockCausalCache:
             1,
         )  # [B, P + N * W]
         count = torch.tensor(counts, device=state.device)
-        keys, copy = _layout(stored, count, pending, n, width, self.cache.stage(pending + n * width))
+        view = self.cache.stage(pending + n * width)
+        keys, copy = _layout(stored, count, pending, n, width, view.kv_len)
         mask, positions = block_causal_mask(keys, state.block_length, origin=state.starts)
         if n > 1:  # a copy sees the cached and pending keys and itself, not the other copies
             query = copy.gather(1, keys.own)  # [B, P + N * W]: each query's copy, -1 for the pending positions
@@ -86,7 +87,7 @@ class BlockCausalCache:
         last = shift and pending
         if last:  # the output at each row's last newly stored position predicts the block's first slot
             at = torch.cat([(count - 1).clamp(min=0)[:, None], at], 1)
-        out = dlm.lm.forward(tokens, positions, mask, self.cache, logits_at=at).logits.float()
+        out = dlm.lm.forward(tokens, positions, mask, view, logits_at=at).logits.float()
         if last:
             self.last, out = out[:, 0], out[:, 1:]
         elif shift and self.last is None:  # nothing stored yet: every first slot holds a prompt token (absolute grid)

@@ -51,9 +51,9 @@ class PrefixCache(RefreshedCache):
             return logits
         fed = state.gen_length - first
         tokens = state.canvas.gather(1, state.starts[:, None] + first + torch.arange(fed, device=state.device))
-        kv_len = self.cache.stage(fed)  # staged past the prefix, never kept: the next step writes there again
-        mask, positions = bidirectional_mask(staged_layout(self.cache.lengths, fed, kv_len))
+        view = self.cache.stage(fed)  # staged past the prefix, never kept: the next step writes there again
+        mask, positions = bidirectional_mask(staged_layout(self.cache.lengths, fed, view.kv_len))
         width = state.gen_length - state.block[0]
         at = torch.arange(width, device=state.device).expand(state.batch_size, width)
-        fresh = dlm.lm.forward(tokens, positions, mask, self.cache, logits_at=at).logits.float()
+        fresh = dlm.lm.forward(tokens, positions, mask, view, logits_at=at).logits.float()
         return SlotLogits(fresh, state.block[0])  # the block and everything after it
