@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from decodekit.drafters.head_files import check_release_sizes, target_config
+from decodekit.drafters.lean_layer import compiled_step
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
 from decodekit.models.grouped_attention import grouped_attention
@@ -97,6 +98,7 @@ class Eagle3ReleaseHead(nn.Module):
 
         h, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or h // heads
+        self.kv_heads = kv
         eps = config.rms_norm_eps
         self.fuse = nn.Linear(taps_width, h, bias=False)
         self.hidden_norm, self.input_norm = LlamaRMSNorm(h, eps=eps), LlamaRMSNorm(h, eps=eps)
@@ -125,23 +127,53 @@ class Eagle3ReleaseHead(nn.Module):
         ``g [B, N, H]``, attending to ``cache`` (a :class:`~decodekit.cache.CacheView` or transformers cache, layer
         0) under ``mask [B, 1, N, S]`` at ``positions [B, N]``; without a cache, causal attention over the ``N``
         positions ``0 ..`` (training), as :class:`~decodekit.drafters.eagle_head.EagleHead` does."""
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
         batch, num, _ = embeds.shape
         if positions is None:
             positions = torch.arange(num, device=embeds.device)[None].expand(batch, -1)
-        normed = self.hidden_norm(feats)
-        x = torch.cat([self.input_norm(embeds), normed], -1)
+        both = torch.cat([embeds, feats], -1)
+        out = compiled_step(self, self, both, positions, mask, cache)  # dk.generate(compile=True)
+        if out is not None:
+            return out
+        q, k, v = self.project(both, positions)
+        keys, values = (k, v) if cache is None else cache.update(k, v, 0)
+        return self.finish(both, q, keys, values, mask, causal=cache is None)
+
+    def project(self, both: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated queries ``[B, Hq, N, D]``, keys and values ``[B, Hkv, N, D]`` from ``both = [embeds | feats]``
+        ``[B, N, 2H]`` at ``positions [B, N]``."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        batch, num, _ = both.shape
+        embeds, feats = both.chunk(2, -1)
+        x = torch.cat([self.input_norm(embeds), self.hidden_norm(feats)], -1)
         q, k, v = (p(x).view(batch, num, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj,
                                                                                        self.v_proj))  # fmt: skip
         cos, sin = self.rotary(x, positions)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys, values = (k, v) if cache is None else cache.update(k, v, 0)
-        out = grouped_attention(q, keys, values, mask, self.head_dim**-0.5, causal=cache is None)
-        residual = normed if self.norm_before_residual else feats
+        return q, k, v
+
+    def finish(
+        self,
+        both: torch.Tensor,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal: bool = False,
+    ) -> torch.Tensor:
+        """``g [B, N, H]`` after attending ``keys`` / ``values [B, Hkv, S, D]`` under ``mask [B, 1, N, S]`` (or
+        causally, ``causal``): the residual (the normed features where ``norm_before_residual``) and the MLP."""
+        batch, num, _ = both.shape
+        feats = both.chunk(2, -1)[1]
+        out = grouped_attention(q, keys, values, mask, self.head_dim**-0.5, causal=causal)
+        residual = self.hidden_norm(feats) if self.norm_before_residual else feats
         h = residual + self.o_proj(out.transpose(1, 2).reshape(batch, num, -1))
         y = self.post_norm(h)
         return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
+
+    def weights(self) -> list[torch.Tensor]:
+        """Every tensor the layer reads (what a frozen compiled step is compiled against)."""
+        return [*self.parameters(), *self.buffers()]
 
     def scores(self, g: torch.Tensor) -> torch.Tensor:
         """``g [..., H]`` -> ``[..., V_d]`` float32: the head's own output layer on ``norm(g)``."""

@@ -14,7 +14,7 @@ from torch import nn
 
 from decodekit.cache import CacheView
 from decodekit.drafters.head_files import load_tensors, on_target, read_head, read_metadata, save_head, target_config
-from decodekit.drafters.lean_layer import LeanLayer, lean_layer
+from decodekit.drafters.lean_layer import LeanLayer, compiled_step, lean_layer
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
 from decodekit.resources import shipped_weights
@@ -75,6 +75,9 @@ class EagleHead(nn.Module):
         :meth:`LanguageModel.forward`, through :attr:`lean` where :func:`load_head` set one (the same arithmetic,
         without transformers' per-call work)."""
         x = self.fc(torch.cat([embeds, feats], -1))
+        out = compiled_step(self, self.lean, x, positions, mask, cache)  # dk.generate(compile=True)
+        if out is not None:
+            return out
         if cache is not None and self.lean is not None:
             return self.lean(x, positions, mask, cache)  # type: ignore[arg-type]
         kwargs: dict[str, Any] = {}

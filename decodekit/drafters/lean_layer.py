@@ -15,14 +15,16 @@ which keeps transformers' path. Outputs equal the transformers path's to float r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from decodekit.cache import CacheView
 from decodekit.kernels.cpu import fused_linear
+from decodekit.models.compile_switch import compile_scope
 from decodekit.models.grouped_attention import grouped_attention
 from decodekit.models.lean import COVERED_LAYERS as COVERED
+from decodekit.models.static_call import StaticCall
 
 
 class LeanLayer:
@@ -46,9 +48,17 @@ class LeanLayer:
         self.o_proj, self.down, self.act = attn.o_proj, layer.mlp.down_proj, layer.mlp.act_fn
         self.qkv = fused_linear([attn.q_proj, attn.k_proj, attn.v_proj])
         self.split = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
+        self.kv_heads = self.split[1] // self.head_dim
         self.gate_up = fused_linear([layer.mlp.gate_proj, layer.mlp.up_proj])
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: CacheView) -> torch.Tensor:
+        q, k, v = self.project(x, positions)
+        keys, values = cache.update(k, v, 0)
+        return self.finish(x, q, keys, values, mask)
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rotated queries ``[B, Hq, N, D]``, keys and values ``[B, Hkv, N, D]`` of ``x [B, N, H]`` at
+        ``positions [B, N]``."""
         batch, num, _ = x.shape
         q, k, v = self.qkv(self.in_norm(x)).split(self.split, -1)
         q, k, v = (t.view(batch, num, -1, self.head_dim) for t in (q, k, v))
@@ -56,11 +66,101 @@ class LeanLayer:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = self.rotary(x, positions)
         q, k = self.rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-        keys, values = cache.update(k, v.transpose(1, 2), 0)
+        return q, k, v.transpose(1, 2)
+
+    def finish(
+        self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The layer's output after attention of ``q`` over ``keys`` / ``values [B, Hkv, S, D]`` under ``mask [B, 1,
+        N, S]``: the residual, the MLP and the final norm -> ``[B, N, H]``."""
+        batch, num, _ = x.shape
         out = grouped_attention(q, keys, values, mask, self.scaling)
         x = x + self.o_proj(out.transpose(1, 2).reshape(batch, num, -1))
         gate, up = self.gate_up(self.post_norm(x)).chunk(2, -1)
         return self.final_norm(x + self.down(self.act(gate) * up))
+
+    def weights(self) -> list[torch.Tensor]:
+        """Every tensor the layer reads (what a frozen compiled step is compiled against)."""
+        modules = (self.rotary, self.final_norm, self.in_norm, self.post_norm, self.q_norm, self.k_norm)
+        modules += (self.o_proj, self.down, self.qkv, self.gate_up)
+        return [t for m in modules if m is not None for t in (*m.parameters(), *m.buffers())]
+
+
+class SplitLayer(Protocol):
+    """A draft head's one layer in the two halves a compiled step needs around the cache write: :class:`LeanLayer`,
+    and the released EAGLE-3 layer (:class:`~decodekit.drafters.eagle3_release.Eagle3ReleaseHead`)."""
+
+    head_dim: int
+    kv_heads: int
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``[B, Hq, N, D]``, keys and values ``[B, Hkv, N, D]`` of ``x [B, N, ...]``."""
+        ...
+
+    def finish(
+        self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The output ``[B, N, H]`` after attending ``keys`` / ``values [B, Hkv, S, D]`` under ``mask``."""
+        ...
+
+    def weights(self) -> list[torch.Tensor]: ...
+
+
+class StaticLayer(StaticCall):
+    """A draft head layer's steps (:class:`SplitLayer`) at static shapes, compiled under ``compile=True``
+    (:mod:`decodekit.models.compiled` describes the scheme: width buckets, the whole buffer as keys, the written
+    slots as a tensor, one graph per mode kept across calls)."""
+
+    def __init__(self, layer: SplitLayer) -> None:
+        super().__init__(layer.weights, "the draft head's layer")
+        self.layer = layer
+
+    def _step(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        slots: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """The traced step: ``x [B, W, H]``, ``positions`` and ``slots [B, W]``, ``mask [B, 1, W, S_buf]``; writes
+        the K/V at ``slots`` of ``keys[0]`` / ``values[0] [B, Hkv, S_buf, D]``; returns ``[B, W, H]``."""
+        q, k, v = self.layer.project(x, positions)
+        index = slots[:, None, :, None]
+        keys[0].scatter_(2, index.expand_as(k), k)
+        values[0].scatter_(2, index.expand_as(v), v)
+        return self.layer.finish(x, q, keys[0], values[0], mask)
+
+    def __call__(
+        self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, view: CacheView, mode: str
+    ) -> torch.Tensor | None:
+        """The layer's output ``[B, N, H]`` for ``x [B, N, ...]`` against ``view``, compiled in ``mode``; or None
+        where it must run eager (nothing written)."""
+        inputs = self.prepare(x, positions, mask, view, (1, self.layer.kv_heads, self.layer.head_dim, x))
+        out = None if inputs is None else self.run(inputs, (), (), mode)
+        if out is None:
+            return None
+        view.written((0,))
+        return out[:, : x.shape[1]]
+
+
+def compiled_step(
+    owner: Any, layer: SplitLayer | None, x: torch.Tensor, positions: Any, mask: Any, cache: Any
+) -> torch.Tensor | None:
+    """Under ``dk.generate(compile=True)``: ``layer``'s draft step on ``x`` against the view ``cache``, compiled
+    (:class:`StaticLayer`, kept on ``owner``, the head, as ``_static``); None where it runs eager (no compile scope,
+    no cache, a width or view that cannot; a head without a ``layer`` says so once a call)."""
+    scope = compile_scope() if cache is not None else None
+    if scope is None:
+        return None
+    if layer is None:
+        scope.eager("the draft head's layer is not one decodekit's lean path runs (a Llama-family layer, lean=True)")
+        return None
+    static = owner.__dict__.get("_static")
+    if static is None or static.layer is not layer:
+        static = owner.__dict__["_static"] = StaticLayer(layer)
+    return static(x, positions, mask, cache, scope.mode)
 
 
 def lean_layer(decoder: Any) -> LeanLayer | None:

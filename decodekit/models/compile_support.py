@@ -1,7 +1,8 @@
-"""What :class:`~decodekit.models.compiled.StaticForward` needs from dynamo and inductor around its step: the
-weights' identities and version counters a frozen step was compiled against (:func:`weight_versions`), inductor's
-freezing for a CPU ``"max-autotune"`` step (:func:`freezes`, :func:`frozen_weights`), the dynamic dimensions of the
-step's inputs (:func:`mark_dynamic`) and a private code object per instance (:func:`own_code`)."""
+"""What a static-shape compiled step (:class:`~decodekit.models.static_call.StaticCall`) needs from dynamo and
+inductor around it: the weights' identities and version counters a frozen step was compiled against
+(:func:`weight_versions`), inductor's freezing for a CPU ``"max-autotune"`` step (:func:`freezes`,
+:func:`frozen_weights`), the dynamic dimensions of the step's inputs (:func:`mark_dynamic`) and a private code object
+per instance (:func:`own_code`)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def frozen_weights(mode: str, device: torch.device) -> Any:
 
 
 def mark_dynamic(*inputs: Any) -> tuple[Any, ...]:
-    """The step's inputs (``tokens``, ``positions``, ``mask``, ``slots``, ``keys``, ``values`` as
+    """The step's inputs (``tokens`` or hidden states, ``positions``, ``mask``, ``slots``, ``keys``, ``values`` as
     :meth:`~decodekit.models.compiled.StaticForward._step` takes them) with their batch, width and key-length
     dimensions marked dynamic (one graph for every batch size, width bucket and cache capacity; dynamo still keeps a
     size of 1 apart)."""
@@ -66,7 +67,7 @@ _COPIES = itertools.count()
 def own_code(method: Any) -> Any:
     """``method`` (bound) on a copy of its code object. Dynamo keeps its graphs, guards and recompile limit (8 by
     default) per code object: a target and a draft model sharing one would share that limit (each needs a few
-    graphs) and fall back to eager past it. Each :class:`~decodekit.models.compiled.StaticForward` compiles
+    graphs) and fall back to eager past it. Each :class:`~decodekit.models.static_call.StaticCall` compiles
     its own copy."""
     function = method.__func__
     code = function.__code__.replace(co_name=f"{function.__name__}_{next(_COPIES)}")

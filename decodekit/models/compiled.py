@@ -51,6 +51,12 @@ machine's read bandwidth instead: plain greedy decoding 1.9x the eager loop with
 (lookup + EAGLE-3 head 2.6x, n-gram 3.3x at batch 1; ``python -m decodekit.bench.token_profile`` says where a
 token's time goes).
 
+The EAGLE heads' draft steps (:class:`~decodekit.drafters.eagle_head.EagleHead`'s lean layer and the released EAGLE-3
+layer) run the same way, one graph per head and mode (:class:`~decodekit.drafters.lean_layer.StaticLayer`, on
+:class:`~decodekit.models.static_call.StaticCall` like :class:`StaticForward`): on the 2-core CPU a SmolLM2 EAGLE-3
+step costs what it costs eager (1.0-1.4 ms either way, 2026-12-06); it is built for GPUs, where an eager step is
+dozens of kernel launches. Medusa's heads (no cache, one small forward a round) stay eager.
+
 A diffusion LM's canvas forward is bound by its matrix products on the CPU: compiled it runs at the eager speed
 (``python -m decodekit dlm-bench experiment=compiled``). Not covered yet: the early-exit family's partial forwards,
 and CUDA itself (written, not yet run).
@@ -58,20 +64,15 @@ and CUDA itself (written, not yet run).
 
 from __future__ import annotations
 
-import threading
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
-from decodekit.models.compile_support import freezes, frozen_weights, mark_dynamic, own_code, weight_versions
-from decodekit.models.compile_switch import width_bucket
 from decodekit.models.lean import LeanDecoder, attention_inputs
+from decodekit.models.static_call import CPU_AUTOTUNE, StaticCall
 
 __all__ = ["CPU_AUTOTUNE", "StaticForward", "eager_reason"]
-
-CPU_AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}  # inductor's options: "max-autotune"
 
 
 def eager_reason(adapter: Any, lean: bool, restricted: bool, skips: bool = False) -> str | None:
@@ -96,11 +97,13 @@ def eager_reason(adapter: Any, lean: bool, restricted: bool, skips: bool = False
     return None
 
 
-class StaticForward:
+class StaticForward(StaticCall):
     """A covered decoder stack's forward at static shapes, compiled once (module docstring).
 
     Args:
         lean: the eager lean forward of the same decoder (its modules, per-head norms and rotary function).
+        head: the output head (inside the compiled step when the caller wants logits at every position).
+        weights: the model's weights (what a frozen step is compiled against).
     """
 
     def __init__(
@@ -111,36 +114,12 @@ class StaticForward:
     ) -> None:
         from decodekit.models.grouped_attention import TORCH_HAS_GQA
 
+        super().__init__(weights, f"{type(lean.decoder).__name__}'s forward")
         self.decoder, self.qk_norm, self.rotate, self.gqa = lean.decoder, lean.qk_norm, lean.rotate, TORCH_HAS_GQA
-        self.head, self.weights = head, weights
+        self.head = head
         config = self.decoder.config
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.failed: str | None = None  # why compiling failed (then every forward runs eager)
-        self._reset()
-        self._lock = threading.Lock()  # dynamo's compiling is not thread-safe: one compiled forward at a time
-
-    def _reset(self) -> None:
-        """Forget every compiled step (each mode compiles its own again at its next forward)."""
-        self._compiled: dict[str, Any] = {}  # mode -> its compiled step
-        self._single: set[tuple[str, bool, tuple[int, ...], bool]] = set()  # whose one-row graph exists: (mode,
-        # width > 1, the hidden layers returned, logits inside)
-        self._frozen: dict[str, list[tuple[int, int]]] = {}  # mode -> the weights frozen into it (id, version)
-
-    def __deepcopy__(self, memo: dict) -> StaticForward:
-        """A copy for a copied model (a deep copy of a model deep-copies its adapter): everything but the compiled
-        steps, which are bound to this instance and so to the original model's modules; the copy compiles its
-        own."""
-        import copy
-
-        twin = StaticForward.__new__(StaticForward)
-        memo[id(self)] = twin
-        for name, value in vars(self).items():
-            if name not in ("_compiled", "_lock", "_single", "_frozen"):
-                setattr(twin, name, copy.deepcopy(value, memo))
-        twin._reset()
-        twin._lock = threading.Lock()
-        return twin
 
     def _step(
         self,
@@ -206,68 +185,18 @@ class StaticForward:
         Returns the normed output ``[B, N, H]``, the hidden states asked for (each ``[B, N, H]``) and, if
         ``logits``, the output head's logits ``[B, N, V]``; or None where this forward must run eager (nothing
         was written)."""
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1:
-            return None  # per-layer, per-head or additive masks
-        slots, cache = view.slots(), view.cache
-        width = width_bucket(tokens.shape[1], canvas)
-        if self.failed is not None or slots is None or width is None or (cache.get_seq_length() == 0 and not canvas):
-            return None  # a prefill (an empty cache: its width is the prompt's) or an attend() view
-        view.check()
-        batch, num_new = tokens.shape
         decoder = self.decoder
         layers = len(decoder.layers._modules)
-        cache.allocate(layers, self.kv_heads, self.head_dim, decoder.embed_tokens.weight)
-        scratch = cache.capacity
-        if width > num_new:  # padded queries: token 0 at the last position, writing to and attending the scratch slot
-            pad = width - num_new
-            tokens = torch.cat([tokens, tokens.new_zeros(batch, pad)], 1)
-            positions = torch.cat([positions, positions[:, -1:].expand(batch, pad)], 1)
-            slots = torch.cat([slots, slots.new_full((batch, pad), scratch)], 1)
-        full = mask.new_zeros(batch, 1, width, scratch + 1)
-        full[:, :, :num_new, : mask.shape[-1]] = mask
-        full[:, :, num_new:, scratch] = True
-        slots = slots.contiguous()
-        for buffers in (cache.keys, cache.values):  # views (the cache's in-place compaction) would be other graphs
-            buffers[:layers] = [b.clone() if b._base is not None else b for b in buffers[:layers]]
-        keys, values = cache.keys[:layers], cache.values[:layers]
-        inputs = mark_dynamic(tokens, positions, full, slots, keys, values)
-        if tokens.device.type == "cuda":  # CUDA graphs replay on these addresses
-            for buf in (*keys, *values):
-                torch._dynamo.mark_static_address(buf)
-        try:
-            with self._lock, frozen_weights(mode, tokens.device):
-                step = self._step_for(mode, tokens.device)
-                layer_ids = tuple(sorted(hidden_layers))
-                kind = (mode, width > 1, layer_ids, logits, run)  # what guards a graph besides the marked sizes
-                if kind not in self._single and batch > 1:  # the one-row graph now (module docstring)
-                    row = [t[:1].clone() for t in inputs[:4]] + [[b[:1].clone() for b in bs] for bs in inputs[4:]]
-                    step(*mark_dynamic(*row), layer_ids, logits, run)
-                self._single.add(kind)
-                out, hidden, scores = step(*inputs, layer_ids, logits, run)
-        except Exception as error:  # inductor without a compiler, an op it cannot trace: eager from now on
-            self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
-            warnings.warn(
-                f"compile=True: compiling {type(decoder).__name__}'s forward failed ({self.failed}); it runs eager",
-                stacklevel=4,
-            )
+        buffers = (layers, self.kv_heads, self.head_dim, decoder.embed_tokens.weight)
+        inputs = self.prepare(tokens, positions, mask, view, buffers, canvas)
+        if inputs is None:
+            return None
+        layer_ids = tuple(sorted(hidden_layers))
+        out = self.run(inputs, (layer_ids, logits, run), (layer_ids, logits, run), mode)
+        if out is None:
             return None
         view.written(range(layers) if run is None else [n - 1 for n in run])
+        last, hidden, scores = out
+        num_new = tokens.shape[1]
         scores = None if scores is None else scores[:, :num_new]
-        return out[:, :num_new], {i: h[:, :num_new] for i, h in hidden.items()}, scores
-
-    def _step_for(self, mode: str, device: torch.device) -> Any:
-        """The compiled step of ``mode``, compiled now if this is its first forward, or again if weights frozen
-        into it have changed since (replaced, or updated in place: their version counters moved)."""
-        frozen = self._frozen.get(mode)
-        if frozen is not None and frozen != weight_versions(self.weights()):
-            self._compiled.pop(mode, None)
-            self._single = {key for key in self._single if key[0] != mode}
-        if mode not in self._compiled:
-            if freezes(mode, device):
-                self._compiled[mode] = torch.compile(own_code(self._step), dynamic=None, options=CPU_AUTOTUNE)
-                self._frozen[mode] = weight_versions(self.weights())
-            else:
-                cuda_mode = "reduce-overhead" if mode == "default" else "max-autotune"
-                compile_mode = cuda_mode if device.type == "cuda" else None
-                self._compiled[mode] = torch.compile(own_code(self._step), dynamic=None, mode=compile_mode)
-        return self._compiled[mode]
+        return last[:, :num_new], {i: h[:, :num_new] for i, h in hidden.items()}, scores

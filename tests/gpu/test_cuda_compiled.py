@@ -46,6 +46,30 @@ def test_compiled_equals_eager_on_cuda(ragged_prompts):
     assert counters["stats"]["unique_graphs"] == graphs  # "auto" is on for CUDA; nothing new compiled
 
 
+def test_eagle_head_steps_compiled_on_cuda(ragged_prompts, tmp_path):
+    """The EAGLE head's draft steps as CUDA graphs (its own cache, chains and EAGLE-2 trees): the drafts eager gives
+    (the same accepted counts per position), the target's tokens."""
+    from decodekit.drafters.eagle import EagleDrafter, EagleHead
+    from decodekit.drafters.head_files import head_metadata
+
+    target = dk.load_model(tiny_llama(0, layers=3), device="cuda")
+    torch.manual_seed(0)
+    head = EagleHead(target.hf.config)
+    head.init_from(dk.load_model(tiny_llama(0, layers=3)))
+    head.save(tmp_path / "head.safetensors", head_metadata(target, base="tiny"))
+    for drafter, policy in (
+        (EagleDrafter(tmp_path / "head.safetensors"), FixedLength(3)),
+        (EagleDrafter(tmp_path / "head.safetensors", shape="dynamic", top_k=2), FixedLength(6, depth=3)),
+    ):
+        eager = dk.generate(target, ragged_prompts, drafter, policy=policy, max_new_tokens=24, eos_token_id=())
+        compiled = dk.generate(
+            target, ragged_prompts, drafter, policy=policy, max_new_tokens=24, eos_token_id=(), compile=True
+        )
+        assert compiled.sequences == eager.sequences
+        assert compiled.stats.acceptance_rate_per_pos == eager.stats.acceptance_rate_per_pos
+        assert "default" in drafter.head._static._compiled
+
+
 def test_dlm_compiled_equals_eager_on_cuda():
     """The diffusion half under CUDA graphs: the recompute, dual, dKV and block-causal caches (Spiffy drafts on the
     last), greedy, compiled = eager; a second call with other prompt lengths compiles nothing."""

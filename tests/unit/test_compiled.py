@@ -249,3 +249,59 @@ def test_every_drafter_and_verifier_compiled_gives_eager_tokens(llama, draft_mod
         )
         assert compiled.sequences == eager.sequences, name
         assert compiled.stats.drafted > 0, name
+
+
+def test_eagle_head_draft_steps_compile_and_draft_what_eager_drafts(llama, ragged_prompts, tmp_path):
+    """The EAGLE head's draft steps (its one layer against its own cache: chains and EAGLE-2's staged trees) run
+    compiled at static shapes: the same drafts as eager (the same accepted counts per position), and later calls
+    with other prompt lengths compile nothing."""
+    from decodekit.drafters.eagle import EagleDrafter, EagleHead
+    from decodekit.drafters.head_files import head_metadata
+
+    torch.manual_seed(0)
+    head = EagleHead(llama.hf.config)
+    head.init_from(llama)  # the target's last layer, f_t passed through: it drafts what the target would, mostly
+    path = tmp_path / "head.safetensors"
+    head.save(path, head_metadata(llama, base="tiny"))
+    drafter, policy = EagleDrafter(path, shape="dynamic", top_k=2), FixedLength(6, depth=3)  # feeds chains too
+    eager, compiled = _both(llama, ragged_prompts, drafter, policy=policy, max_new_tokens=16, eos_token_id=())
+    assert compiled.sequences == eager.sequences
+    assert compiled.stats.acceptance_rate_per_pos == eager.stats.acceptance_rate_per_pos
+    assert compiled.stats.accepted == eager.stats.accepted > 0
+    assert "default" in drafter.head._static._compiled  # the head's steps did run compiled
+    graphs = _graphs()
+    others = [[3, 1, 4, 1, 5, 9, 2, 6][: n + 1] for n in range(1, 8, 3)]
+    eager, compiled = _both(llama, others, drafter, policy=policy, max_new_tokens=12, eos_token_id=())
+    assert compiled.sequences == eager.sequences
+    assert _graphs() == graphs
+
+
+def test_a_released_eagle3_layer_compiles_to_its_eager_steps(tmp_path):
+    """The released EAGLE-3 layer (its q / k / v reading ``[norm(embed) ; norm(u)]``) runs its draft steps compiled
+    too: against the same cache views, ragged rows and a later step of another width, the same outputs and the same
+    keys and values written as eager."""
+    from decodekit.cache import KVCache
+    from decodekit.masks import chain_mask
+    from decodekit.models.compile_switch import compiling
+    from tests.unit.eagle_release import write_release3
+
+    lm = dk.load_model(tiny_llama(0, layers=8))
+    write_release3(tmp_path / "eagle3", lm.hf.config, list(range(0, lm.vocab_size, 2)))
+    head = dk.build("drafter", "eagle3", weights=str(tmp_path / "eagle3"), target=lm).head
+    width = lm.hf.config.hidden_size
+
+    def steps(mode):
+        gen, cache, outs = torch.Generator().manual_seed(0), KVCache(2, 64), []
+        with torch.no_grad(), compiling(mode):
+            for n, kept in ((6, [6, 4]), (1, [1, 1]), (3, [2, 3]), (2, [2, 2])):  # the first: an empty cache, eager
+                view = cache.stage(n)
+                mask, positions = chain_mask(cache.lengths, n, view.kv_len)
+                embeds, feats = (torch.randn(2, n, width, generator=gen) for _ in range(2))
+                outs.append(head(embeds, feats, positions, mask, view))
+                cache.keep(torch.tensor(kept))
+        return outs, [buf[:, :, :20] for buf in (cache.keys[0], cache.values[0])]
+
+    eager, compiled = steps(None), steps("default")
+    for got, want in zip(compiled[0] + compiled[1], eager[0] + eager[1]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert "default" in head._static._compiled
