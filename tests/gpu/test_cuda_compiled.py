@@ -1,9 +1,10 @@
 """``compile=True`` on a GPU (skipped without CUDA): CUDA-graph replays (torch.compile's ``reduce-overhead``) give the
 eager CUDA tokens for plain decoding, chains, trees and a draft model, with rows stopping apart, and for the diffusion
-half's caches; a later call with other prompt lengths compiles nothing. Not run yet (no GPU was lent when it was
-written): the first GPU session runs ``python -m pytest -q tests/gpu``, ``python -m decodekit bench
-experiment=compiled model.device=cuda batch_sizes=[1,8]`` and ``python -m decodekit dlm-bench experiment=compiled
-device=cuda``."""
+half's caches, and the EAGLE head's draft steps; a later call with other prompt lengths compiles nothing. Not run yet
+(no GPU was lent when it was written): a GPU session runs ``bash .ci/gpu prepare`` here and ``bash .ci/gpu run`` on
+the device (these tests and the compiled loop's speed on SmolLM2-135M's shape); with SmolLM2 installed (a machine
+with network), ``python -m decodekit bench experiment=compiled_gpu`` and ``python -m decodekit dlm-bench
+experiment=compiled device=cuda``."""
 
 from __future__ import annotations
 

