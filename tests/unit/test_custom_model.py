@@ -1,0 +1,77 @@
+"""A model adapter written by hand, not through transformers: what a contributor bringing another family writes.
+
+:meth:`LanguageModel.forward` gets the tokens, their positions, a boolean mask ``[B, 1, N, S]`` and the cache's
+:class:`~decodekit.cache.CacheView` for this forward; the model hands each layer's new keys and values to
+``view.update`` and attends to what it returns. Nothing else about the cache is its business: ragged rows, trees,
+staged drafts, compaction and rollback happen outside. The loop runs such a model as it runs transformers' (greedy
+output equal to a recomputation from scratch, with drafts of every kind), and a model that hands its K/V to the
+cache instead of the view is told what to pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import decodekit as dk
+from decodekit.policies import FixedLength
+
+VOCAB, HIDDEN = 24, 16
+
+
+class OneLayerLM(dk.LanguageModel):
+    """Embeddings plus a learned position table, one single-head attention layer, an output head."""
+
+    def __init__(self, seed: int = 0, through_cache: bool = False) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.emb = torch.randn(VOCAB, HIDDEN, generator=gen)
+        self.pos = 0.3 * torch.randn(256, HIDDEN, generator=gen)
+        self.wq, self.wk, self.wv = (torch.randn(HIDDEN, HIDDEN, generator=gen) / HIDDEN**0.5 for _ in range(3))
+        self.out = torch.randn(HIDDEN, VOCAB, generator=gen)
+        self.vocab_size, self.through_cache = VOCAB, through_cache
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def forward(self, tokens, positions, mask, view, logits_at=None, **unused) -> dk.ModelOutput:
+        x = self.emb[tokens] + self.pos[positions]  # [B, N, H]
+        q, k, v = (x @ w for w in (self.wq, self.wk, self.wv))
+        sink = view.cache if self.through_cache else view  # the first is the mistake this test expects refused
+        keys, values = sink.update(k[:, None], v[:, None], 0)  # [B, 1, S, H]: every key this forward may see
+        attended = F.scaled_dot_product_attention(q[:, None], keys, values, attn_mask=mask)[:, 0]
+        logits = (x + attended) @ self.out  # [B, N, V]
+        if logits_at is not None:
+            logits = logits.gather(1, logits_at[..., None].expand(-1, -1, VOCAB))
+        return dk.ModelOutput(logits)
+
+
+def recomputed_greedy(model: OneLayerLM, prompt: list[int], new: int) -> list[int]:
+    """Plain greedy decoding recomputing the whole sequence at each step (a fresh cache, no reuse)."""
+    seq = list(prompt)
+    for _ in range(new):
+        cache = model.new_cache(1, len(seq))
+        out = model.extend(cache, torch.tensor([seq]), torch.tensor([len(seq)]))
+        seq.append(int(out.logits[0].argmax()))
+    return seq[len(prompt) :]
+
+
+def test_a_hand_written_model_runs_in_the_loop_with_every_kind_of_draft():
+    model = OneLayerLM()
+    prompts = [[1, 2, 3, 1, 2, 3, 1], [5, 9], [7, 7, 7, 7, 7]]
+    want = [recomputed_greedy(model, p, 12) for p in prompts]
+    assert dk.generate(model, prompts, max_new_tokens=12, eos_token_id=()).sequences == want
+    draft_model = OneLayerLM(seed=1)
+    for drafter, policy in (
+        (dk.drafters.NGramDrafter(), FixedLength(3)),  # chains, ragged acceptance
+        (dk.drafters.ModelDrafter(draft_model), FixedLength(3)),  # a second hand-written model drafting
+        (dk.build("drafter", "model_tree", model=draft_model, shape="iid", branches=2), FixedLength(6, depth=3)),
+    ):
+        out = dk.generate(model, prompts, drafter, policy=policy, max_new_tokens=12, eos_token_id=())
+        assert out.sequences == want and out.stats.drafted > 0, type(drafter).__name__
+
+
+def test_a_model_writing_to_the_cache_itself_is_told_to_use_the_view():
+    with pytest.raises(TypeError, match="CacheView that cache.stage"):
+        dk.generate(OneLayerLM(through_cache=True), [[1, 2, 3]], max_new_tokens=4)
