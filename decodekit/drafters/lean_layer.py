@@ -24,7 +24,7 @@ from decodekit.kernels.cpu import fused_linear
 from decodekit.models.compile_switch import compile_scope
 from decodekit.models.grouped_attention import grouped_attention
 from decodekit.models.lean import COVERED_LAYERS as COVERED
-from decodekit.models.static_call import StaticCall
+from decodekit.models.static_call import StaticCall, StaticInputs
 
 
 class LeanLayer:
@@ -115,17 +115,11 @@ class StaticLayer(StaticCall):
         super().__init__(layer.weights, "the draft head's layer")
         self.layer = layer
 
-    def _step(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor,
-        slots: torch.Tensor,
-        keys: list[torch.Tensor],
-        values: list[torch.Tensor],
-    ) -> torch.Tensor:
-        """The traced step: ``x [B, W, H]``, ``positions`` and ``slots [B, W]``, ``mask [B, 1, W, S_buf]``; writes
-        the K/V at ``slots`` of ``keys[0]`` / ``values[0] [B, Hkv, S_buf, D]``; returns ``[B, W, H]``."""
+    def _step(self, inputs: StaticInputs) -> torch.Tensor:
+        """The traced step on ``inputs`` (``x [B, W, H]``, ``positions`` and ``slots [B, W]``, ``mask [B, 1, W,
+        S_buf]``): writes the K/V at ``slots`` of ``keys[0]`` / ``values[0] [B, Hkv, S_buf, D]``; returns
+        ``[B, W, H]``."""
+        x, positions, mask, slots, keys, values = inputs
         q, k, v = self.layer.project(x, positions)
         index = slots[:, None, :, None]
         keys[0].scatter_(2, index.expand_as(k), k)

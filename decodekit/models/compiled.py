@@ -49,7 +49,7 @@ tokens at 0.99-1.04x the eager loop with the same stock kernels (a SmolLM2 token
 products, which it leaves to the same ATen kernels); ``"max-autotune"`` streams the weights at close to the
 machine's read bandwidth instead: plain greedy decoding 1.9x the eager loop with stock kernels at batch 1 and 4
 (lookup + EAGLE-3 head 2.6x, n-gram 3.3x at batch 1; ``python -m decodekit.bench.token_profile`` says where a
-token's time goes).
+token's time goes). On a 2-core Intel Xeon, whose stock kernels leave less to gain: 1.22x and 1.38x.
 
 The EAGLE heads' draft steps (:class:`~decodekit.drafters.eagle_head.EagleHead`'s lean layer and the released EAGLE-3
 layer) run the same way, one graph per head and mode (:class:`~decodekit.drafters.lean_layer.StaticLayer`, on
@@ -70,7 +70,7 @@ from typing import Any
 import torch
 
 from decodekit.models.lean import LeanDecoder, attention_inputs
-from decodekit.models.static_call import CPU_AUTOTUNE, StaticCall
+from decodekit.models.static_call import CPU_AUTOTUNE, StaticCall, StaticInputs
 
 __all__ = ["CPU_AUTOTUNE", "StaticForward", "eager_reason"]
 
@@ -122,22 +122,14 @@ class StaticForward(StaticCall):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
     def _step(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor,
-        slots: torch.Tensor,
-        keys: list[torch.Tensor],
-        values: list[torch.Tensor],
-        hidden_layers: tuple[int, ...],
-        logits: bool,
-        run: tuple[int, ...] | None,
+        self, inputs: StaticInputs, hidden_layers: tuple[int, ...], logits: bool, run: tuple[int, ...] | None
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], torch.Tensor | None]:
-        """The traced forward: ``tokens``, ``positions``, ``slots [B, W]``, ``mask [B, 1, W, S_buf]``; writes the
-        K/V at ``slots`` of each layer's ``keys`` / ``values [B, Hkv, S_buf, D]``; returns the normed output
+        """The traced forward on ``inputs`` (``tokens``, ``positions``, ``slots [B, W]``, ``mask [B, 1, W, S_buf]``):
+        writes the K/V at ``slots`` of each layer's ``keys`` / ``values [B, Hkv, S_buf, D]``; returns the normed output
         ``[B, W, H]``, the requested layers' outputs (0 = embeddings) and, if ``logits``, the output head's
         ``[B, W, V]``. ``run``: the 1-based blocks it runs (an early exit, skipped layers; None: all), the others
         neither run nor written, as the eager forward's layer selection does."""
+        tokens, positions, mask, slots, keys, values = inputs
         decoder = self.decoder
         batch, width = tokens.shape
         x = decoder.embed_tokens(tokens)

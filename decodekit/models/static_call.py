@@ -28,7 +28,7 @@ StaticInputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, lis
 
 class StaticCall:
     """A forward at static shapes through one compiled step per mode (module docstring). A subclass gives
-    :meth:`_step`, which takes :data:`StaticInputs` and then its own static arguments.
+    :meth:`_step`, which takes the :data:`StaticInputs` and then its own static arguments.
 
     Args:
         weights: the weights the step reads (a frozen ``"max-autotune"`` step compiles again when they change).
@@ -119,9 +119,9 @@ class StaticCall:
                 key = (mode, width > 1, *kind)
                 if key not in self._single and batch > 1:
                     row = [t[:1].clone() for t in inputs[:4]] + [[b[:1].clone() for b in bs] for bs in inputs[4:]]
-                    step(*mark_dynamic(*row), *args)
+                    step(mark_dynamic(*row), *args)
                 self._single.add(key)
-                return step(*inputs, *args)
+                return step(inputs, *args)
         except Exception as error:  # inductor without a compiler, an op it cannot trace: eager from now on
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
             warnings.warn(f"compile=True: compiling {self.name} failed ({self.failed}); it runs eager", stacklevel=5)
