@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import get_object
 from omegaconf import OmegaConf
@@ -84,6 +85,8 @@ def test_every_group_option_instantiates(group, option):
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_instantiates(experiment):
     cfg = compose_bench([f"experiment={experiment}"])
+    if cfg.model.get("device") == "cuda" and not torch.cuda.is_available():  # a GPU experiment, built on the CPU
+        cfg = compose_bench([f"experiment={experiment}", "model.device=cpu"])
     OmegaConf.resolve(cfg)
     assert isinstance(build_component(cfg.model), dk.LanguageModel)
     methods = {name: spec for name, spec in cfg.methods.items() if spec is not None}
