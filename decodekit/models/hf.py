@@ -132,7 +132,7 @@ class HFCausalLM(LanguageModel):
         self._biases: dict[int, Any] = {}  # GPT-Neo's global causal biases, made once
         device_map = getattr(model, "hf_device_map", None) or {}
         self._spread = len(set(map(str, device_map.values()))) > 1  # layers on several devices (device_map)
-        leanable = self.attention.per_layer is None and not self._additive_mask and not device_map  # no hooks
+        leanable = self.attention.per_layer is None and not device_map  # not GPT-Neo's hooks, nor accelerate's
         self._lean = lean_decoder(model, self.decoder) if leanable else None  # no per-call Python
         compiles = self._lean is not None and self._lean.compiles and self.attention.plain  # StaticForward's stacks
         self._static = StaticForward(self._lean, self.head, self.hf.parameters) if compiles else None

@@ -1,24 +1,25 @@
-"""A lean decoder forward for the Llama family and Gemma 3: transformers' arithmetic without its per-call Python.
+"""A lean decoder forward for the Llama family and Gemma 2 / 3: transformers' arithmetic without its per-call Python.
 
 A transformers decoder forward spends most of a small model's time outside the arithmetic: per call it builds mask
 and output-capturing machinery, runs keyword-argument decorators and config lookups, and per layer dispatches
 through three module wrappers. For the families whose block is exactly ``x + attn(norm(x))`` then ``x +
-mlp(norm(x))`` with rotary positions (Llama, Mistral, Qwen2, Qwen3), and Gemma 3's (norms after attention and around
-the MLP, scaled embeddings, per-head query / key norms, local and global rotary tables), :class:`LeanDecoder` runs the
+mlp(norm(x))`` with rotary positions (Llama, Mistral, Qwen2, Qwen3), and Gemma's (norms after attention and around
+the MLP, scaled embeddings; Gemma 2's attention logit softcap through its own eager attention; Gemma 3's per-head
+query / key norms and local and global rotary tables), :class:`LeanDecoder` runs the
 same blocks as a plain loop over the model's own modules: its embedding, norms, projections, MLPs and rotary module
 are called as they are (so LoRA layers, quantized linears and hooks on them still act), attention goes through
 transformers' own ``sdpa`` entry (so decodekit's grouped-query and attention-recording wrappers still apply), and
 every operation is the one transformers runs, in the same order. The logits are bit-identical to transformers' forward
 (``tests/unit/test_lean_forward.py`` checks every family on prefills, trees, ragged rows, early exits and hidden
-states, and with sliding-window layers: Mistral's, Qwen2's and Gemma 3's, their masks one per layer type).
+states, and with sliding-window layers: Mistral's, Qwen2's and Gemma's, their masks one per layer type).
 
 Measured on a 2-layer, 64-wide Llama (2-core CPU, one thread): a decode forward 2.7 -> 1.7 ms, a whole greedy token
 3.2 -> 2.1 ms. On SmolLM2-135M the arithmetic dominates and the saving is ~1-2 ms of a ~150 ms step.
-On 3-layer, 64-wide Gemma 3 and sliding-window Mistral / Qwen2 models (2026-12-06, one thread, two runs): a greedy
-token 1.1-1.5x faster.
+On 3-layer, 64-wide Gemma 2 / 3 and sliding-window Mistral / Qwen2 models (2026-12-06, one thread, two runs): a
+greedy token 1.1-1.5x faster.
 
-Where it does not apply, the adapter calls the decoder as before: other families (Gemma 2: its attention's logit
-softcap needs transformers' eager attention), ``eager`` attention, chunked layers, a model spread over devices or
+Where it does not apply, the adapter calls the decoder as before: other families, ``eager`` attention (but Gemma 2's),
+chunked layers, a model spread over devices or
 wrapped by accelerate, gradient checkpointing while training, and any forward hook (or replaced ``forward``) on the
 decoder, a block or its attention module, or a global module hook. Only the Llama-shaped stacks with full attention
 in every layer compile (:attr:`LeanDecoder.compiles`); the others run this forward eager under ``compile=True``,
@@ -27,6 +28,7 @@ with the one warning naming why.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +46,8 @@ class Family:
         qk_norm: the attention normalises queries and keys per head (Qwen3's, Gemma 3's ``q_norm`` / ``k_norm``).
         sandwich: Gemma's block, ``x + post_attn_norm(attn(norm(x)))`` then ``x + post_ffn_norm(mlp(pre_ffn_norm(x)))``.
         typed_rope: one rotary table per layer type (Gemma 3's local and global frequencies).
+        softcap: attention through the family's own eager function with its logit softcap (Gemma 2's; that
+            family runs ``eager`` attention under additive masks, the others ``sdpa``).
     """
 
     decoder: str
@@ -52,11 +56,12 @@ class Family:
     qk_norm: bool = False
     sandwich: bool = False
     typed_rope: bool = False
+    softcap: bool = False
 
     @property
     def llama_shaped(self) -> bool:
         """Llama's block exactly (what :class:`~decodekit.models.compiled.StaticForward` and the heads run)."""
-        return not (self.sandwich or self.typed_rope)
+        return not (self.sandwich or self.typed_rope or self.softcap)
 
 
 def _llama_like(prefix: str, qk_norm: bool = False) -> Family:
@@ -68,6 +73,7 @@ FAMILIES = {  # model_type -> its family
     "mistral": _llama_like("Mistral"),
     "qwen2": _llama_like("Qwen2"),
     "qwen3": _llama_like("Qwen3", qk_norm=True),
+    "gemma2": Family("Gemma2Model", "Gemma2DecoderLayer", "Gemma2Attention", sandwich=True, softcap=True),
     "gemma3_text": Family("Gemma3TextModel", "Gemma3DecoderLayer", "Gemma3Attention", True, True, True),
 }
 COVERED_LAYERS = tuple(f.layer for f in FAMILIES.values() if f.llama_shaped)  # also the EAGLE heads' LeanLayer
@@ -109,7 +115,8 @@ def lean_decoder(model: torch.nn.Module, decoder: torch.nn.Module) -> LeanDecode
     layers = getattr(decoder, "layers", None)
     if family is None or not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
         return None
-    if getattr(config, "_attn_implementation", None) != "sdpa" or type(decoder).__name__ != family.decoder:
+    attention = "eager" if family.softcap else "sdpa"
+    if getattr(config, "_attn_implementation", None) != attention or type(decoder).__name__ != family.decoder:
         return None
     types = tuple(getattr(config, "layer_types", None) or ())
     if not set(types) <= _ATTENTION_TYPES or (types and len(types) < len(layers)):
@@ -192,6 +199,9 @@ class LeanDecoder:
         else:
             cos, sin = decoder.rotary_emb(x, position_ids=positions)
         attention = ALL_ATTENTION_FUNCTIONS["sdpa"]  # read per forward: decodekit's wrappers replace it
+        softcap: dict[str, Any] = {}
+        if family.softcap:  # Gemma 2: the family's own eager attention, its logits softcapped
+            attention = sys.modules[type(layers[0].self_attn).__module__].eager_attention_forward
         shape = (*tokens.shape, -1)
         for layer in layers:  # iteration: the running call's selection
             attn = layer.self_attn
@@ -203,7 +213,9 @@ class LeanDecoder:
             k, v = cache.update(k, v, attn.layer_idx)
             dropout = attn.attention_dropout if attn.training else 0.0
             layer_mask = mask[kind] if isinstance(mask, dict) else mask  # a mapping: one mask per layer type
-            out, _ = attention(attn, q, k, v, layer_mask, dropout=dropout, scaling=attn.scaling)
+            if family.softcap:
+                softcap = {"softcap": attn.attn_logit_softcapping}
+            out, _ = attention(attn, q, k, v, layer_mask, dropout=dropout, scaling=attn.scaling, **softcap)
             out = attn.o_proj(out.reshape(shape).contiguous())
             if family.sandwich:
                 x = x + layer.post_attention_layernorm(out)

@@ -13,10 +13,14 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 import decodekit as dk
 from decodekit.masks import chain_mask
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
 WINDOWED = {  # sliding-window layers: the adapter's masks, one per layer type (Gemma 3: local and global rotary too)
     "mistral-window": ("mistral", dict(sliding_window=4)),
     "qwen2-window": ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    "gemma2-window": (
+        "gemma2",
+        dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"] * 2, num_hidden_layers=4),
+    ),
     "gemma3-window": (
         "gemma3_text",
         dict(sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
@@ -39,11 +43,14 @@ def family_model(model_type: str, **overrides: object) -> torch.nn.Module:
         sliding_window=None,
         attention_bias=model_type == "llama",  # Qwen2 has biases built in; Llama's are optional
     )
-    if model_type == "gemma3_text":  # every layer full attention unless overridden
-        fields |= dict(layer_types=["full_attention"] * 3, attn_logit_softcapping=None, final_logit_softcapping=None)
+    if model_type.startswith("gemma"):  # every layer full attention unless overridden
+        fields |= dict(layer_types=["full_attention"] * 3)
+    if model_type == "gemma3_text":
+        fields |= dict(attn_logit_softcapping=None, final_logit_softcapping=None)
     torch.manual_seed(0)
     config = CONFIG_MAPPING[model_type](**(fields | overrides))
-    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    attention = "eager" if model_type == "gemma2" else "sdpa"  # Gemma 2's logit softcap: transformers' eager attention
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attention).eval()
 
 
 def run(lm: dk.LanguageModel, lean: bool) -> list[object]:
