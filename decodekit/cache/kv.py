@@ -164,6 +164,8 @@ class KVCache(CommittedRows):
                 ``counts[b]`` are ignored.
             host_counts: the same counts on the host (an int = every row): keeps the host mirror valid.
         """
+        if self._last in ("write_at", "attend"):  # before anything moves: a refused keep changes nothing
+            raise RuntimeError(f"KVCache.keep after {self._last}(): nothing was staged")
         if nodes is not None and nodes.shape[1] > 0:
             m = nodes.shape[1]
             base = self._lengths[:, None]
@@ -173,8 +175,6 @@ class KVCache(CommittedRows):
                 src_i, dst_i = src.to(buf.device), dst.to(buf.device)
                 shape = (buf.shape[0], buf.shape[1], m, buf.shape[3])
                 buf.scatter_(2, dst_i.expand(shape), buf.gather(2, src_i.expand(shape)))
-        if self._last in ("write_at", "attend"):
-            raise RuntimeError(f"KVCache.keep after {self._last}(): nothing was staged")
         counts = counts.to(self._lengths.device)
         self.validity.kept(self._lengths, counts)
         if self._host is not None and host_counts is not None:

@@ -436,6 +436,9 @@ def test_attend_does_not_write(name, rows):
     assert all(torch.equal(a, b) for a, b in zip(cache.keys + cache.values, snap["keys"] + snap["values"]))
     with pytest.raises(RuntimeError, match="nothing was staged"):
         cache.keep(torch.ones(3, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="nothing was staged"):  # a tree's gather is refused before it moves K/V
+        cache.keep(torch.ones(3, dtype=torch.long), nodes=torch.tensor([[2], [1], [2]]))
+    assert all(torch.equal(a, b) for a, b in zip(cache.keys + cache.values, snap["keys"] + snap["values"]))
     logits = model.extend(cache, torch.tensor([[10], [11], [12]]), torch.ones(3, dtype=torch.long)).logits
     for b, r in enumerate(rows):
         torch.testing.assert_close(logits[b], full_logits(hf_model, r + [10 + b]), **tol)
