@@ -81,14 +81,14 @@ def measure(size: dict, tokens: int, k: int, repeats: int, batch: int, device: s
     rows = [Row("transformers generate (greedy)", batch, hf("greedy"), new)]
     if compile:
         rows.append(Row("transformers static cache + compile", batch, hf("static_compiled"), new))
-    calls = [("decodekit autoregressive", None, False)]
-    calls += [("decodekit autoregressive, compile=True", None, True)] if compile else []
-    calls += [(f"decodekit spec, draft = target, k={k}", dk.drafters.ModelDrafter(target), False)]
-    calls += [
-        (f"decodekit spec, draft = target, k={k}, compile=True", dk.drafters.ModelDrafter(target), True)
-    ] * compile
-    calls += [(f"decodekit spec, unrelated draft, k={k}", dk.drafters.ModelDrafter(unrelated), False)]
-    for name, drafter, compiled in calls:
+    calls = [  # (row, drafter, compiled): the compiled rows only with --compile
+        ("decodekit autoregressive", None, False),
+        ("decodekit autoregressive, compile=True", None, True),
+        (f"decodekit spec, draft = target, k={k}", dk.drafters.ModelDrafter(target), False),
+        (f"decodekit spec, draft = target, k={k}, compile=True", dk.drafters.ModelDrafter(target), True),
+        (f"decodekit spec, unrelated draft, k={k}", dk.drafters.ModelDrafter(unrelated), False),
+    ]
+    for name, drafter, compiled in (c for c in calls if compile or not c[2]):
         out, seconds = median_time(ours(drafter, compiled), **timed)  # the warm-up call compiles
         rows.append(Row(name, batch, seconds, new, out.stats))
     return rows

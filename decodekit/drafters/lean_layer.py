@@ -132,7 +132,7 @@ class StaticLayer(StaticCall):
         """The layer's output ``[B, N, H]`` for ``x [B, N, ...]`` against ``view``, compiled in ``mode``; or None
         where it must run eager (nothing written)."""
         inputs = self.prepare(x, positions, mask, view, (1, self.layer.kv_heads, self.layer.head_dim, x))
-        out = None if inputs is None else self.run(inputs, (), (), mode)
+        out = None if inputs is None else self.run(inputs, (), mode)
         if out is None:
             return None
         view.written((0,))

@@ -184,7 +184,7 @@ class StaticForward(StaticCall):
         if inputs is None:
             return None
         layer_ids = tuple(sorted(hidden_layers))
-        out = self.run(inputs, (layer_ids, logits, run), (layer_ids, logits, run), mode)
+        out = self.run(inputs, (layer_ids, logits, run), mode)
         if out is None:
             return None
         view.written(range(layers) if run is None else [n - 1 for n in run])

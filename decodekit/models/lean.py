@@ -1,29 +1,28 @@
 """A lean decoder forward for the Llama family and Gemma 2 / 3: transformers' arithmetic without its per-call Python.
 
-A transformers decoder forward spends most of a small model's time outside the arithmetic: per call it builds mask
-and output-capturing machinery, runs keyword-argument decorators and config lookups, and per layer dispatches
-through three module wrappers. For the families whose block is exactly ``x + attn(norm(x))`` then ``x +
-mlp(norm(x))`` with rotary positions (Llama, Mistral, Qwen2, Qwen3), and Gemma's (norms after attention and around
-the MLP, scaled embeddings; Gemma 2's attention logit softcap through its own eager attention; Gemma 3's per-head
-query / key norms and local and global rotary tables), :class:`LeanDecoder` runs the
-same blocks as a plain loop over the model's own modules: its embedding, norms, projections, MLPs and rotary module
-are called as they are (so LoRA layers, quantized linears and hooks on them still act), attention goes through
-transformers' own ``sdpa`` entry (so decodekit's grouped-query and attention-recording wrappers still apply), and
-every operation is the one transformers runs, in the same order. The logits are bit-identical to transformers' forward
-(``tests/unit/test_lean_forward.py`` checks every family on prefills, trees, ragged rows, early exits and hidden
-states, and with sliding-window layers: Mistral's, Qwen2's and Gemma's, their masks one per layer type).
+A transformers decoder forward spends most of a small model's time outside the arithmetic: per call it builds mask and
+output-capturing machinery, runs keyword-argument decorators and config lookups, and per layer dispatches through three
+module wrappers. For the families whose block is exactly ``x + attn(norm(x))`` then ``x + mlp(norm(x))`` with rotary
+positions (Llama, Mistral, Qwen2, Qwen3), and Gemma's (norms after attention and around the MLP, scaled embeddings;
+Gemma 2's attention logit softcap through its own eager attention; Gemma 3's per-head query / key norms and local and
+global rotary tables), :class:`LeanDecoder` runs the same blocks as a plain loop over the model's own modules: its
+embedding, norms, projections, MLPs and rotary module are called as they are (so LoRA layers, quantized linears and
+hooks on them still act), attention goes through transformers' own ``sdpa`` entry (so decodekit's grouped-query and
+attention-recording wrappers still apply), and every operation is the one transformers runs, in the same order. The
+logits are bit-identical to transformers' forward (``tests/unit/test_lean_forward.py`` checks every family on prefills,
+trees, ragged rows, early exits and hidden states, and with sliding-window layers: Mistral's, Qwen2's and Gemma's, their
+masks one per layer type).
 
-Measured on a 2-layer, 64-wide Llama (2-core CPU, one thread): a decode forward 2.7 -> 1.7 ms, a whole greedy token
-3.2 -> 2.1 ms. On SmolLM2-135M the arithmetic dominates and the saving is ~1-2 ms of a ~150 ms step.
-On 3-layer, 64-wide Gemma 2 / 3 and sliding-window Mistral / Qwen2 models (2026-12-06, one thread, two runs): a
-greedy token 1.1-1.5x faster.
+Measured on a 2-layer, 64-wide Llama (2-core CPU, one thread): a decode forward 2.7 -> 1.7 ms, a whole greedy token 3.2
+-> 2.1 ms. On SmolLM2-135M the arithmetic dominates and the saving is ~1-2 ms of a ~150 ms step. On 3-layer, 64-wide
+Gemma 2 / 3 and sliding-window Mistral / Qwen2 models (2026-12-06, one thread, two runs): a greedy token 1.1-1.5x
+faster.
 
 Where it does not apply, the adapter calls the decoder as before: other families, ``eager`` attention (but Gemma 2's),
-chunked layers, a model spread over devices or
-wrapped by accelerate, gradient checkpointing while training, and any forward hook (or replaced ``forward``) on the
-decoder, a block or its attention module, or a global module hook. Only the Llama-shaped stacks with full attention
-in every layer compile (:attr:`LeanDecoder.compiles`); the others run this forward eager under ``compile=True``,
-with the one warning naming why.
+chunked layers, a model spread over devices or wrapped by accelerate, gradient checkpointing while training, and any
+forward hook (or replaced ``forward``) on the decoder, a block or its attention module, or a global module hook. Only
+the Llama-shaped stacks with full attention in every layer compile (:attr:`LeanDecoder.compiles`); the others run this
+forward eager under ``compile=True``, with the one warning naming why.
 """
 
 from __future__ import annotations

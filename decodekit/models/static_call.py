@@ -106,9 +106,9 @@ class StaticCall:
                 torch._dynamo.mark_static_address(buf)
         return mark_dynamic(inputs, positions, full, slots.contiguous(), keys, values)
 
-    def run(self, inputs: StaticInputs, args: tuple[Any, ...], kind: tuple[Any, ...], mode: str) -> Any:
+    def run(self, inputs: StaticInputs, args: tuple[Any, ...], mode: str) -> Any:
         """The compiled step of ``mode`` on ``inputs`` and its static ``args``, or None if compiling failed (one
-        warning; eager from then on). ``kind`` (with ``mode`` and whether the width exceeds one) names what guards
+        warning; eager from then on). The ``args`` (with ``mode`` and whether the width exceeds one) are what guards
         a graph besides the marked sizes: the first batched forward of each kind also runs a copy of its first row
         alone, so the one-row graph compiles up front, not when a batch later shrinks to one row."""
         device = inputs[0].device
@@ -116,7 +116,7 @@ class StaticCall:
         try:
             with self._lock, frozen_weights(mode, device):
                 step = self._step_for(mode, device)
-                key = (mode, width > 1, *kind)
+                key = (mode, width > 1, *args)
                 if key not in self._single and batch > 1:
                     row = [t[:1].clone() for t in inputs[:4]] + [[b[:1].clone() for b in bs] for bs in inputs[4:]]
                     step(mark_dynamic(*row), *args)
