@@ -56,10 +56,9 @@ class DLMModel:
             "mask_token_id", mask_token_id, low=0, high=self.vocab_size - 1, hint=" (an id inside the vocabulary)"
         )
         self.shift_logits = check_bool("shift_logits", shift_logits)
-        plan = getattr(lm, "attention", None)
-        if plan is not None and not plan.plain:
+        if not lm.full_attention:
             raise UnsupportedModelError(
-                f"{type(getattr(lm, 'hf', lm)).__name__} has sliding-window or chunked attention layers; a diffusion "
+                f"{lm!r} has sliding-window or chunked attention layers; a diffusion "
                 "LM needs every layer to attend over the whole canvas. Use a model with full attention only."
             )
 
@@ -69,7 +68,7 @@ class DLMModel:
 
     @property
     def tokenizer(self) -> Any:
-        return getattr(self.lm, "tokenizer", None)
+        return self.lm.tokenizer
 
     def __repr__(self) -> str:
         block = "" if self.block_length is None else f", block_length={self.block_length}"

@@ -41,7 +41,7 @@ from decodekit.checks import check_bool, check_choice, check_float, check_int
 from decodekit.draft import Draft, DraftKind
 from decodekit.draft.budget import DraftBudget
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
-from decodekit.drafters.eagle3_release import Eagle3ReleaseHead, OwnLogits
+from decodekit.drafters.eagle3_head import Eagle3ReleaseHead, OwnLogits
 from decodekit.drafters.eagle_head import DEFAULT_WEIGHTS, RETRAIN, EagleHead, default_weights, load_head
 from decodekit.drafters.eagle_release import is_release, load_release
 from decodekit.drafters.feature_queue import requeue

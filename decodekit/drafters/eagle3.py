@@ -12,7 +12,7 @@ previous step's outputs and attending to the true context plus its own earlier s
 
 Faithfulness: EAGLE-3's inputs (three fused layers), loss (token-level only) and training-time test; the draft
 step's positions in training are the ones it drafts at (``t + j`` for step ``j``). Heads of the recipe's default
-``architecture=eagle3`` are EAGLE-3's own module (:class:`~decodekit.drafters.eagle3_release.Eagle3ReleaseHead`:
+``architecture=eagle3`` are EAGLE-3's own module (:class:`~decodekit.drafters.eagle3_head.Eagle3ReleaseHead`:
 the attention input ``[norm(embed) ; norm(feature)]``, its own draft ``lm_head``), exportable to the authors' and
 vLLM's layouts (:mod:`decodekit.train.export`). The head shipped for the zoo target is of the older ``fc``
 architecture: EAGLE-1's input, ``fc([embed ; feature])`` into one decoder layer of the target's architecture, and

@@ -114,7 +114,8 @@ def _load_release_head(
     retrain: str,
 ) -> nn.Module:
     """A head file of EAGLE-3's own architecture (``meta["head_config"]``: its ``config.json``) for ``target``."""
-    from decodekit.drafters.eagle3_release import Eagle3ReleaseHead, llama_config
+    from decodekit.drafters.eagle3_head import Eagle3ReleaseHead
+    from decodekit.drafters.eagle3_release import llama_config
 
     hidden = int(meta["hidden_size"])
     head = Eagle3ReleaseHead(llama_config(meta["head_config"]), len(tensors["vocab"]), len(meta["layers"]) * hidden)

@@ -10,7 +10,7 @@ without its input norm, no final norm, the target's own output head on the resul
 norms as identities). ``tests/unit/test_eagle.py`` checks the first round's draft against a port of that module on
 a tiny target, and greedy output against plain decoding. ``.bin`` files are read with
 ``torch.load(weights_only=True)``: no pickled code runs. An EAGLE-3 release (``midlayer.*``, ``d2t``) in the same
-directory layout is read as :class:`~decodekit.drafters.eagle3_release.Eagle3ReleaseHead`.
+directory layout is read as :class:`~decodekit.drafters.eagle3_head.Eagle3ReleaseHead`.
 
 vLLM's ``speculators`` saved the same head, up to its 0.3 releases, as ``speculators_model_type: eagle``
 (``EagleSpeculator``: EAGLE-1/2, and HASS with ``fusion_bias``): ``fusion_fc`` for ``fc``, ``transformer.*`` for
@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from decodekit.drafters.eagle3_release import build_release3, default_layers, speculators_eagle3
+from decodekit.drafters.eagle3_head import default_layers
+from decodekit.drafters.eagle3_release import build_release3, speculators_eagle3
 from decodekit.drafters.eagle_head import EagleHead
 from decodekit.drafters.head_files import check_release_sizes, load_tensors, on_target, read_state, target_config
 from decodekit.drafters.lean_layer import lean_layer

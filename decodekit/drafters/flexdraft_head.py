@@ -153,11 +153,11 @@ def check_target(target: Any, num_layers: int) -> None:
     if layers is None or not hasattr(getattr(target, "decoder", None), "rotary_emb"):
         raise ConfigError(f"flexdraft runs a transformers Llama-family target's own layers; got {target!r}")
     kinds = {type(layer).__name__ for layer in layers}
-    if not kinds <= set(COVERED_LAYERS) or not target.attention.plain:
+    if not kinds <= set(COVERED_LAYERS) or not target.full_attention:
         raise ConfigError(
             f"flexdraft covers {', '.join(sorted(COVERED_LAYERS))} decoder layers that all attend alike; "
             f"{type(target.hf).__name__} has {', '.join(sorted(kinds))}"
-            + ("" if target.attention.plain else " with sliding-window layers")
+            + ("" if target.full_attention else " with sliding-window layers")
         )
     if not 1 <= int(num_layers) < len(layers):
         raise ConfigError(

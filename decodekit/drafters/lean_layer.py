@@ -88,7 +88,7 @@ class LeanLayer:
 
 class SplitLayer(Protocol):
     """A draft head's one layer in the two halves a compiled step needs around the cache write: :class:`LeanLayer`,
-    and the released EAGLE-3 layer (:class:`~decodekit.drafters.eagle3_release.Eagle3ReleaseHead`)."""
+    and the released EAGLE-3 layer (:class:`~decodekit.drafters.eagle3_head.Eagle3ReleaseHead`)."""
 
     head_dim: int
     kv_heads: int

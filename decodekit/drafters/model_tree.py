@@ -100,8 +100,7 @@ class ModelTreeDrafter(ModelDrafter):
         self.template = template
         self._template = resolve_template("smollm2_16" if template is None else template)
         super().__init__(model, temperature)
-        attention = getattr(self.model, "attention", None)
-        if self.model.tree_refusal or (attention is not None and not attention.plain):
+        if self.model.tree_refusal or not self.model.full_attention:
             why = self.model.tree_refusal or "it has sliding-window or chunked attention layers"
             raise ConfigError(f"{type(self).__name__} cannot draft trees with {self.model!r} ({why}); use ModelDrafter")
         self._staged: tuple[torch.Tensor, int] | None = None  # this round's node slots [B, N], levels kept

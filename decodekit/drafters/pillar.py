@@ -59,7 +59,7 @@ class PillarDrafter(EarlyExitDrafter):
         self.fraction = check_float("fraction", fraction, low=0, high=1)
 
     def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache) -> None:
-        if not getattr(target, "records_attention", False) or not target.attention.plain:  # type: ignore[attr-defined]
+        if not target.records_attention or not target.full_attention:
             raise ConfigError(
                 f"pillar drafts with the target's own attention scores; {target!r} cannot record them (it needs a "
                 "transformers model running sdpa attention, with every layer attending alike: no sliding windows)"

@@ -62,6 +62,9 @@ class LanguageModel:
         tokenizer: the matching tokenizer, if known.
         tree_refusal: why the model cannot score token trees (None = it can); :meth:`score` raises
             :class:`~decodekit.errors.IncompatibleDraftError` with it on a tree draft.
+        full_attention: every layer attends over all keys the mask allows (no sliding-window or chunked layers): what
+            a diffusion LM and the drafters that read the target's attention need.
+        records_attention: whether ``record_attention(sink)`` works (PillarAttn's drafter needs it).
     """
 
     vocab_size: int
@@ -69,6 +72,8 @@ class LanguageModel:
     max_context: int | None = None
     tokenizer: Any = None
     tree_refusal: str | None = None
+    full_attention: bool = True
+    records_attention: bool = False
 
     @property
     def device(self) -> torch.device:

@@ -39,9 +39,7 @@ _PENDING_SINK: ContextVar[tuple[weakref.ref, dict[int, torch.Tensor]] | None] = 
 def _as_tuple(ids: Any) -> tuple[int, ...]:
     if ids is None:
         return ()
-    if isinstance(ids, int):
-        return (ids,)
-    return tuple(int(i) for i in ids)
+    return (ids,) if isinstance(ids, int) else tuple(int(i) for i in ids)
 
 
 def _decoder(model: torch.nn.Module) -> torch.nn.Module:
@@ -103,6 +101,7 @@ class HFCausalLM(LanguageModel):
         if self.decoder is model or self.lm_head is None:
             raise UnsupportedModelError(f"{type(model).__name__} is not a causal LM with a separate output head")
         self.attention = attention_plan(model, self.decoder)  # refuses before anything about the model changes
+        self.full_attention = self.attention.plain  # no sliding-window or chunked layers
         self.hf = model.eval()
         config = model.config
         attn = getattr(config, "_attn_implementation", "eager")
@@ -134,7 +133,7 @@ class HFCausalLM(LanguageModel):
         self._spread = len(set(map(str, device_map.values()))) > 1  # layers on several devices (device_map)
         leanable = self.attention.per_layer is None and not device_map  # not GPT-Neo's hooks, nor accelerate's
         self._lean = lean_decoder(model, self.decoder) if leanable else None  # no per-call Python
-        compiles = self._lean is not None and self._lean.compiles and self.attention.plain  # StaticForward's stacks
+        compiles = self._lean is not None and self._lean.compiles and self.full_attention  # StaticForward's stacks
         self._static = StaticForward(self._lean, self.head, self.hf.parameters) if compiles else None
 
     @property

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decodekit.checks import check_bool, check_float, check_int
+from decodekit.checks import check_float, check_int
 from decodekit.policies.acceptance import AcceptanceTracker
-from decodekit.policies.analytic import CostModel, best_length, cost_at, could_pay, expected_tokens, set_costs
-from decodekit.policies.calibration import BatchProbes
+from decodekit.policies.analytic import CostModel, best_length, cost_at, could_pay, expected_tokens
+from decodekit.policies.calibration import set_cost_policy
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.spec.state import DecodeState
@@ -77,13 +77,11 @@ class BatchAwareLength:
     ) -> None:
         self.max_len = check_int("max_len", max_len, low=1, hint=" (the longest draft)")
         self.alpha = check_float("alpha", alpha, low=0.0, high=1.0, optional=True, hint=" (None = measured online)")
-        set_costs(self, costs, self.max_len, draft_step, verify_fixed, verify_step)
-        self.probe_every = check_int("probe_every", probe_every, low=0, hint=" (0 = never probe)")
+        steps = (draft_step, verify_fixed, verify_step)
+        set_cost_policy(self, costs, self.max_len, steps, probe_every, probe_share, clock, calibrate)
         self.nodes_per_depth, self.width = check_tree_args(nodes_per_depth, width)
         self.trackers: dict[SamplingParams, AcceptanceTracker] = {}  # the pooled estimate, per sampling setting
         self.tracker = AcceptanceTracker()  # the current call's (one of trackers)
-        self.calibrate = check_bool("calibrate", calibrate)
-        self.probes = BatchProbes(self.probe_every, probe_share, clock, self.calibrate)  # the batch's probe clock
 
     def table(self, alpha: float, batch_sizes: list[int]) -> dict[int, int]:
         """``{B: k*(B)}`` for acceptance rate ``alpha`` (the paper's offline table)."""

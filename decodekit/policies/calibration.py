@@ -16,8 +16,8 @@ from collections.abc import Callable, Hashable, Mapping
 
 import torch
 
-from decodekit.checks import check_float
-from decodekit.policies.analytic import CostModel, cost_at
+from decodekit.checks import check_bool, check_float, check_int
+from decodekit.policies.analytic import CostModel, cost_at, set_costs
 
 
 class RoundClock:
@@ -154,3 +154,23 @@ class BatchProbes:
         self.price.begin(self.call)
         if self.timer is not None:
             self.timer.begin()
+
+
+def set_cost_policy(
+    policy: object,
+    costs: CostModel | Mapping[int, CostModel] | str | None,
+    max_len: int,
+    steps: tuple[float, float, float],
+    probe_every: int,
+    probe_share: float,
+    clock: Callable[[], float],
+    calibrate: bool,
+) -> None:
+    """What every policy that chooses lengths from a cost model and probes idle batches (``goodput``,
+    ``batch_aware``) sets up, checked: its costs (:func:`~decodekit.policies.analytic.set_costs`, ``steps`` =
+    ``(draft_step, verify_fixed, verify_step)``), ``probe_every``, ``calibrate`` and ``probes``, the batch's
+    :class:`BatchProbes` clock."""
+    set_costs(policy, costs, max_len, *steps)
+    policy.probe_every = check_int("probe_every", probe_every, low=0, hint=" (0 = never probe)")  # type: ignore[attr-defined]
+    policy.calibrate = check_bool("calibrate", calibrate)  # type: ignore[attr-defined]
+    policy.probes = BatchProbes(policy.probe_every, probe_share, clock, policy.calibrate)  # type: ignore[attr-defined]

@@ -11,8 +11,8 @@ import torch
 from decodekit.checks import check_bool, check_int
 from decodekit.errors import ConfigError
 from decodekit.policies.acceptance import AcceptanceTracker
-from decodekit.policies.analytic import CostModel, cost_at, expected_tokens, set_costs, speedups
-from decodekit.policies.calibration import BatchProbes
+from decodekit.policies.analytic import CostModel, cost_at, expected_tokens, speedups
+from decodekit.policies.calibration import set_cost_policy
 from decodekit.policies.lengths import check_tree_args, length_budget
 from decodekit.registry import register
 from decodekit.spec.state import DecodeState
@@ -114,16 +114,14 @@ class GoodputLength:
         if batch not in ("slowest", "sum"):
             raise ConfigError(f"batch must be 'slowest' or 'sum', got {batch!r}")
         self.batch = batch
-        set_costs(self, costs, self.max_len, draft_step, verify_fixed, verify_step)
+        # costs, and the batch's probe clock: its rounds without a draft (idle) and its probe wait, per kind of call
+        steps = (draft_step, verify_fixed, verify_step)
+        set_cost_policy(self, costs, self.max_len, steps, probe_every, probe_share, clock, calibrate)
         self.prior, self.decay = prior, decay
-        self.probe_every = check_int("probe_every", probe_every, low=0, hint=" (0 = never probe)")
         self.nodes_per_depth, self.width = check_tree_args(nodes_per_depth, width)
         self.tracker = AcceptanceTracker(prior, decay=decay, positions=self.max_len)
         self.idle: torch.Tensor | None = None  # [B] rounds since each row last drafted
         self.wait: torch.Tensor | None = None  # [B] idle rounds before the next probe
-        self.calibrate = check_bool("calibrate", calibrate)
-        # the batch's probe clock: its rounds without a draft (idle) and its probe wait, per kind of call
-        self.probes = BatchProbes(self.probe_every, probe_share, clock, self.calibrate)
 
     def begin(self, state: DecodeState) -> None:
         self.tracker.begin(state.batch_size, state.device)

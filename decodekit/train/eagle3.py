@@ -12,7 +12,7 @@ ahead of a committed position sees. Each step's loss is the soft cross-entropy t
 tokens are the target's own (self-distilled), which is what an accepted draft prefix feeds.
 
 ``architecture``: ``"eagle3"`` (the default) trains EAGLE-3's own head, the architecture its authors release
-(:class:`~decodekit.drafters.eagle3_release.Eagle3ReleaseHead`: the embedding and the feature normalised apart and
+(:class:`~decodekit.drafters.eagle3_head.Eagle3ReleaseHead`: the embedding and the feature normalised apart and
 concatenated into the layer's attention input, the feature as its residual, its own output layer over the draft
 vocabulary), started from the target's last layer, final norm and output rows; its file exports to the authors'
 and vLLM's layouts (:func:`decodekit.train.export.export_head`). ``"fc"``: the head shipped until now, EAGLE-1's
@@ -115,9 +115,10 @@ def ttt_loss(
 def new_head(target: Any, vocab: torch.Tensor, taps: int, release: bool) -> Any:
     """An untrained EAGLE-3 head for ``target`` over the training vocabulary ``vocab [V]``, reading ``taps``
     layers: EAGLE-3's own architecture (``release``: the released heads' layer and output rows,
-    :class:`~decodekit.drafters.eagle3_release.Eagle3ReleaseHead`) or the ``fc`` head (EAGLE-1's input, the
+    :class:`~decodekit.drafters.eagle3_head.Eagle3ReleaseHead`) or the ``fc`` head (EAGLE-1's input, the
     target's output rows)."""
-    from decodekit.drafters.eagle3_release import Eagle3ReleaseHead, head_config, llama_config
+    from decodekit.drafters.eagle3_head import Eagle3ReleaseHead
+    from decodekit.drafters.eagle3_release import head_config, llama_config
     from decodekit.drafters.eagle_head import EagleHead
 
     config = target.hf.config
@@ -148,7 +149,7 @@ def continue_from(head: Any, tensors: dict[str, torch.Tensor], keep_fuse: bool) 
     skip = {"vocab", "lm_head.weight"} | (set() if keep_fuse else {"fuse.weight"})
     head.load_state_dict({k: v.float() for k, v in tensors.items() if k not in skip}, strict=False)
     if "lm_head.weight" in tensors:
-        from decodekit.drafters.eagle3_release import rows_of
+        from decodekit.drafters.eagle3_head import rows_of
 
         rows = rows_of(tensors["vocab"].long(), head.vocab.long().cpu())
         mine = (rows >= 0).nonzero()[:, 0]
@@ -198,7 +199,7 @@ def train(
     (``decodekit/recipes/train/eagle3.yaml`` documents each); ``shared``: :class:`~decodekit.train.recipe.HeadConfig`'s
     (data, optimisation, device)."""
     cfg = HeadConfig.of("eagle3", locals(), epochs=2, lr=5e-4, save_every=100)  # every override, before any work
-    from decodekit.drafters.eagle3_release import default_layers
+    from decodekit.drafters.eagle3_head import default_layers
     from decodekit.drafters.eagle_head import RELEASE, read_init
     from decodekit.train.arguments import chosen_layers
     from decodekit.train.eagle_vocab import pick_vocab

@@ -33,7 +33,7 @@ def scorer(head: Any, rows: torch.Tensor) -> Callable[[torch.Tensor, int], torch
     output rows (an EAGLE-3 head of the released architecture) or by ``rows [n, H]``, the target's output rows of
     those tokens (an ``fc`` head; ``s <= n``). What training (:func:`decodekit.train.eagle3.ttt_loss`) and the
     vocabulary pick score the head with."""
-    from decodekit.drafters.eagle3_release import Eagle3ReleaseHead
+    from decodekit.drafters.eagle3_head import Eagle3ReleaseHead
 
     if isinstance(head, Eagle3ReleaseHead):
         return lambda g, s: head.norm(g) @ head.lm_head.weight[:s].T

@@ -1,7 +1,7 @@
 """Export a decodekit EAGLE-3 head to the layouts vLLM serves it from.
 
 :func:`export_head` writes a head of EAGLE-3's own architecture (``python -m decodekit train recipe=eagle3``,
-``architecture=eagle3``: :class:`~decodekit.drafters.eagle3_release.Eagle3ReleaseHead`) as a directory in
+``architecture=eagle3``: :class:`~decodekit.drafters.eagle3_head.Eagle3ReleaseHead`) as a directory in
 
 - ``format="eagle"``: the EAGLE authors' release layout (``yuhuili/EAGLE3-LLaMA3.1-Instruct-8B``): ``config.json``
   (Llama keys, one layer, ``draft_vocab_size``) and ``model.safetensors`` with ``fc.weight``, ``midlayer.*``,

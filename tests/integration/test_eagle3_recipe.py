@@ -11,7 +11,7 @@ import torch
 
 import decodekit as dk
 from decodekit.drafters.eagle3 import DEFAULT_WEIGHTS, Eagle3Drafter
-from decodekit.drafters.eagle3_release import Eagle3ReleaseHead
+from decodekit.drafters.eagle3_head import Eagle3ReleaseHead
 from decodekit.errors import ConfigError
 from decodekit.resources import shipped_weights
 from decodekit.train.eagle3 import train

@@ -13,7 +13,7 @@ from decodekit.cache import KVCache
 from decodekit.drafters import FallbackDrafter, LookupEagle3Drafter, NGramDrafter
 from decodekit.drafters.eagle import EagleDrafter, EagleHead
 from decodekit.drafters.eagle3 import Eagle3Drafter
-from decodekit.drafters.eagle3_release import default_layers
+from decodekit.drafters.eagle3_head import default_layers
 from decodekit.drafters.head_files import head_metadata
 from decodekit.errors import ConfigError
 from decodekit.kernels.cpu import PackedLinear

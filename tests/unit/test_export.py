@@ -15,7 +15,7 @@ import torch
 
 import decodekit as dk
 from decodekit.drafters.eagle3 import DEFAULT_WEIGHTS, Eagle3Drafter
-from decodekit.drafters.eagle3_release import default_layers
+from decodekit.drafters.eagle3_head import default_layers
 from decodekit.drafters.head_files import head_metadata, read_state
 from decodekit.errors import ConfigError
 from decodekit.models.tiny import tiny_llama

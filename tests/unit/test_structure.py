@@ -1,7 +1,7 @@
 """The house's layout (issue 56): a small ground floor at the package root, the speculative loop's modules in
 ``decodekit/spec/``, the draft types in ``decodekit/draft/``; the old module names still import, as the same module
 objects; no runtime import cycle among decodekit's modules (imports at module level, outside ``TYPE_CHECKING``), and
-nothing below the benchmarks and the training recipes imports them."""
+nothing below the benchmarks and the training recipes imports them; no module over 300 lines."""
 
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ def test_the_root_holds_the_ground_floor_only():
     root = sorted(p.stem for p in PKG.glob("*.py"))
     assert len(root) <= 14, root
     assert {"generate", "state", "round", "draft", "budget", "trees"}.isdisjoint(root)
+
+
+def test_no_module_is_over_300_lines():
+    long = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
+    assert not long, f"split these modules by concern (issue 56): {long}"
 
 
 def test_moved_modules_import_by_their_old_names_as_the_same_objects():
