@@ -21,7 +21,7 @@ class LookupEagle3Drafter(FallbackDrafter):
     each covers the other's weak rounds: on SmolLM2-135M-Instruct on the 2-core CPU, greedy, batch 1, 2.4x over
     plain decoding on the mixed task against 1.6x for the head alone and 2.0-2.1x for lookup alone, ahead of both on
     every task (docs/benchmarks.md, "Lookup backed by the head"). Its default policy is suffix's,
-    ``FixedLength(16, depth=16)``. The head drafts greedily at every temperature, so both parts draft deterministic
+    ``FixedLength(15, depth=15)``. The head drafts greedily at every temperature, so both parts draft deterministic
     trees and any verifier of those (greedy, rejection with point masses, traversal) keeps its guarantee: lossless.
 
     Args:

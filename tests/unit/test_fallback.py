@@ -156,7 +156,7 @@ def test_fallback_len_caps_only_the_fallbacks_budget():
 def test_the_default_policy_is_the_primarys():
     suffix_first = FallbackDrafter(SuffixDrafter(cache_tokens=0), RecyclingDrafter()).default_policy()
     ngram_first = FallbackDrafter(NGramDrafter(), RecyclingDrafter()).default_policy()
-    assert (suffix_first.k, suffix_first.depth) == (16, 16) and (ngram_first.k, ngram_first.depth) == (4, None)
+    assert (suffix_first.k, suffix_first.depth) == (15, 15) and (ngram_first.k, ngram_first.depth) == (4, None)
 
 
 def test_suffix_backed_by_recycling_equals_greedy_decoding_on_ragged_rows(target, ragged_prompts):

@@ -232,7 +232,7 @@ def test_registered():
 
 
 def test_a_call_without_a_policy_gets_the_drafters_default(target, ragged_prompts):
-    """generate(policy=None) asks the drafter (``default_policy``): suffix's 16 nodes up to 16 deep; a drafter
+    """generate(policy=None) asks the drafter (``default_policy``): suffix's 15 nodes up to 15 deep; a drafter
     without the hook gets FixedLength(4)."""
     budgets = []
 
@@ -245,7 +245,7 @@ def test_a_call_without_a_policy_gets_the_drafters_default(target, ragged_prompt
         return Spy
 
     dk.generate(target, ragged_prompts, spy(SuffixDrafter)(cache_tokens=0), max_new_tokens=24, eos_token_id=())
-    assert budgets and max(budgets) == (16, 16)
+    assert budgets and max(budgets) == (15, 15)
     budgets.clear()
     dk.generate(target, ragged_prompts, spy(dk.drafters.NGramDrafter)(), max_new_tokens=8, eos_token_id=())
     assert budgets and max(budgets) == (4, 4)
