@@ -88,7 +88,7 @@ def eager_reason(adapter: Any, lean: bool, restricted: bool, skips: bool = False
     if adapter._static is None:
         return (
             f"{name} is not run by decodekit's Llama-family forward (Llama, Mistral, Qwen2, Qwen3 with sdpa "
-            "attention and full-attention layers only)"
+            "attention, full or sliding-window layers)"
         )
     if skips:
         return f"{name}'s layer-skipping forwards (each searched set of layers would be another graph)"
@@ -117,6 +117,9 @@ class StaticForward(StaticCall):
         super().__init__(weights, f"{type(lean.decoder).__name__}'s forward")
         self.decoder, self.qk_norm, self.rotate, self.gqa = lean.decoder, lean.qk_norm, lean.rotate, TORCH_HAS_GQA
         self.head = head
+        self.mask_types = tuple(dict.fromkeys(lean.layer_types))  # a decoder taking a mask per layer type
+        types = self.mask_types
+        self.planes = tuple(types.index(t) for t in lean.layer_types) if len(types) > 1 else ()  # layer -> its mask
         config = self.decoder.config
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -148,8 +151,10 @@ class StaticForward(StaticCall):
             groups = q.shape[1] // k_buf.shape[1]
             if groups > 1 and not self.gqa:
                 k_buf, v_buf = k_buf.repeat_interleave(groups, 1), v_buf.repeat_interleave(groups, 1)
+            plane = self.planes[attn.layer_idx] if self.planes else 0
+            layer_mask = mask[:, plane : plane + 1] if self.planes else mask
             out = torch.nn.functional.scaled_dot_product_attention(
-                q, k_buf, v_buf, attn_mask=mask, scale=attn.scaling, **({"enable_gqa": True} if self.gqa else {})
+                q, k_buf, v_buf, attn_mask=layer_mask, scale=attn.scaling, **({"enable_gqa": True} if self.gqa else {})
             )
             x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, width, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -180,7 +185,9 @@ class StaticForward(StaticCall):
         decoder = self.decoder
         layers = len(decoder.layers._modules)
         buffers = (layers, self.kv_heads, self.head_dim, decoder.embed_tokens.weight)
-        inputs = self.prepare(tokens, positions, mask, view, buffers, canvas)
+        if isinstance(mask, dict) and mask.keys() == set(self.mask_types):
+            mask = torch.cat([mask[t] for t in self.mask_types], 1)  # [B, T, N, S]: one plane per layer type
+        inputs = self.prepare(tokens, positions, mask, view, buffers, canvas, planes=max(len(self.mask_types), 1))
         if inputs is None:
             return None
         layer_ids = tuple(sorted(hidden_layers))

@@ -133,7 +133,7 @@ class HFCausalLM(LanguageModel):
         self._spread = len(set(map(str, device_map.values()))) > 1  # layers on several devices (device_map)
         leanable = self.attention.per_layer is None and not device_map  # not GPT-Neo's hooks, nor accelerate's
         self._lean = lean_decoder(model, self.decoder) if leanable else None  # no per-call Python
-        compiles = self._lean is not None and self._lean.compiles and self.full_attention  # StaticForward's stacks
+        compiles = self._lean is not None and self._lean.compiles  # StaticForward's stacks
         self._static = StaticForward(self._lean, self.head, self.hf.parameters) if compiles else None
 
     @property

@@ -21,8 +21,8 @@ faster.
 Where it does not apply, the adapter calls the decoder as before: other families, ``eager`` attention (but Gemma 2's),
 chunked layers, a model spread over devices or wrapped by accelerate, gradient checkpointing while training, and any
 forward hook (or replaced ``forward``) on the decoder, a block or its attention module, or a global module hook. Only
-the Llama-shaped stacks with full attention in every layer compile (:attr:`LeanDecoder.compiles`); the others run this
-forward eager under ``compile=True``, with the one warning naming why.
+the Llama-shaped stacks compile (:attr:`LeanDecoder.compiles`; sliding-window layers too, their masks stacked one
+plane per layer type); Gemma 2 / 3 run this forward eager under ``compile=True``, with the one warning naming why.
 """
 
 from __future__ import annotations
@@ -146,9 +146,9 @@ class LeanDecoder:
 
     @property
     def compiles(self) -> bool:
-        """Whether :class:`~decodekit.models.compiled.StaticForward` runs this stack: Llama's block with full
-        attention in every layer."""
-        return self.family.llama_shaped and set(self.layer_types) <= {"full_attention"}
+        """Whether :class:`~decodekit.models.compiled.StaticForward` runs this stack: Llama's block, each layer with
+        full or sliding-window attention (one mask per layer type)."""
+        return self.family.llama_shaped and set(self.layer_types) <= _ATTENTION_TYPES
 
     def ready(self) -> bool:
         """Whether this forward may run lean: nothing hooks into (or replaces) the modules it bypasses, and no

@@ -71,15 +71,17 @@ class StaticCall:
         view: Any,
         buffers: tuple[int, int, int, torch.Tensor],
         canvas: bool = False,
+        planes: int = 1,
     ) -> StaticInputs | None:
         """The step's inputs for a forward of ``inputs [B, N, ...]`` at ``positions [B, N]`` under ``mask [B, 1, N,
         S]`` (bool) writing ``view``'s slots, or None where it must run eager (nothing written): a per-layer,
         per-head or additive mask, an ``attend`` view, a width past the buckets, a prefill (an empty cache: its width
-        is the prompt's; ``canvas``, a diffusion LM's call, compiles those too) or an earlier failure.
+        is the prompt's; ``canvas``, a diffusion LM's call, compiles those too) or an earlier failure. ``planes``:
+        the masks stacked along dim 1 (one per layer type: ``[B, T, N, S]``), not per-head masks.
 
         ``buffers``: ``(layers, kv_heads, head_dim, like)``, the cache buffers the step writes (allocated here).
         Padded queries repeat the last position, write to the scratch slot and attend only to it."""
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != planes:
             return None
         slots, cache = view.slots(), view.cache
         width = width_bucket(inputs.shape[1], canvas)
@@ -95,7 +97,7 @@ class StaticCall:
             inputs = torch.cat([inputs, inputs.new_zeros(batch, pad, *inputs.shape[2:])], 1)
             positions = torch.cat([positions, positions[:, -1:].expand(batch, pad)], 1)
             slots = torch.cat([slots, slots.new_full((batch, pad), scratch)], 1)
-        full = mask.new_zeros(batch, 1, width, scratch + 1)
+        full = mask.new_zeros(batch, planes, width, scratch + 1)
         full[:, :, :num_new, : mask.shape[-1]] = mask
         full[:, :, num_new:, scratch] = True
         for kept in (cache.keys, cache.values):  # views (the cache's in-place compaction) would be other graphs

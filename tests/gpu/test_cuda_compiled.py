@@ -1,10 +1,10 @@
 """``compile=True`` on a GPU (skipped without CUDA): CUDA-graph replays (torch.compile's ``reduce-overhead``) give the
-eager CUDA tokens for plain decoding, chains, trees and a draft model, with rows stopping apart, and for the diffusion
-half's caches, and the EAGLE head's draft steps; a later call with other prompt lengths compiles nothing. Not run yet
-(no GPU was lent when it was written): a GPU session runs ``bash .ci/gpu prepare`` here and ``bash .ci/gpu run`` on
-the device (these tests and the compiled loop's speed on SmolLM2-135M's shape); with SmolLM2 installed (a machine
-with network), ``python -m decodekit bench experiment=compiled_gpu`` and ``python -m decodekit dlm-bench
-experiment=compiled device=cuda``."""
+eager CUDA tokens for plain decoding, chains, trees and a draft model, with rows stopping apart, for sliding-window
+layers, for the diffusion half's caches, and the EAGLE head's draft steps; a later call with other prompt lengths
+compiles nothing. Not run yet (no GPU was lent when it was written): a GPU session runs ``bash .ci/gpu prepare`` here
+and ``bash .ci/gpu run`` on the device (these tests and the compiled loop's speed on SmolLM2-135M's shape); with
+SmolLM2 installed (a machine with network), ``python -m decodekit bench experiment=compiled_gpu`` and ``python -m
+decodekit dlm-bench experiment=compiled device=cuda``."""
 
 from __future__ import annotations
 
@@ -45,6 +45,18 @@ def test_compiled_equals_eager_on_cuda(ragged_prompts):
         == dk.generate(target, others, dk.drafters.NGramDrafter(), max_new_tokens=20, eos_token_id=()).sequences
     )
     assert counters["stats"]["unique_graphs"] == graphs  # "auto" is on for CUDA; nothing new compiled
+
+
+def test_sliding_window_layers_compiled_on_cuda(ragged_prompts):
+    """Qwen2 with a windowed layer beside full ones: the masks per layer type stacked as planes, CUDA graphs."""
+    from tests.unit.test_lean_forward import WINDOWED, family_model
+
+    family, overrides = WINDOWED["qwen2-window"]
+    model = dk.load_model(family_model(family, **overrides), device="cuda")
+    for drafter in (None, dk.drafters.SuffixDrafter(cache_tokens=0)):
+        eager = dk.generate(model, ragged_prompts, drafter, max_new_tokens=16, eos_token_id=())
+        compiled = dk.generate(model, ragged_prompts, drafter, max_new_tokens=16, eos_token_id=(), compile=True)
+        assert compiled.sequences == eager.sequences
 
 
 def test_eagle_head_steps_compiled_on_cuda(ragged_prompts, tmp_path):

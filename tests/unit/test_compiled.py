@@ -198,6 +198,24 @@ def test_the_other_covered_families_compile_to_eager_tokens(family, ragged_promp
     assert compiled.sequences == eager.sequences and "default" in model._static._compiled
 
 
+@pytest.mark.parametrize("name", ["mistral-window", "qwen2-window"])
+def test_sliding_window_stacks_compile_to_eager_tokens(name, ragged_prompts):
+    """A window of 4 over prompts of up to 9 tokens and 12 new ones: every layer type's mask matters (Mistral: one
+    windowed mask for all layers; Qwen2: a full layer beside windowed ones, a mask per type, stacked as planes)."""
+    from tests.unit.test_lean_forward import WINDOWED, family_model
+
+    family, overrides = WINDOWED[name]
+    model = dk.load_model(family_model(family, **overrides))
+    assert not model.full_attention and model._static is not None
+    for drafter in (None, dk.drafters.NGramDrafter(), dk.drafters.SuffixDrafter(cache_tokens=0)):
+        eager, compiled = _both(model, ragged_prompts, drafter, max_new_tokens=12, eos_token_id=())
+        assert compiled.sequences == eager.sequences, drafter
+    assert "default" in model._static._compiled
+    plain = dk.generate(model, ragged_prompts, max_new_tokens=12, eos_token_id=())
+    unwindowed = dk.load_model(family_model(family))  # the same weights without a window: other tokens
+    assert plain.sequences != dk.generate(unwindowed, ragged_prompts, max_new_tokens=12, eos_token_id=()).sequences
+
+
 def _drafters(draft_model):
     from decodekit.drafters import (
         DelayedTreeDrafter,
