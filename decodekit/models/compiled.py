@@ -4,8 +4,8 @@ The eager adapter runs a forward at whatever shape the ragged state has: ``N`` t
 this round's draft), ``S = max(L) + N`` keys, its K/V written where the :class:`~decodekit.cache.CacheView` from
 :meth:`KVCache.stage` says. Compiled code (and a CUDA graph above all) wants a forward whose shapes take few values
 and that reads nothing from the host. Under :func:`~decodekit.models.compile_switch.compiling`, a covered family's
-forward (Llama, Mistral, Qwen2, Qwen3 through :class:`~decodekit.models.lean.LeanDecoder`'s arithmetic) runs as
-:class:`StaticForward` instead:
+forward (Llama, Mistral, Qwen2, Qwen3, Gemma 3; sliding-window layers with a mask per layer type, stacked as planes;
+:class:`~decodekit.models.lean.LeanDecoder`'s blocks) runs as :class:`StaticForward` instead:
 
 - **explicit slots**: the forward gets the slots it writes as a ``[B, N]`` tensor (:meth:`CacheView.slots` of the
   view ``stage`` or ``write_at`` made: gpt-fast's ``input_pos``) and scatters its K/V into the cache's buffers itself;
@@ -69,7 +69,7 @@ from typing import Any
 
 import torch
 
-from decodekit.models.lean import LeanDecoder, attention_inputs
+from decodekit.models.lean import LeanDecoder
 from decodekit.models.static_call import CPU_AUTOTUNE, StaticCall, StaticInputs
 
 __all__ = ["CPU_AUTOTUNE", "StaticForward", "eager_reason"]
@@ -87,8 +87,8 @@ def eager_reason(adapter: Any, lean: bool, restricted: bool, skips: bool = False
     name = type(adapter.hf).__name__
     if adapter._static is None:
         return (
-            f"{name} is not run by decodekit's Llama-family forward (Llama, Mistral, Qwen2, Qwen3 with sdpa "
-            "attention, full or sliding-window layers)"
+            f"{name} is not run by decodekit's compiled forward (Llama, Mistral, Qwen2, Qwen3, Gemma 3 with sdpa "
+            "attention, full or sliding-window layers; Gemma 2's softcapped attention runs eager)"
         )
     if skips:
         return f"{name}'s layer-skipping forwards (each searched set of layers would be another graph)"
@@ -115,7 +115,7 @@ class StaticForward(StaticCall):
         from decodekit.models.grouped_attention import TORCH_HAS_GQA
 
         super().__init__(weights, f"{type(lean.decoder).__name__}'s forward")
-        self.decoder, self.qk_norm, self.rotate, self.gqa = lean.decoder, lean.qk_norm, lean.rotate, TORCH_HAS_GQA
+        self.lean, self.decoder, self.gqa = lean, lean.decoder, TORCH_HAS_GQA
         self.head = head
         self.mask_types = tuple(dict.fromkeys(lean.layer_types))  # a decoder taking a mask per layer type
         types = self.mask_types
@@ -137,14 +137,9 @@ class StaticForward(StaticCall):
         batch, width = tokens.shape
         x = decoder.embed_tokens(tokens)
         hidden = {0: x} if 0 in hidden_layers else {}
-        cos, sin = decoder.rotary_emb(x, position_ids=positions)
-        index = slots[:, None, :, None]
-        for number, layer in enumerate(decoder.layers._modules.values(), start=1):
-            if run is not None and number not in run:
-                continue
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q, k, v = attention_inputs(attn, h, cos, sin, self.qk_norm, self.rotate)
+        rope, index = self.lean.rope(x, positions), slots[:, None, :, None]
+
+        def attend(attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str | None) -> torch.Tensor:
             k_buf, v_buf = keys[attn.layer_idx], values[attn.layer_idx]
             k_buf.scatter_(2, index.expand_as(k), k)
             v_buf.scatter_(2, index.expand_as(v), v)
@@ -152,12 +147,16 @@ class StaticForward(StaticCall):
             if groups > 1 and not self.gqa:
                 k_buf, v_buf = k_buf.repeat_interleave(groups, 1), v_buf.repeat_interleave(groups, 1)
             plane = self.planes[attn.layer_idx] if self.planes else 0
-            layer_mask = mask[:, plane : plane + 1] if self.planes else mask
             out = torch.nn.functional.scaled_dot_product_attention(
-                q, k_buf, v_buf, attn_mask=layer_mask, scale=attn.scaling, **({"enable_gqa": True} if self.gqa else {})
-            )
-            x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, width, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+                q, k_buf, v_buf, attn_mask=mask[:, plane : plane + 1], scale=attn.scaling,
+                **({"enable_gqa": True} if self.gqa else {}),
+            )  # fmt: skip
+            return out.transpose(1, 2).reshape(batch, width, -1)
+
+        for number, layer in enumerate(decoder.layers._modules.values(), start=1):
+            if run is not None and number not in run:
+                continue
+            x = self.lean.block(layer, x, rope, attend)
             if number in hidden_layers:
                 hidden[number] = x
         last = decoder.norm(x)

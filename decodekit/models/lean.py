@@ -20,9 +20,10 @@ faster.
 
 Where it does not apply, the adapter calls the decoder as before: other families, ``eager`` attention (but Gemma 2's),
 chunked layers, a model spread over devices or wrapped by accelerate, gradient checkpointing while training, and any
-forward hook (or replaced ``forward``) on the decoder, a block or its attention module, or a global module hook. Only
-the Llama-shaped stacks compile (:attr:`LeanDecoder.compiles`; sliding-window layers too, their masks stacked one
-plane per layer type); Gemma 2 / 3 run this forward eager under ``compile=True``, with the one warning naming why.
+forward hook (or replaced ``forward``) on the decoder, a block or its attention module, or a global module hook. The
+compiled step (:class:`~decodekit.models.compiled.StaticForward`) runs the same blocks (:meth:`LeanDecoder.block`)
+with its own cache writes and attention, for every covered family but Gemma 2 (:attr:`LeanDecoder.compiles`; its
+softcapped attention runs this forward eager under ``compile=True``, with the one warning naming why).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Family:
 
     @property
     def llama_shaped(self) -> bool:
-        """Llama's block exactly (what :class:`~decodekit.models.compiled.StaticForward` and the heads run)."""
+        """Llama's block exactly (what the feature heads copy and run)."""
         return not (self.sandwich or self.typed_rope or self.softcap)
 
 
@@ -146,9 +147,9 @@ class LeanDecoder:
 
     @property
     def compiles(self) -> bool:
-        """Whether :class:`~decodekit.models.compiled.StaticForward` runs this stack: Llama's block, each layer with
-        full or sliding-window attention (one mask per layer type)."""
-        return self.family.llama_shaped and set(self.layer_types) <= _ATTENTION_TYPES
+        """Whether :class:`~decodekit.models.compiled.StaticForward` runs this stack: each layer with full or
+        sliding-window attention (one mask per layer type) through ``sdpa``; not Gemma 2's softcapped attention."""
+        return not self.family.softcap and set(self.layer_types) <= _ATTENTION_TYPES
 
     def ready(self) -> bool:
         """Whether this forward may run lean: nothing hooks into (or replaces) the modules it bypasses, and no
@@ -161,6 +162,31 @@ class LeanDecoder:
         if _replaced(decoder) or (decoder.training and getattr(decoder, "gradient_checkpointing", False)):
             return False
         return not any(_replaced(layer) or _replaced(layer.self_attn) for layer in decoder.layers._modules.values())
+
+    def rope(self, x: torch.Tensor, positions: torch.Tensor) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
+        """The rotary tables ``(cos, sin)`` of a forward at ``positions [B, N]``, per layer type (Gemma 3's local and
+        global frequencies; one entry, ``None``, for the other families), computed once a forward as transformers
+        does."""
+        rotary = self.decoder.rotary_emb
+        if self.family.typed_rope:
+            return {t: rotary(x, positions, t) for t in dict.fromkeys(self.layer_types)}
+        return {None: rotary(x, position_ids=positions)}
+
+    def block(self, layer: torch.nn.Module, x: torch.Tensor, rope: dict[str | None, Any], attend: Any) -> torch.Tensor:
+        """Block ``layer`` on its input ``x [B, N, H]``, the family's arithmetic in transformers' order:
+        ``attend(attn, q, k, v, kind) -> [B, N, Hq * D]`` writes the keys / values ``[B, Hkv, N, D]`` and attends
+        (``kind``: the layer's type, None without ``layer_types``); the eager forward and the compiled step
+        (:class:`~decodekit.models.compiled.StaticForward`) each pass their own."""
+        attn = layer.self_attn
+        kind = self.layer_types[attn.layer_idx] if self.layer_types else None
+        cos, sin = rope[kind if self.family.typed_rope else None]
+        q, k, v = attention_inputs(attn, layer.input_layernorm(x), cos, sin, self.qk_norm, self.rotate)
+        out = attn.o_proj(attend(attn, q, k, v, kind))
+        if self.family.sandwich:
+            x = x + layer.post_attention_layernorm(out)
+            return x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+        x = x + out
+        return x + layer.mlp(layer.post_attention_layernorm(x))
 
     def __call__(
         self,
@@ -192,36 +218,22 @@ class LeanDecoder:
         x = decoder.embed_tokens(tokens)
         if into is not None and 0 in hidden_layers:
             into[0] = x
-        types, family = self.layer_types, self.family
-        if family.typed_rope:  # one table per layer type, computed once a forward as transformers does
-            rope = {t: decoder.rotary_emb(x, positions, t) for t in dict.fromkeys(types)}
-        else:
-            cos, sin = decoder.rotary_emb(x, position_ids=positions)
+        rope, family = self.rope(x, positions), self.family
         attention = ALL_ATTENTION_FUNCTIONS["sdpa"]  # read per forward: decodekit's wrappers replace it
-        softcap: dict[str, Any] = {}
         if family.softcap:  # Gemma 2: the family's own eager attention, its logits softcapped
             attention = sys.modules[type(layers[0].self_attn).__module__].eager_attention_forward
         shape = (*tokens.shape, -1)
-        for layer in layers:  # iteration: the running call's selection
-            attn = layer.self_attn
-            kind = types[attn.layer_idx] if types else None
-            if family.typed_rope:
-                cos, sin = rope[kind]
-            h = layer.input_layernorm(x)
-            q, k, v = attention_inputs(attn, h, cos, sin, self.qk_norm, self.rotate)
+
+        def attend(attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str | None) -> torch.Tensor:
             k, v = cache.update(k, v, attn.layer_idx)
             dropout = attn.attention_dropout if attn.training else 0.0
             layer_mask = mask[kind] if isinstance(mask, dict) else mask  # a mapping: one mask per layer type
-            if family.softcap:
-                softcap = {"softcap": attn.attn_logit_softcapping}
+            softcap = {"softcap": attn.attn_logit_softcapping} if family.softcap else {}
             out, _ = attention(attn, q, k, v, layer_mask, dropout=dropout, scaling=attn.scaling, **softcap)
-            out = attn.o_proj(out.reshape(shape).contiguous())
-            if family.sandwich:
-                x = x + layer.post_attention_layernorm(out)
-                x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
-            else:
-                x = x + out
-                x = x + layer.mlp(layer.post_attention_layernorm(x))
+            return out.reshape(shape).contiguous()
+
+        for layer in layers:  # iteration: the running call's selection
+            x = self.block(layer, x, rope, attend)
             if into is not None and id(layer) in want:
                 into[want[id(layer)]] = x
         return decoder.norm(x)
