@@ -4,8 +4,8 @@ The eager adapter runs a forward at whatever shape the ragged state has: ``N`` t
 this round's draft), ``S = max(L) + N`` keys, its K/V written where the :class:`~decodekit.cache.CacheView` from
 :meth:`KVCache.stage` says. Compiled code (and a CUDA graph above all) wants a forward whose shapes take few values
 and that reads nothing from the host. Under :func:`~decodekit.models.compile_switch.compiling`, a covered family's
-forward (Llama, Mistral, Qwen2, Qwen3, Gemma 3; sliding-window layers with a mask per layer type, stacked as planes;
-:class:`~decodekit.models.lean.LeanDecoder`'s blocks) runs as :class:`StaticForward` instead:
+forward (Llama, Mistral, Qwen2, Qwen3, Gemma 2 and 3; sliding-window layers with a mask per layer type, stacked as
+planes; :class:`~decodekit.models.lean.LeanDecoder`'s blocks) runs as :class:`StaticForward` instead:
 
 - **explicit slots**: the forward gets the slots it writes as a ``[B, N]`` tensor (:meth:`CacheView.slots` of the
   view ``stage`` or ``write_at`` made: gpt-fast's ``input_pos``) and scatters its K/V into the cache's buffers itself;
@@ -69,6 +69,7 @@ from typing import Any
 
 import torch
 
+from decodekit.masks import to_additive
 from decodekit.models.lean import LeanDecoder
 from decodekit.models.static_call import CPU_AUTOTUNE, StaticCall, StaticInputs
 
@@ -87,8 +88,8 @@ def eager_reason(adapter: Any, lean: bool, restricted: bool, skips: bool = False
     name = type(adapter.hf).__name__
     if adapter._static is None:
         return (
-            f"{name} is not run by decodekit's compiled forward (Llama, Mistral, Qwen2, Qwen3, Gemma 3 with sdpa "
-            "attention, full or sliding-window layers; Gemma 2's softcapped attention runs eager)"
+            f"{name} is not run by decodekit's compiled forward (Llama, Mistral, Qwen2, Qwen3, Gemma 2 and 3, full "
+            "or sliding-window layers)"
         )
     if skips:
         return f"{name}'s layer-skipping forwards (each searched set of layers would be another graph)"
@@ -138,19 +139,24 @@ class StaticForward(StaticCall):
         x = decoder.embed_tokens(tokens)
         hidden = {0: x} if 0 in hidden_layers else {}
         rope, index = self.lean.rope(x, positions), slots[:, None, :, None]
+        softcapped = self.lean.softcapped_attention() if self.lean.family.softcap else None
 
         def attend(attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str | None) -> torch.Tensor:
             k_buf, v_buf = keys[attn.layer_idx], values[attn.layer_idx]
             k_buf.scatter_(2, index.expand_as(k), k)
             v_buf.scatter_(2, index.expand_as(v), v)
             groups = q.shape[1] // k_buf.shape[1]
-            if groups > 1 and not self.gqa:
+            if groups > 1 and not self.gqa and softcapped is None:
                 k_buf, v_buf = k_buf.repeat_interleave(groups, 1), v_buf.repeat_interleave(groups, 1)
             plane = self.planes[attn.layer_idx] if self.planes else 0
+            layer_mask = mask[:, plane : plane + 1]
+            if softcapped is not None:  # Gemma 2: its own attention, its logits softcapped, an additive mask
+                additive, cap = to_additive(layer_mask, q.dtype), attn.attn_logit_softcapping
+                out, _ = softcapped(attn, q, k_buf, v_buf, additive, dropout=0.0, scaling=attn.scaling, softcap=cap)
+                return out.reshape(batch, width, -1)
             out = torch.nn.functional.scaled_dot_product_attention(
-                q, k_buf, v_buf, attn_mask=mask[:, plane : plane + 1], scale=attn.scaling,
-                **({"enable_gqa": True} if self.gqa else {}),
-            )  # fmt: skip
+                q, k_buf, v_buf, attn_mask=layer_mask, scale=attn.scaling, **({"enable_gqa": True} if self.gqa else {})
+            )
             return out.transpose(1, 2).reshape(batch, width, -1)
 
         for number, layer in enumerate(decoder.layers._modules.values(), start=1):

@@ -198,9 +198,6 @@ class HFCausalLM(LanguageModel):
             attention_mask = restricted_masks(mask, attend, self.hf.config.num_attention_heads)
         elif not self.attention.plain:
             attention_mask = self.attention.masks(mask, positions, view.key_positions(positions))
-        if self._additive_mask:
-            attention_mask = _map_masks(attention_mask, lambda m: to_additive(m, self.dtype))
-        layer_masks = attention_mask if isinstance(attention_mask, list) else None
         hidden: dict[int, torch.Tensor] = {}
         sink = self._take_sink()
         selected = None  # every block
@@ -208,7 +205,7 @@ class HFCausalLM(LanguageModel):
             selected = selected_blocks(self.layers, exit_layer, skip_layers, hidden_layers, self.attention.plain, self)
         for i in hidden_layers:
             check_layer(i, 0, self.num_layers, "hidden_layers entries must be integers")
-        lean = self._lean is not None and layer_masks is None and self._lean.ready()
+        lean = self._lean is not None and not isinstance(attention_mask, list) and self._lean.ready()  # per-layer masks
         scope = compile_scope()
         if scope is not None:  # dk.generate(compile=True): a static-shape compiled forward where it applies
             why = eager_reason(self, lean, (attend, sink) != (None, None), bool(skip_layers))
@@ -217,8 +214,11 @@ class HFCausalLM(LanguageModel):
             static = None if why else self._static(*args, scope.canvas, run)
             if why:
                 scope.eager(why)
-            elif static is not None:
+            elif static is not None:  # the compiled step takes the boolean masks (Gemma 2's too)
                 return self._output(*static[:2], logits_at, return_hidden, logits=static[2])
+        if self._additive_mask:
+            attention_mask = _map_masks(attention_mask, lambda m: to_additive(m, self.dtype))
+        layer_masks = attention_mask if isinstance(attention_mask, list) else None
         with (
             call_scope(self.layers if self._layers_attr is not None else None, selected) as call,
             grouped_query_sdpa() if self._grouped else contextlib.nullcontext(),

@@ -22,8 +22,7 @@ Where it does not apply, the adapter calls the decoder as before: other families
 chunked layers, a model spread over devices or wrapped by accelerate, gradient checkpointing while training, and any
 forward hook (or replaced ``forward``) on the decoder, a block or its attention module, or a global module hook. The
 compiled step (:class:`~decodekit.models.compiled.StaticForward`) runs the same blocks (:meth:`LeanDecoder.block`)
-with its own cache writes and attention, for every covered family but Gemma 2 (:attr:`LeanDecoder.compiles`; its
-softcapped attention runs this forward eager under ``compile=True``, with the one warning naming why).
+with its own cache writes and attention, for every covered family (:attr:`LeanDecoder.compiles`).
 """
 
 from __future__ import annotations
@@ -148,8 +147,8 @@ class LeanDecoder:
     @property
     def compiles(self) -> bool:
         """Whether :class:`~decodekit.models.compiled.StaticForward` runs this stack: each layer with full or
-        sliding-window attention (one mask per layer type) through ``sdpa``; not Gemma 2's softcapped attention."""
-        return not self.family.softcap and set(self.layer_types) <= _ATTENTION_TYPES
+        sliding-window attention (one mask per layer type)."""
+        return set(self.layer_types) <= _ATTENTION_TYPES
 
     def ready(self) -> bool:
         """Whether this forward may run lean: nothing hooks into (or replaces) the modules it bypasses, and no
@@ -171,6 +170,11 @@ class LeanDecoder:
         if self.family.typed_rope:
             return {t: rotary(x, positions, t) for t in dict.fromkeys(self.layer_types)}
         return {None: rotary(x, position_ids=positions)}
+
+    def softcapped_attention(self) -> Any:
+        """Gemma 2's attention function (its module's ``eager_attention_forward``: ``(module, q, k, v, additive
+        mask, dropout=, scaling=, softcap=) -> ([B, N, Hq, D], weights)``, key / value heads repeated inside)."""
+        return sys.modules[type(self.decoder.layers[0].self_attn).__module__].eager_attention_forward
 
     def block(self, layer: torch.nn.Module, x: torch.Tensor, rope: dict[str | None, Any], attend: Any) -> torch.Tensor:
         """Block ``layer`` on its input ``x [B, N, H]``, the family's arithmetic in transformers' order:
@@ -221,7 +225,7 @@ class LeanDecoder:
         rope, family = self.rope(x, positions), self.family
         attention = ALL_ATTENTION_FUNCTIONS["sdpa"]  # read per forward: decodekit's wrappers replace it
         if family.softcap:  # Gemma 2: the family's own eager attention, its logits softcapped
-            attention = sys.modules[type(layers[0].self_attn).__module__].eager_attention_forward
+            attention = self.softcapped_attention()
         shape = (*tokens.shape, -1)
 
         def attend(attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str | None) -> torch.Tensor:
