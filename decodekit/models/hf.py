@@ -205,7 +205,7 @@ class HFCausalLM(LanguageModel):
             selected = selected_blocks(self.layers, exit_layer, skip_layers, hidden_layers, self.attention.plain, self)
         for i in hidden_layers:
             check_layer(i, 0, self.num_layers, "hidden_layers entries must be integers")
-        lean = self._lean is not None and not isinstance(attention_mask, list) and self._lean.ready()  # per-layer masks
+        lean = self._lean is not None and not isinstance(attention_mask, list) and self._lean.ready()  # list: attend=
         scope = compile_scope()
         if scope is not None:  # dk.generate(compile=True): a static-shape compiled forward where it applies
             why = eager_reason(self, lean, (attend, sink) != (None, None), bool(skip_layers))
