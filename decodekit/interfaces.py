@@ -21,6 +21,8 @@ each with ``isinstance`` once per call and calls what is there:
                        ``FixedLength(4)``): a lookup drafter that wants long drafts says so here
 :class:`ChecksModel`   ``check_model(target)`` (drafters): when the call starts, before any forward: raise
                        ``ConfigError`` for a target it cannot draft for (a head trained for another target)
+:class:`ReadsTargetParts` ``target_parts`` (drafters): the target's optional parts it calls (``embed``, ``norm``,
+                       ``head``, ``layers``), checked against the target before ``check_model``
 :class:`Clears`        ``clear()`` (drafters): forget what is kept across calls; called by you (and by composite
                        drafters for their parts), never by the loop
 =====================  ==========================================================================================
@@ -162,6 +164,16 @@ def hidden_layers_of(component: object) -> Sequence[int]:
 
 
 @runtime_checkable
+class ReadsTargetParts(Protocol):
+    """A drafter that calls optional parts of the target's :class:`~decodekit.models.base.LanguageModel` beyond
+    ``forward``: names of :data:`~decodekit.models.base.TARGET_PARTS` (``"embed"``, ``"norm"``, ``"head"``,
+    ``"layers"``), checked against the target when the call starts (a hand-written adapter without them is refused
+    there, naming what to implement)."""
+
+    target_parts: frozenset[str]
+
+
+@runtime_checkable
 class DeclaresKind(Protocol):
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
         """The kind of every draft this drafter will produce under ``sampling``."""
@@ -205,7 +217,16 @@ class ChecksSampling(Protocol):
 
 _COMMON = ("begin", "observe", "select_rows", "needs", "hidden_layers")
 HOOKS = {
-    "drafter": ("propose", *_COMMON, "shares_target", "draft_kind", "vocab_size", "default_policy", "check_model"),
+    "drafter": (
+        "propose",
+        *_COMMON,
+        "shares_target",
+        "draft_kind",
+        "vocab_size",
+        "default_policy",
+        "check_model",
+        "target_parts",
+    ),
     "verifier": ("verify", "accepts", "lossless", "check", *_COMMON),
     "policy": ("plan", *_COMMON),
 }

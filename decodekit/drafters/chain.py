@@ -16,6 +16,7 @@ import torch
 from decodekit.draft import Draft, DraftKind
 from decodekit.draft.budget import DraftBudget, DraftStep
 from decodekit.sampling import probs_from_logits, sample
+from decodekit.spec.component_checks import check_target_parts
 from decodekit.spec.processors import process_next
 from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams
@@ -148,6 +149,7 @@ class ReadsAHeadPerTarget(SamplesLikeTheTarget):
 
     def _load(self, target: Any) -> None:
         if self._for != id(target):
+            check_target_parts(self, target)
             self.head, self.metadata = self._read(target)
             self._for = id(target)
         self.target = target

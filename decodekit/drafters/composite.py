@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from decodekit.errors import ConfigError
-from decodekit.interfaces import ChecksModel, Clears, HasVocab, Needs, Observes, SelectsRows, hidden_layers_of
+from decodekit.interfaces import (
+    ChecksModel,
+    Clears,
+    HasVocab,
+    Needs,
+    Observes,
+    ReadsTargetParts,
+    SelectsRows,
+    hidden_layers_of,
+)
 from decodekit.interfaces import shares_target as part_shares_target
 from decodekit.spec.hooks import begin_component, select_component_rows
 from decodekit.spec.state import DecodeState
@@ -41,6 +50,7 @@ class Composite:
         self.shares_target = any(part_shares_target(p) for p in self.parts)
         self.needs = frozenset({"host_rows"}).union(*(p.needs for p in self.parts if isinstance(p, Needs)))
         self.hidden_layers = tuple(sorted({int(i) for p in self.parts for i in hidden_layers_of(p)}))
+        self.target_parts = frozenset().union(*(p.target_parts for p in self.parts if isinstance(p, ReadsTargetParts)))
         sizes = {int(p.vocab_size) for p in self.parts if isinstance(p, HasVocab)}
         if len(sizes) > 1:
             raise ConfigError(f"{name}'s drafters have different vocabularies: {sorted(sizes)} tokens")

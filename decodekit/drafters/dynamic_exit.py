@@ -78,6 +78,7 @@ class DynamicExitDrafter(EarlyExitDrafter):
         initial_draft: int = 1,
         temperature: float | None = None,
     ) -> None:
+        self.target_parts = frozenset({"layers", "norm", "head"})  # the shadow tokens: head(norm(h_l))
         if isinstance(exit_layers, (int, str)) or not exit_layers:
             raise ConfigError(f"exit_layers must be a non-empty list of layer indices, got {exit_layers!r}")
         layers = sorted({int(check_int("exit_layers[i]", layer, low=1)) for layer in exit_layers})  # type: ignore[arg-type]

@@ -52,6 +52,7 @@ from decodekit.masks import chain_mask
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.registry import register
 from decodekit.resources import shipped_weights
+from decodekit.spec.component_checks import check_target_parts
 from decodekit.spec.round import Round
 from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams
@@ -99,6 +100,7 @@ class EagleDrafter(SamplesLikeTheTarget):
 
     shares_target = True
     needs = frozenset({"hidden", "prefill", "host_rows"})
+    target_parts = frozenset({"embed", "head"})
     default_file = DEFAULT_WEIGHTS  # the head shipped for the zoo target (decodekit/weights/)
     retrain = RETRAIN
 
@@ -153,6 +155,7 @@ class EagleDrafter(SamplesLikeTheTarget):
     def _load(self, target: LanguageModel) -> None:
         """Load the head for ``target`` (once per target object)."""
         if self._for != id(target):
+            check_target_parts(self, target)
             load = load_release if self.release else load_head
             self.head, self.metadata = load(self.weights, target, lean=self.lean, bf16=self.bf16)
             self._for = id(target)

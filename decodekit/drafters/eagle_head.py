@@ -162,9 +162,10 @@ def load_head(
     :class:`~decodekit.drafters.lean_layer.LeanLayer` where one covers it (``lean=False``, ``bf16=False``: the head
     as trained, through transformers in the target's dtype). ``retrain``: the command its refusals name (None: the
     recipe of the file's kind, EAGLE or EAGLE-3)."""
-    config = target_config(target, "eagle")
-    if retrain is None:  # the recipe that wrote this kind of head (EAGLE-3's names the layers it reads)
-        retrain = RETRAIN_EAGLE3 if read_metadata(path).get("layers") else RETRAIN
+    eagle3 = bool(read_metadata(path).get("layers"))  # EAGLE-3's file names the layers it reads
+    config = target_config(target, "eagle3" if eagle3 else "eagle")
+    if retrain is None:  # the recipe that wrote this kind of head
+        retrain = RETRAIN_EAGLE3 if eagle3 else RETRAIN
     meta, tensors = read_head(path, target, "an EAGLE head", retrain)
     check_layers(path, meta, target, retrain)
     if meta.get("architecture") == RELEASE:  # EAGLE-3's own layer and output rows (decodekit.drafters.eagle3_release)

@@ -39,6 +39,7 @@ from decodekit.errors import ConfigError
 from decodekit.masks import chain_mask
 from decodekit.models.base import LanguageModel
 from decodekit.registry import register
+from decodekit.spec.component_checks import check_target_parts
 from decodekit.spec.state import DecodeState
 
 
@@ -59,6 +60,7 @@ class EarlyExitDrafter(SamplesLikeTheTarget):
     """
 
     shares_target = True
+    target_parts = frozenset({"layers"})  # with an exit head also its input and output: embed, norm, head
 
     def __init__(
         self,
@@ -72,6 +74,8 @@ class EarlyExitDrafter(SamplesLikeTheTarget):
         if exit_head is False:
             exit_head = None
         self.weights = default_weights() if exit_head is True else None if exit_head is None else Path(exit_head)
+        if self.weights is not None:
+            self.target_parts = frozenset({"layers", "embed", "norm", "head"})
         if self.weights is not None and not self.weights.is_file():
             from decodekit.drafters.exit_head import RETRAIN
 
@@ -86,6 +90,7 @@ class EarlyExitDrafter(SamplesLikeTheTarget):
     def _load(self, target: LanguageModel) -> None:
         """Load the exit head for ``target`` (once per target object) and check its layer."""
         if self._head_for != id(target):
+            check_target_parts(self, target)
             self.head, self.metadata = load_exit_head(self.weights, target)  # type: ignore[arg-type]
             self.trimmed = TrimmedHead(target, self.head.vocab)
             self._head_for = id(target)

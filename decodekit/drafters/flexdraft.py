@@ -101,6 +101,7 @@ class FlexDraftDrafter(ReadsAHeadPerTarget):
     """
 
     shares_target = True
+    target_parts = frozenset({"embed", "head", "layers"})
 
     def __init__(
         self, weights: str | Path, temperature: float | None = None, target: Any = None, confidence: float = 0.0

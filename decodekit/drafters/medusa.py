@@ -36,6 +36,7 @@ from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.registry import register
 from decodekit.resources import shipped_weights
+from decodekit.spec.component_checks import check_target_parts
 from decodekit.spec.round import Round
 from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams
@@ -110,6 +111,7 @@ class MedusaDrafter:
 
     shares_target = True
     needs = frozenset({"hidden", "prefill"})
+    target_parts = frozenset({"embed", "head"})
 
     def __init__(
         self, weights: str | Path | None = None, target: Any = None, template: TreeTemplate | str | None = None
@@ -132,6 +134,7 @@ class MedusaDrafter:
 
     def _load(self, target: LanguageModel) -> None:
         if self._for != id(target):
+            check_target_parts(self, target)
             self._for = id(target)
             if self.release:
                 self.heads = load_release(self.weights, target)

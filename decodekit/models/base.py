@@ -11,7 +11,7 @@ are all the speculative loop and model drafters need. Feature-level and self-spe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,3 +190,31 @@ class LanguageModel:
         else:
             mask, positions = tree_mask(cache.lengths, add_root(draft.ancestors), view.kv_len)
         return self.forward(tokens, positions, mask, view, **forward_kwargs)
+
+
+TARGET_PARTS = {
+    "embed": ("embed", "input embeddings [B, N, H] of tokens [B, N]"),
+    "norm": ("norm", "the final norm before the output head"),
+    "head": ("head", "the output head: logits [..., V] from final hidden states [..., H]"),
+    "layers": ("num_layers", "the decoder layer count, with forward(exit_layer=L) stopping after layer L"),
+}
+"""The optional parts of :class:`LanguageModel` a drafter may read of its target (a drafter's ``target_parts``):
+name -> (the member a model implements, what it gives)."""
+
+
+def missing_parts(model: LanguageModel, parts: Iterable[str], owner: str) -> list[str]:
+    """Which of ``parts`` (names of :data:`TARGET_PARTS`) ``model`` leaves as :class:`LanguageModel`'s unimplemented
+    default, sorted. ``owner`` (the declaring component's name) is named when ``parts`` is malformed.
+
+    Raises:
+        ConfigError: ``parts`` is a string, or names a part outside :data:`TARGET_PARTS` (a typo would check nothing).
+    """
+    if isinstance(parts, str):
+        raise ConfigError(f"{owner}.target_parts must be a set of names, e.g. frozenset({{{parts!r}}})")
+    unknown = sorted(set(parts) - set(TARGET_PARTS))
+    if unknown:
+        raise ConfigError(
+            f"{owner}.target_parts names {', '.join(map(repr, unknown))}; known parts: {', '.join(TARGET_PARTS)}"
+        )
+    members = {p: TARGET_PARTS[p][0] for p in sorted(parts)}
+    return [p for p, m in members.items() if getattr(type(model), m, None) is getattr(LanguageModel, m)]

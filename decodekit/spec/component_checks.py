@@ -19,10 +19,11 @@ from decodekit.errors import (
 from decodekit.interfaces import (
     Drafter,
     LengthPolicy,
+    ReadsTargetParts,
     Verifier,
     hidden_layers_of,
 )
-from decodekit.models.base import LanguageModel
+from decodekit.models.base import TARGET_PARTS, LanguageModel, missing_parts
 from decodekit.spec.state import DecodeState
 from decodekit.types import Verdict
 
@@ -76,6 +77,27 @@ def check_hidden_layers(component: Any, model: LanguageModel) -> tuple[int, ...]
             f"embeddings), got {describe(layers)}"
         )
     return tuple(int(i) for i in layers)
+
+
+def check_target_parts(drafter: Any, model: LanguageModel) -> None:
+    """Refuse ``model`` when it leaves a part ``drafter`` declares in ``target_parts`` unimplemented (a hand-written
+    :class:`~decodekit.models.base.LanguageModel`), naming the drafter, the members to implement and what they give.
+
+    Raises:
+        IncompatibleDraftError: a declared part missing (before any forward).
+        ConfigError: ``target_parts`` names a part that does not exist.
+    """
+    if not isinstance(drafter, ReadsTargetParts):
+        return
+    owner = type(drafter).__name__
+    missing = missing_parts(model, drafter.target_parts, owner)
+    if missing:
+        members = "; ".join(f"LanguageModel.{TARGET_PARTS[p][0]} ({TARGET_PARTS[p][1]})" for p in missing)
+        raise IncompatibleDraftError(
+            f"{owner} calls the target's {', '.join(sorted(drafter.target_parts))}, which {type(model).__name__} "
+            f"leaves unimplemented: {members}. Implement them on the adapter, or use a drafter that needs only the "
+            "target's tokens (ngram, suffix, recycling, model)"
+        )
 
 
 def check_kind(verifier: Verifier, kind: DraftKind, drafter: Any) -> None:

@@ -38,6 +38,7 @@ from decodekit.spec.component_checks import (
     check_accepts,
     check_hidden_layers,
     check_kind,
+    check_target_parts,
 )
 from decodekit.spec.hooks import begin_component, select_component_rows
 from decodekit.spec.round import Round, check_hook_needs, check_needs, needs_of
@@ -100,6 +101,7 @@ class Components:
         drafter = self.drafter
         if drafter is None:
             return None
+        check_target_parts(drafter, model)  # the target's parts it calls, implemented (a hand-written adapter)
         if isinstance(drafter, ChecksModel):
             drafter.check_model(model)  # its own refusal of this target (a head made for another), before any forward
         if isinstance(drafter, HasVocab) and not is_int(drafter.vocab_size):

@@ -75,3 +75,62 @@ def test_a_hand_written_model_runs_in_the_loop_with_every_kind_of_draft():
 def test_a_model_writing_to_the_cache_itself_is_told_to_use_the_view():
     with pytest.raises(TypeError, match="CacheView that cache.stage"):
         dk.generate(OneLayerLM(through_cache=True), [[1, 2, 3]], max_new_tokens=4)
+
+
+class CountingLM(OneLayerLM):
+    """:class:`OneLayerLM` counting its forwards."""
+
+    forwards = 0
+
+    def forward(self, *args, **kwargs) -> dk.ModelOutput:
+        self.forwards += 1
+        return super().forward(*args, **kwargs)
+
+
+class WithEmbeddings(OneLayerLM):
+    """:class:`OneLayerLM` exposing its input embeddings (one of the optional parts)."""
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.emb[tokens]
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, parts, takes_target",
+    [
+        ("eagle", {}, "embed, head", True),
+        ("medusa", {}, "embed, head", True),
+        ("early_exit", {}, "layers", False),  # no head file: nothing to load at build
+        ("early_exit", {"exit_head": True}, "embed, head, layers, norm", True),
+        ("dynamic_exit", {"exit_layers": [1]}, "head, layers, norm", False),
+        ("lookup_eagle3", {}, "embed, head", False),  # a composite: its parts' union
+    ],
+)
+def test_a_drafter_calling_parts_the_model_lacks_is_refused_before_any_forward(name, kwargs, parts, takes_target):
+    model = CountingLM()
+    refused = f"calls the target's {parts}, which CountingLM leaves unimplemented"
+    with pytest.raises(dk.errors.IncompatibleDraftError, match=refused) as err:
+        dk.generate(model, [[1, 2, 3]], dk.build("drafter", name, **kwargs), max_new_tokens=4)
+    assert model.forwards == 0
+    first = {"embed": "embed", "head": "head", "layers": "num_layers", "norm": "norm"}[parts.split(", ")[0]]
+    assert f"LanguageModel.{first} (" in str(err.value)  # what to implement, and what it gives
+    if takes_target:  # built for the model: refused there, before a head file is read against it
+        with pytest.raises(dk.errors.IncompatibleDraftError, match=refused):
+            dk.build("drafter", name, target=model, **kwargs)
+
+
+def test_declared_target_parts_are_checked_for_a_notebook_drafter():
+    class Embeds:  # a drafter written in a notebook, reading the target's embeddings
+        target_parts = frozenset({"embed"})
+
+        def propose(self, state, budget):
+            return dk.Draft.empty(state.batch_size, state.device)
+
+    dk.generate(WithEmbeddings(), [[1, 2, 3]], Embeds(), max_new_tokens=2)  # implemented: runs
+    with pytest.raises(dk.errors.IncompatibleDraftError, match="Embeds calls the target's embed, which OneLayerLM"):
+        dk.generate(OneLayerLM(), [[1, 2, 3]], Embeds(), max_new_tokens=2)
+    Embeds.target_parts = frozenset({"embeds"})  # a typo checks nothing: refused, naming the known parts
+    with pytest.raises(dk.errors.ConfigError, match=r"Embeds.target_parts names 'embeds'; known parts: embed, norm"):
+        dk.generate(WithEmbeddings(), [[1, 2, 3]], Embeds(), max_new_tokens=2)
+    Embeds.target_parts = "embed"
+    with pytest.raises(dk.errors.ConfigError, match="must be a set of names"):
+        dk.generate(WithEmbeddings(), [[1, 2, 3]], Embeds(), max_new_tokens=2)
