@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from decodekit.errors import ConfigError
+from decodekit.train.eagle3_start import continue_from, fit_fuse, from_fc_head, lead_with
 from decodekit.train.recipe import HeadConfig, shares
 
 
@@ -141,44 +142,6 @@ def release_metadata(target: Any) -> dict[str, Any]:
             "target_architectures": list(getattr(config, "architectures", None) or [])}  # fmt: skip
 
 
-@torch.no_grad()
-def continue_from(head: Any, tensors: dict[str, torch.Tensor], keep_fuse: bool) -> None:
-    """Load an init head's ``tensors`` (of ``head``'s architecture) into ``head``, whose vocabulary is this run's:
-    ``fuse`` only with ``keep_fuse``; an own output layer's rows by token id (the tokens the init head lacks keep
-    their start)."""
-    skip = {"vocab", "lm_head.weight"} | (set() if keep_fuse else {"fuse.weight"})
-    head.load_state_dict({k: v.float() for k, v in tensors.items() if k not in skip}, strict=False)
-    if "lm_head.weight" in tensors:
-        from decodekit.drafters.eagle3_head import rows_of
-
-        rows = rows_of(tensors["vocab"].long(), head.vocab.long().cpu())
-        mine = (rows >= 0).nonzero()[:, 0]
-        head.lm_head.weight[mine] = tensors["lm_head.weight"][rows[mine]].to(head.lm_head.weight)
-
-
-def lead_with(first: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
-    """``first [V_1]`` (token ids), then the tokens of ``vocab [V]`` not in it, in order, cut to ``V`` tokens: a
-    training vocabulary whose first ``V_1`` tokens are a given draft vocabulary (``V_1 <= V``)."""
-    first = first.long()
-    if len(first) > len(vocab):
-        raise ConfigError(f"init_vocab: the init head drafts {len(first)} tokens, more than train_vocab={len(vocab)}")
-    rest = vocab[~torch.isin(vocab, first)]
-    return torch.cat([first, rest])[: len(vocab)]
-
-
-@torch.no_grad()
-def fit_fuse(head: Any, taps: torch.Tensor, feats: torch.Tensor, lengths: torch.Tensor, ridge: float = 1e-2) -> float:
-    """Set ``head.fuse`` to the ridge least-squares map from the layer states ``taps [N, L, k H]`` to the final
-    features ``feats [N, L, H]`` over the real positions; returns the fit's relative error ``|uW - f| / |f|``."""
-    real = torch.arange(taps.shape[1], device=taps.device)[None] < lengths[:, None]
-    u, f = taps[real].double(), feats[real].double()
-    gram = u.T @ u
-    gram += ridge * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
-    w = torch.linalg.solve(gram, u.T @ f).T  # [H, k H]
-    head.fuse.weight.copy_(w.to(head.fuse.weight.dtype))
-    return float((u @ w.T - f).norm() / f.norm())
-
-
 @shares(HeadConfig)
 def train(
     out_dir: str | Path,
@@ -224,12 +187,15 @@ def train(
         if init is not None:
             start = read_init(init, target, "python -m decodekit train recipe=eagle3")
             theirs = start[0].get("architecture", "fc")
-            if theirs != architecture:
+            if theirs != architecture and not (release and theirs == "fc" and start[0].get("layers")):
                 raise ConfigError(
                     f"init={init} is a head of the {theirs!r} architecture and this run trains architecture="
                     f"{architecture!r}: pass architecture={theirs} to continue it, or init=null to start from the "
                     "target"
-                )
+                )  # an fc EAGLE-3 head starts a released one (eagle3_start.from_fc_head), reading the same layers
+            if theirs != architecture and start[0]["layers"] != list(picked):
+                raise ConfigError(f"init={init} reads layers {start[0]['layers']} and this run reads {list(picked)}: "
+                                  f"pass layers={start[0]['layers']} to start from it")  # fmt: skip
         return None if online else picked  # cached: the features' forward keeps these layers' states too
 
     recipe, out, target, data = start_run(cfg, check_target, device=dev, features=not online)
@@ -251,11 +217,18 @@ def train(
     w_d = target.lm_head.weight[data.vocab.to(dev)].detach()
     head = new_head(target, data.vocab, len(picked), release)
     head.init_from(target)
-    fuse_error, kept_fuse = None, False  # an EAGLE-3 init of the same layers continues with its own fuse
+    fuse_error, kept_fuse, converted = None, False, None  # an EAGLE-3 init of the same layers keeps its fuse
     if start is not None:  # start from a trained head (its layer and fc; the vocabulary is this run's)
         meta, tensors = start
         kept_fuse = meta.get("layers") == list(picked) and "fuse.weight" in tensors
-        continue_from(head, tensors, kept_fuse)
+        if release and meta.get("architecture", "fc") == "fc":  # the fc head mapped onto the released layer
+            rows = (~data.held).nonzero()[:fuse_sequences, 0]
+            real = torch.arange(data.tokens.shape[1])[None] < data.lengths[rows][:, None]
+            with torch.no_grad():
+                embeds = target.embed(data.tokens[rows].to(target.device)).cpu()
+            converted = from_fc_head(head, tensors, embeds[real], states(rows)[1][real])
+        else:
+            continue_from(head, tensors, kept_fuse)
     head = head.to(dev)
     if not kept_fuse:
         train_rows = (~data.held).nonzero()[:fuse_sequences, 0]
@@ -285,6 +258,7 @@ def train(
         vocab_sizes=tuple(cfg.vocab_sizes), history=history, numbers=numbers, name="eagle3", title="EAGLE-3 head",
         loss_label=f"CE over {ttt_steps} test-time steps", metadata={"layers": list(picked), **architecture_fields},
         keep=(lambda h, v: h.keep_vocab(v)) if release else None, layers=list(picked), fuse_fit_error=fuse_error,
+        converted_from_fc=converted,
     )  # fmt: skip
     if export is not None:  # the run's own export directory, written afresh (a resumed run replaces it)
         import shutil

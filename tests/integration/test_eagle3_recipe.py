@@ -94,11 +94,30 @@ def test_a_continued_head_keeps_its_draft_vocabulary_on_other_data(smoke_run, tm
     assert torch.equal(head.vocab, kept)
 
 
+def test_an_fc_head_of_the_same_layers_starts_a_released_one(smoke_run, tmp_path, smollm2_cut):
+    """``architecture=eagle3 init=<an fc EAGLE-3 head>``: the fc head mapped onto the released layer
+    (:func:`~decodekit.train.eagle3_start.from_fc_head`, its ``fuse`` kept), whose first draft step is the fc head's
+    up to the embedding's share of the residual: on the same held-out split it starts where the fc head ended."""
+    data = {"data_dir": str(smoke_run[0] / "data"), "base": smollm2_cut, "epochs": 1}
+    fc = train(tmp_path / "fc", architecture="fc", **data, **ONE_VOCAB)
+    path = tmp_path / "fc" / f"eagle3_{CUT}.safetensors"
+    released = train(tmp_path / "released", init=str(path), **data, **ONE_VOCAB)
+    assert released["fuse_fit_error"] is None and 0.8 < released["converted_from_fc"]["scale_feature"] < 1.2
+    assert abs(released["initial_val_top1_agreement"] - fc["final_val_top1_agreement"]) < 0.05
+    assert isinstance(Eagle3Drafter(tmp_path / "released" / path.name, target=smollm2_cut).head, Eagle3ReleaseHead)
+    cached = sorted(p.name for p in (smoke_run[0] / "data").iterdir())
+    with pytest.raises(ConfigError, match=r"reads layers \[2, 4, 5\] and this run reads \[1, 4, 5\]"):
+        train(tmp_path / "other", init=str(path), layers=[1, 4, 5], **data, **ONE_VOCAB)
+    assert sorted(p.name for p in (smoke_run[0] / "data").iterdir()) == cached  # refused before any states
+
+
 def test_layers_outside_the_target_and_an_init_of_another_architecture_are_refused_before_any_data(tmp_path):
+    from decodekit.drafters.eagle import DEFAULT_WEIGHTS as EAGLE1
+
     with pytest.raises(ConfigError, match="layers must be decoder layers 1 .. 30"):
         train(tmp_path, layers=[2, 31], **SMALL)
     with pytest.raises(ConfigError, match="architecture='eagle3': pass architecture=fc"):
-        train(tmp_path, init=str(shipped_weights(DEFAULT_WEIGHTS)), **SMALL)  # the shipped head: fc
+        train(tmp_path, init=str(shipped_weights(EAGLE1)), **SMALL)  # an EAGLE-1 head: fc, reading no taps
     with pytest.raises(ConfigError, match="export=eagle writes an EAGLE-3 head of the released architecture"):
         train(tmp_path, architecture="fc", export="eagle", **SMALL)
     assert not (tmp_path / "data").exists()
