@@ -21,7 +21,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from decodekit.errors import UnknownComponentError
+from decodekit.errors import ConfigTypeError, UnknownComponentError
 
 KINDS = ("drafter", "verifier", "policy", "dlm_rule", "dlm_cache", "dlm_schedule", "dlm_draft")
 _REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in KINDS}
@@ -132,8 +132,26 @@ def name_of(kind: str, component: Any) -> str:
 
 
 def build(kind: str, name: str, /, *args: Any, **kwargs: Any) -> Any:
-    """Instantiate the component registered as ``name`` under ``kind`` with the given arguments."""
-    return resolve(kind, name)(*args, **kwargs)
+    """Instantiate the component registered as ``name`` under ``kind`` with the given arguments.
+
+    Raises:
+        ConfigTypeError: arguments its constructor does not take (an unknown keyword, a missing required one),
+            naming the component and the arguments it takes, before it is called.
+    """
+    factory = resolve(kind, name)
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no introspectable signature: the call itself says
+        return factory(*args, **kwargs)
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as error:
+        takes = [p.name for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        raise ConfigTypeError(
+            f"{kind} {name!r} ({getattr(factory, '__name__', type(factory).__name__)}): {error}; it takes "
+            f"{', '.join(takes) or 'no arguments'}"
+        ) from None
+    return factory(*args, **kwargs)
 
 
 _MAX_VALUE_REPR = 80

@@ -29,6 +29,22 @@ def test_build_passes_arguments():
     assert isinstance(drafter, dk.Drafter)
 
 
+@pytest.mark.parametrize(
+    "name, kwargs, says",
+    [
+        ("pillar", {"target": 1}, r"drafter 'pillar' \(PillarDrafter\): got an unexpected keyword argument 'target'; "
+         r"it takes keep, fraction, temperature"),
+        ("ngram", {"max_ngarm": 3}, r"unexpected keyword argument 'max_ngarm'; it takes max_ngram, min_ngram"),
+        ("dflash", {}, r"drafter 'dflash' \(DFlashDrafter\): missing a required argument: 'weights'"),
+    ],
+)  # fmt: skip
+def test_build_names_the_arguments_a_component_takes(name, kwargs, says):
+    with pytest.raises(dk.errors.ConfigTypeError, match=says):
+        dk.build("drafter", name, **kwargs)
+    with pytest.raises(dk.errors.ConfigTypeError, match=r"policy 'gammatune_plus' .*'foo'; it takes initial, eta"):
+        dk.build("policy", "gammatune_plus", foo=1)  # a preset: its class's signature with the preset's defaults
+
+
 def test_register_a_user_component():
     @dk.register("policy", "always-two")
     class AlwaysTwo(dk.policies.FixedLength):
