@@ -1,7 +1,7 @@
-"""The lean Llama-family forward (decodekit/models/lean.py) is transformers' forward bit for bit: logits, hidden
-states and cache contents equal on ragged prefills, tree-shaped verifications, one-token steps, early exits,
-skipped layers and per-head restricted attention, for every family it serves; anything that hooks into the modules
-it bypasses sends the forward back to transformers' path (and the hook fires)."""
+"""The lean forward (decodekit/models/lean.py: Llama, Mistral, Qwen2 / 3, Gemma 2 / 3) is transformers' forward
+bit for bit: logits, hidden states and cache contents equal on ragged prefills, tree-shaped verifications, one-token
+steps, early exits, skipped layers and per-head restricted attention, for every family it serves; anything that
+hooks into the modules it bypasses sends the forward back to transformers' path (and the hook fires)."""
 
 from __future__ import annotations
 
