@@ -68,6 +68,8 @@ class DynamicExitDrafter(EarlyExitDrafter):
         temperature: the drafter's sampling temperature; None = the call's.
     """
 
+    target_parts = frozenset({"layers", "norm", "head"})  # the shadow tokens: head(norm(h_l))
+
     def __init__(
         self,
         exit_layers: Sequence[int],
@@ -78,7 +80,6 @@ class DynamicExitDrafter(EarlyExitDrafter):
         initial_draft: int = 1,
         temperature: float | None = None,
     ) -> None:
-        self.target_parts = frozenset({"layers", "norm", "head"})  # the shadow tokens: head(norm(h_l))
         if isinstance(exit_layers, (int, str)) or not exit_layers:
             raise ConfigError(f"exit_layers must be a non-empty list of layer indices, got {exit_layers!r}")
         layers = sorted({int(check_int("exit_layers[i]", layer, low=1)) for layer in exit_layers})  # type: ignore[arg-type]

@@ -218,20 +218,20 @@ def train(
     head = new_head(target, data.vocab, len(picked), release)
     head.init_from(target)
     fuse_error, kept_fuse, converted = None, False, None  # an EAGLE-3 init of the same layers keeps its fuse
+    train_rows = (~data.held).nonzero()[:fuse_sequences, 0]  # what the start is fitted or measured on
     if start is not None:  # start from a trained head (its layer and fc; the vocabulary is this run's)
         meta, tensors = start
         kept_fuse = meta.get("layers") == list(picked) and "fuse.weight" in tensors
         if release and meta.get("architecture", "fc") == "fc":  # the fc head mapped onto the released layer
-            rows = (~data.held).nonzero()[:fuse_sequences, 0]
-            real = torch.arange(data.tokens.shape[1])[None] < data.lengths[rows][:, None]
+            real = torch.arange(data.tokens.shape[1])[None] < data.lengths[train_rows][:, None]
             with torch.no_grad():
-                embeds = target.embed(data.tokens[rows].to(target.device)).cpu()
-            converted = from_fc_head(head, tensors, embeds[real], states(rows)[1][real])
+                embeds = target.embed(data.tokens[train_rows].to(target.device)).cpu()
+            converted = from_fc_head(head, tensors, embeds[real], states(train_rows)[1][real])
+            kept_fuse = True  # from_fc_head set it: (B F), the fc head's own fuse mapped
         else:
             continue_from(head, tensors, kept_fuse)
     head = head.to(dev)
     if not kept_fuse:
-        train_rows = (~data.held).nonzero()[:fuse_sequences, 0]
         feats, fuse_taps = states(train_rows)
         if release:  # the copied last layer reads the state entering it, not the final (normed) feature
             last = (target.num_layers - 1,)
