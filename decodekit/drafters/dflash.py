@@ -91,7 +91,7 @@ class DFlashDrafter(ReadsAHeadPerTarget):
 
     needs = frozenset({"prefill", "host_rows"})
     shares_target = True
-    target_parts = frozenset({"embed", "head", "layers"})
+    target_parts = frozenset({"embed", "head", "layers", "config"})
 
     def __init__(self, weights: str | Path, temperature: float | None = None, target: Any = None) -> None:
         self.weights = Path(weights)

@@ -138,7 +138,7 @@ def export_dflash(head: str | Path, out_dir: str | Path, target: Any, *, mask_to
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"out_dir={out} already exists and is not an empty directory: name a new one")
     loaded, _ = load_dflash(head, target)
-    hf = target.hf.config
+    hf = target.config
     mask_id = target.vocab_size - 1 if mask_token_id is None else int(mask_token_id)
     config = {k: getattr(hf, k) for k in _CONFIG_KEYS if getattr(hf, k, None) is not None}
     config.update(

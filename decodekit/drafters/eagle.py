@@ -100,7 +100,7 @@ class EagleDrafter(SamplesLikeTheTarget):
 
     shares_target = True
     needs = frozenset({"hidden", "prefill", "host_rows"})
-    target_parts = frozenset({"embed", "head"})
+    target_parts = frozenset({"embed", "head", "config"})  # config: the head is built to the target's sizes
     default_file = DEFAULT_WEIGHTS  # the head shipped for the zoo target (decodekit/weights/)
     retrain = RETRAIN
 

@@ -136,7 +136,10 @@ def check_layers(path: str | Path, meta: dict[str, Any], target: LanguageModel, 
     """Refuse an EAGLE-3 head (its file's ``layers``: the target layers it reads) whose layers ``target`` does
     not have: it was trained for another target."""
     layers = [int(i) for i in meta.get("layers", ())]
-    count = target.num_layers
+    try:
+        count = target.num_layers
+    except NotImplementedError:  # a model without a layer list: what its forward returns is checked instead
+        return
     if layers and not all(0 <= i <= count for i in layers):
         base = meta.get("base", "another target")
         size = "" if meta.get("num_layers") is None else f" ({meta['num_layers']} layers)"

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from decodekit.errors import ConfigError
+from decodekit.errors import ConfigError, IncompatibleDraftError
 from decodekit.kernels.cpu import match_kernels
-from decodekit.models.base import LanguageModel
+from decodekit.models.base import TARGET_PARTS, LanguageModel, hidden_size_of
 
 
 def fingerprint(target: LanguageModel) -> float:
@@ -28,7 +28,7 @@ def fingerprint(target: LanguageModel) -> float:
 
 def head_metadata(target: LanguageModel, **extra: Any) -> dict[str, Any]:
     """What :func:`read_head` checks a head against, for ``target``, plus ``extra`` (recipe, numbers)."""
-    config = target.hf.config  # type: ignore[attr-defined]
+    config = target.config
     return {
         "hidden_size": int(config.hidden_size),
         "vocab_size": target.vocab_size,
@@ -59,14 +59,15 @@ def save_head(module: nn.Module, path: str | Path, metadata: dict[str, Any], ski
 
 
 def target_config(target: LanguageModel, drafter: str) -> Any:
-    """``target``'s transformers config, which a head is built from; a target without one is refused, naming
-    ``drafter``."""
-    config = getattr(getattr(target, "hf", None), "config", None)
-    if config is None:
-        raise ConfigError(
-            f"the {drafter} drafter needs a transformers target (its config builds the head); got {target!r}"
-        )
-    return config
+    """``target.config``, the transformers config a head is built from (the target part ``config``); a target that
+    leaves it unimplemented is refused, naming ``drafter``."""
+    try:
+        return target.config
+    except NotImplementedError:
+        raise IncompatibleDraftError(
+            f"the {drafter} drafter builds its head from the target's transformers config, which "
+            f"{type(target).__name__} leaves unimplemented: LanguageModel.config ({TARGET_PARTS['config'][1]})"
+        ) from None
 
 
 def check_release_sizes(
@@ -123,7 +124,7 @@ def read_head(
     except Exception as error:
         raise ConfigError(f"{path} is not {what} file decodekit wrote: {error}") from None
     want = (meta.get("hidden_size"), meta.get("vocab_size"), meta.get("fingerprint"))
-    hidden = getattr(getattr(getattr(target, "hf", None), "config", None), "hidden_size", None)
+    hidden = hidden_size_of(target)
     have = (hidden, target.vocab_size, fingerprint(target))
     if want[:2] != have[:2] or want[2] is None or abs(want[2] - have[2]) > 1e-3 * max(1.0, abs(have[2])):
         raise ConfigError(

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from decodekit.drafters.head_files import read_state
+from decodekit.drafters.head_files import read_state, target_config
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
 
@@ -96,7 +96,7 @@ def load_release(path: str | Path, target: LanguageModel) -> ReleasedMedusaHeads
             f"{file} lacks {error.args[0]!r}: config.json names {heads} heads of {layers} residual blocks each "
             f"(medusa_num_heads, medusa_num_layers); the file holds heads {found}"
         ) from None
-    hidden, vocab = int(target.hf.config.hidden_size), int(target.vocab_size)  # type: ignore[attr-defined]
+    hidden, vocab = int(target_config(target, "medusa").hidden_size), int(target.vocab_size)
     if out.shape[1:] != (vocab, hidden):
         raise ConfigError(
             f"the Medusa heads at {path} were trained for another target: their output layers are "

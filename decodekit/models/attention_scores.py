@@ -10,12 +10,49 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 
+from decodekit.errors import ConfigError
 from decodekit.models.call_scope import call_scope, current_call
+
+# record_attention's sink, for this thread's next forward of that adapter: (adapter, sink)
+_PENDING_SINK: ContextVar[tuple[weakref.ref, dict[int, torch.Tensor]] | None] = ContextVar(
+    "decodekit_attention_sink", default=None
+)
+
+
+class RecordsAttention:
+    """An adapter's :meth:`record_attention` (:class:`~decodekit.models.hf.HFCausalLM`'s): the sink is handed to
+    this thread's next forward of that adapter, which takes it with :meth:`_take_sink`. The adapter sets
+    ``_additive_mask`` (eager attention, which cannot be recorded)."""
+
+    _additive_mask: bool
+
+    def record_attention(self, sink: dict[int, torch.Tensor]) -> None:
+        """The next ``forward`` (only that one) also stores, per layer index, where its queries attended:
+        ``sink[i] [B, Hkv, S]``, probabilities summed over the queries and each key/value head's query heads
+        (:func:`attention_mass`). Needs :attr:`records_attention`."""
+        if not self.records_attention:
+            raise ConfigError(f"{self!r} runs eager attention; recording attention needs attn_implementation='sdpa'")
+        _PENDING_SINK.set((weakref.ref(self), sink))  # this thread's: another thread's forward does not take it
+
+    def _take_sink(self) -> dict[int, torch.Tensor] | None:
+        """The sink :meth:`record_attention` left for this thread's next forward of this adapter (taken once)."""
+        pending = _PENDING_SINK.get()
+        if pending is None or pending[0]() is not self:
+            return None
+        _PENDING_SINK.set(None)
+        return pending[1]
+
+    @property
+    def records_attention(self) -> bool:
+        """Whether :meth:`record_attention` works: the model runs ``sdpa`` attention."""
+        return not self._additive_mask
 
 
 def attention_mass(

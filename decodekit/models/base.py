@@ -84,6 +84,12 @@ class LanguageModel:
         """Number of decoder layers (the largest ``exit_layer``)."""
         raise NotImplementedError(f"{type(self).__name__} does not expose its layers")
 
+    @property
+    def config(self) -> Any:
+        """The decoder's transformers ``PretrainedConfig`` (``hidden_size``, attention heads, RoPE settings, ...): what
+        a draft head built for this model (EAGLE, EAGLE-3, DFlash) takes its sizes from."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose a transformers config")
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -197,9 +203,20 @@ TARGET_PARTS = {
     "norm": ("norm", "the final norm before the output head"),
     "head": ("head", "the output head: logits [..., V] from final hidden states [..., H]"),
     "layers": ("num_layers", "the decoder layer count, with forward(exit_layer=L) stopping after layer L"),
+    "config": ("config", "the decoder's transformers config: hidden size, heads and RoPE, which a head is built from"),
 }
 """The optional parts of :class:`LanguageModel` a drafter may read of its target (a drafter's ``target_parts``):
 name -> (the member a model implements, what it gives)."""
+
+
+def hidden_size_of(model: Any) -> int | None:
+    """``model.config.hidden_size`` (the target part ``config``), or None for a model without a config."""
+    try:
+        config = model.config
+    except NotImplementedError:
+        return None
+    size = getattr(config, "hidden_size", None)
+    return None if size is None else int(size)
 
 
 def missing_parts(model: LanguageModel, parts: Iterable[str], owner: str) -> list[str]:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import weakref
 from collections.abc import Sequence
-from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -15,7 +13,7 @@ import torch
 from decodekit.cache import CacheView, KVCache
 from decodekit.errors import ConfigError, UnsupportedModelError
 from decodekit.masks import to_additive
-from decodekit.models.attention_scores import recorded_attention, restricted_masks
+from decodekit.models.attention_scores import RecordsAttention, recorded_attention, restricted_masks
 from decodekit.models.base import LanguageModel, ModelOutput, check_layer
 from decodekit.models.call_scope import call_scope, captured, run_numbers, selectable, selected_blocks
 from decodekit.models.compile_switch import capacity_bucket, compile_scope
@@ -30,10 +28,6 @@ log = logging.getLogger(__name__)
 _MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
 _LAYER_LISTS = ("layers", "h")  # where decoders keep their blocks (Llama-style, GPT-2-style)
 _FINAL_NORMS = ("norm", "ln_f", "final_layernorm")
-# record_attention's sink, for this thread's next forward of that adapter: (adapter, sink)
-_PENDING_SINK: ContextVar[tuple[weakref.ref, dict[int, torch.Tensor]] | None] = ContextVar(
-    "decodekit_attention_sink", default=None
-)
 
 
 def _as_tuple(ids: Any) -> tuple[int, ...]:
@@ -62,7 +56,7 @@ def _map_masks(masks: Any, fn: Any) -> Any:
     return fn(masks)
 
 
-class HFCausalLM(LanguageModel):
+class HFCausalLM(RecordsAttention, LanguageModel):
     """Wraps a ``transformers`` ``*ForCausalLM`` so decodekit can run it against a :class:`KVCache`.
 
     The decoder runs with decodekit's boolean mask (sdpa) or its additive form (eager); sliding-window, chunked and
@@ -158,6 +152,10 @@ class HFCausalLM(LanguageModel):
     def num_layers(self) -> int:
         return len(self.layers)
 
+    @property
+    def config(self) -> Any:
+        return self.hf.config
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._embeddings(tokens)
 
@@ -195,7 +193,7 @@ class HFCausalLM(LanguageModel):
         if attend is not None:  # [L, B, Hkv, S0]: each layer's and key/value head's allowed slots
             if not self.attention.plain or exit_layer is not None or skip_layers:
                 raise ConfigError("attend= needs every layer to attend alike, and all layers run (no exit or skips)")
-            attention_mask = restricted_masks(mask, attend, self.hf.config.num_attention_heads)
+            attention_mask = restricted_masks(mask, attend, self.config.num_attention_heads)
         elif not self.attention.plain:
             attention_mask = self.attention.masks(mask, positions, view.key_positions(positions))
         hidden: dict[int, torch.Tensor] = {}
@@ -264,27 +262,6 @@ class HFCausalLM(LanguageModel):
         if scope is not None and self._static is not None:
             capacity = capacity_bucket(capacity, scope.canvas)
         return super().new_cache(batch_size, capacity)
-
-    def record_attention(self, sink: dict[int, torch.Tensor]) -> None:
-        """The next :meth:`forward` (only that one) also stores, per layer index, where its queries attended:
-        ``sink[i] [B, Hkv, S]``, probabilities summed over the queries and each key/value head's query heads
-        (:func:`~decodekit.models.attention_scores.attention_mass`). Needs :attr:`records_attention`."""
-        if not self.records_attention:
-            raise ConfigError(f"{self!r} runs eager attention; recording attention needs attn_implementation='sdpa'")
-        _PENDING_SINK.set((weakref.ref(self), sink))  # this thread's: another thread's forward does not take it
-
-    def _take_sink(self) -> dict[int, torch.Tensor] | None:
-        """The sink :meth:`record_attention` left for this thread's next forward of this adapter (taken once)."""
-        pending = _PENDING_SINK.get()
-        if pending is None or pending[0]() is not self:
-            return None
-        _PENDING_SINK.set(None)
-        return pending[1]
-
-    @property
-    def records_attention(self) -> bool:
-        """Whether :meth:`record_attention` works: the model runs ``sdpa`` attention."""
-        return not self._additive_mask
 
     def _per_layer(self, masks: list[torch.Tensor] | None) -> contextlib.AbstractContextManager[None]:
         if masks is None:

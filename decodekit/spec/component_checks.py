@@ -100,6 +100,32 @@ def check_target_parts(drafter: Any, model: LanguageModel) -> None:
         )
 
 
+def check_hidden_output(
+    model: LanguageModel,
+    out: Any,
+    shape: tuple[int, int],
+    return_hidden: bool,
+    hidden_layers: tuple[int, ...],
+    askers: list[Any],
+) -> None:
+    """Refuse a forward's output that lacks the hidden states this call asked of ``model`` (a hand-written adapter
+    ignoring ``return_hidden`` or ``hidden_layers``): ``out.last_hidden`` with ``return_hidden`` and
+    ``out.hidden[i]`` for each of ``hidden_layers``, each ``[B, N, H]`` for a forward of ``shape = (B, N)`` tokens.
+    ``askers``, the components that asked, are named. Metadata only: no host sync."""
+    wanted = [("last_hidden", out.last_hidden, "return_hidden=True")] if return_hidden else []
+    layers = out.hidden if isinstance(out.hidden, dict) else {}
+    wanted += [(f"hidden[{i}]", layers.get(i), f"hidden_layers including {i}") for i in hidden_layers]
+    for name, value, asked in wanted:
+        if not isinstance(value, torch.Tensor) or value.dim() != 3 or tuple(value.shape[:2]) != tuple(shape):
+            got = "nothing" if value is None else describe(value)
+            who = ", ".join(sorted({type(c).__name__ for c in askers}))
+            raise ComponentOutputError(
+                f"{type(model).__name__}.forward returned {got} as ModelOutput.{name} when asked with {asked}, "
+                f"which {who} reads: return the [B, N, H] hidden states of the forward's {tuple(shape)} tokens "
+                "(ModelOutput(logits, hidden={layer: states}, last_hidden=the output head's input))"
+            )
+
+
 def check_kind(verifier: Verifier, kind: DraftKind, drafter: Any) -> None:
     """The one draft-kind check: refuse a verifier that cannot verify ``kind`` drafts without bias."""
     if kind not in verifier.accepts:

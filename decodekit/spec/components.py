@@ -29,6 +29,7 @@ from decodekit.interfaces import (
     Observes,
     SelectsRows,
     Verifier,
+    hidden_layers_of,
     shares_target,
     warn_near_hooks,
 )
@@ -37,6 +38,7 @@ from decodekit.spec.component_checks import (
     WHAT,
     check_accepts,
     check_hidden_layers,
+    check_hidden_output,
     check_kind,
     check_target_parts,
 )
@@ -86,6 +88,7 @@ class Components:
         self.vocab_size = model.vocab_size
         self.unchecked = drafter is not None  # until the first non-empty draft has been validated
         self.budget_unchecked = drafter is not None  # until the first budget's values have been validated
+        self.hidden_unchecked = True  # until a scored round's hidden states were checked
         self.verdict_unchecked = True  # until a verdict for a non-empty draft (plain decoding: any) was validated
         self.tree_verifier = tree_verifier  # generate()'s default for tree drafts at temperature > 0
         self.current_verifier: Verifier = verifier  # the last round's (its next_token is the pending token)
@@ -180,6 +183,17 @@ class Components:
         budget.check(state.batch_size, state.device, source, values=validate or self.budget_unchecked)
         self.budget_unchecked = False
         return budget
+
+    def check_hidden(self, model: LanguageModel, out: ModelOutput, shape: tuple[int, int], prefill: bool) -> None:
+        """Refuse a forward of ``shape = (B, N)`` tokens whose output lacks the hidden states asked of ``model``
+        (:func:`~decodekit.spec.component_checks.check_hidden_output`): checked on the prefill and the first
+        scored round (shapes only: no sync)."""
+        asked = "hidden" in self.needs and (self.takes_prefill or not prefill)
+        layers = self.hidden_layers if (self.takes_prefill or not prefill) else ()
+        if self.hidden_unchecked and (asked or layers):
+            askers = [c for c in self.all if "hidden" in needs_of(c) or hidden_layers_of(c)]
+            check_hidden_output(model, out, shape, asked, layers, askers)
+        self.hidden_unchecked = prefill  # the prefill checked: the first scored round still is
 
     def check_budget_size(self, budget: DraftBudget) -> None:
         """Refuse a negative node budget once its maximum is on the host (``budget`` capped by the loop, which

@@ -205,6 +205,7 @@ def _loop(
         hidden_layers=parts.hidden_layers if parts.takes_prefill else (),
         return_hidden=parts.takes_prefill and "hidden" in parts.needs,
     )
+    parts.check_hidden(model, prefill, (state.batch_size, width), prefill=True)
     begin_round(generator, state.host_lengths)
     first = next_token(process_next(state, prefill.logits), sampling, generator)
     out.commit(state, first[:, None], torch.ones_like(first))
@@ -226,6 +227,7 @@ def _loop(
         except (IndexError, RuntimeError) as error:  # a later round's bad token or tree: name who made it
             explain_failure(parts, error, state, draft, round_index=index)
             raise
+        parts.check_hidden(model, scored, (state.batch_size, draft.num_nodes + 1), prefill=False)
         logits = process_scored(state, scored.logits, draft)
         verdict = parts.verifier_for(draft).verify(draft, logits, sampling, generator)
         parts.check_verdict(verdict, draft, values=debug)

@@ -113,7 +113,7 @@ def train(
         if not online:  # once, as eagle3 caches its taps: a step then runs no target forward
             cached.append(cached_layer_states(target, data.tokens, data.lengths, picked, cfg.data_path,
                                               cfg.gen_batch_size, cfg.progress))  # fmt: skip
-        head = DFlashHead(target.hf.config, picked, head_layers, cfg.block_size, data.vocab)
+        head = DFlashHead(target.config, picked, head_layers, cfg.block_size, data.vocab)
         head.init_from(target)
         return head
 

@@ -87,7 +87,7 @@ def train(
             start.update(read_init(init, target, RETRAIN)[1])
 
     def make_head(target: Any, data: Any) -> EagleHead:
-        head = EagleHead(target.hf.config, data.vocab)
+        head = EagleHead(target.config, data.vocab)
         head.init_from(target)
         if start:  # continue from a trained head (its layer and fc; the vocabulary is this run's, EAGLE-3's unused)
             kept = {k: v.float() for k, v in start.items() if k not in ("vocab", "fuse.weight")}

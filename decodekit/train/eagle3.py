@@ -122,7 +122,7 @@ def new_head(target: Any, vocab: torch.Tensor, taps: int, release: bool) -> Any:
     from decodekit.drafters.eagle3_release import head_config, llama_config
     from decodekit.drafters.eagle_head import EagleHead
 
-    config = target.hf.config
+    config = target.config
     if not release:
         return EagleHead(config, vocab, taps=taps)
     head = Eagle3ReleaseHead(llama_config(head_config(config)), len(vocab), taps * int(config.hidden_size))
@@ -137,7 +137,7 @@ def release_metadata(target: Any) -> dict[str, Any]:
     from decodekit.drafters.eagle3_release import head_config
     from decodekit.drafters.eagle_head import RELEASE
 
-    config = target.hf.config
+    config = target.config
     return {"architecture": RELEASE, "head_config": head_config(config),
             "target_architectures": list(getattr(config, "architectures", None) or [])}  # fmt: skip
 

@@ -87,7 +87,7 @@ def step_ms(head: Any, target: Any, sizes: Sequence[int], context: int = 256) ->
     then the scores over the ``s`` rows and their argmax."""
     from decodekit.cache import KVCache
 
-    hidden, dev = int(target.hf.config.hidden_size), target.device
+    hidden, dev = int(target.config.hidden_size), target.device
     cache = KVCache(1, context + 2, device=dev)
     x = torch.randint(0, target.vocab_size, (1, context), device=dev)
     view = cache.stage(context)

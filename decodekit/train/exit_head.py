@@ -122,7 +122,7 @@ def train(
             raise ConfigError(f"exit_layer={exit_layer} must be below the target's {target.num_layers} layers")
 
     return run_recipe(
-        cfg, lambda target, data: ExitHead(int(target.hf.config.hidden_size), width, exit_layer, data.vocab),
+        cfg, lambda target, data: ExitHead(int(target.config.hidden_size), width, exit_layer, data.vocab),
         lambda head, target, rows, b: exit_loss(head, exit_states(target, b.tokens, exit_layer), rows, *b[1:4]),
         pick=lambda head, target, val, sizes: pick_vocab(head, target, val, sizes, draft_len), title="exit head",
         loss_label="CE(target distribution)", check_target=check_target, exit_layer=exit_layer,

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from decodekit.checks import check_float, check_int
 from decodekit.errors import ConfigError
+from decodekit.models.base import hidden_size_of
 from decodekit.train.sequences import (
     DATA_KEYS,
     DATA_SOURCE,
@@ -33,7 +34,7 @@ from decodekit.train.sequences import (
 
 def check_cached(data: dict[str, Any], target: Any, data_dir: Path) -> None:
     """Refuse a ``features.pt`` whose features or token ids do not fit ``target`` (made with another model)."""
-    hidden = getattr(getattr(getattr(target, "hf", None), "config", None), "hidden_size", None)
+    hidden = hidden_size_of(target)
     feats = data.get("feats")
     if feats is not None and hidden is not None and feats.shape[-1] != hidden:
         raise ConfigError(

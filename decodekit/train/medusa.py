@@ -109,7 +109,7 @@ def train(out_dir: str | Path, *, num_heads: int = 3, decay: float = 0.8, **shar
     from decodekit.drafters.medusa import MedusaHeads
 
     return run_recipe(
-        cfg, lambda target, data: MedusaHeads(target.hf.config.hidden_size, num_heads, data.vocab),
+        cfg, lambda target, data: MedusaHeads(target.config.hidden_size, num_heads, data.vocab),
         lambda heads, target, rows, b: medusa_loss(heads, rows, b.feats, b.lengths, b.starts, decay),
         pick=lambda heads, target, val, sizes: pick_vocab(heads, target, val, sizes), title="Medusa heads",
         loss_label="weighted soft CE", num_heads=num_heads,

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from decodekit.checks import check_int
 from decodekit.errors import ConfigError
+from decodekit.models.base import hidden_size_of
 
 DATA_SOURCE = (
     "self-distilled: SmolLM2's greedy responses to questions about pydoc_data snippets and its greedy "
@@ -48,7 +49,7 @@ def model_identity(model: Any) -> dict[str, Any]:
     from decodekit.drafters.head_files import fingerprint
 
     model = _adapter(model)
-    hidden = getattr(getattr(getattr(model, "hf", None), "config", None), "hidden_size", None)
+    hidden = hidden_size_of(model)
     return {"hidden_size": hidden, "vocab_size": int(model.vocab_size), "fingerprint": round(fingerprint(model), 4)}
 
 

@@ -35,16 +35,20 @@ class OneLayerLM(dk.LanguageModel):
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    def forward(self, tokens, positions, mask, view, logits_at=None, **unused) -> dk.ModelOutput:
+    gives_hidden = False  # whether forward honours hidden_layers and return_hidden (WithHidden below)
+
+    def forward(self, tokens, positions, mask, view, logits_at=None, *, hidden_layers=(), return_hidden=False, **_):
         x = self.emb[tokens] + self.pos[positions]  # [B, N, H]
         q, k, v = (x @ w for w in (self.wq, self.wk, self.wv))
         sink = view.cache if self.through_cache else view  # the first is the mistake this test expects refused
         keys, values = sink.update(k[:, None], v[:, None], 0)  # [B, 1, S, H]: every key this forward may see
-        attended = F.scaled_dot_product_attention(q[:, None], keys, values, attn_mask=mask)[:, 0]
-        logits = (x + attended) @ self.out  # [B, N, V]
+        h = x + F.scaled_dot_product_attention(q[:, None], keys, values, attn_mask=mask)[:, 0]  # [B, N, H]
+        logits = h @ self.out  # [B, N, V]
         if logits_at is not None:
             logits = logits.gather(1, logits_at[..., None].expand(-1, -1, VOCAB))
-        return dk.ModelOutput(logits)
+        if not self.gives_hidden:
+            return dk.ModelOutput(logits)
+        return dk.ModelOutput(logits, {i: (x, h)[i] for i in hidden_layers}, h if return_hidden else None)
 
 
 def recomputed_greedy(model: OneLayerLM, prompt: list[int], new: int) -> list[int]:
@@ -97,12 +101,12 @@ class WithEmbeddings(OneLayerLM):
 @pytest.mark.parametrize(
     "name, kwargs, parts, takes_target",
     [
-        ("eagle", {}, "embed, head", True),
+        ("eagle", {}, "config, embed, head", True),
         ("medusa", {}, "embed, head", True),
         ("early_exit", {}, "layers", False),  # no head file: nothing to load at build
         ("early_exit", {"exit_head": True}, "embed, head, layers, norm", True),
         ("dynamic_exit", {"exit_layers": [1]}, "head, layers, norm", False),
-        ("lookup_eagle3", {}, "embed, head", False),  # a composite: its parts' union
+        ("lookup_eagle3", {}, "config, embed, head", False),  # a composite: its parts' union
     ],
 )
 def test_a_drafter_calling_parts_the_model_lacks_is_refused_before_any_forward(name, kwargs, parts, takes_target):
@@ -111,7 +115,9 @@ def test_a_drafter_calling_parts_the_model_lacks_is_refused_before_any_forward(n
     with pytest.raises(dk.errors.IncompatibleDraftError, match=refused) as err:
         dk.generate(model, [[1, 2, 3]], dk.build("drafter", name, **kwargs), max_new_tokens=4)
     assert model.forwards == 0
-    first = {"embed": "embed", "head": "head", "layers": "num_layers", "norm": "norm"}[parts.split(", ")[0]]
+    first = {"config": "config", "embed": "embed", "head": "head", "layers": "num_layers", "norm": "norm"}[
+        parts.split(", ")[0]
+    ]
     assert f"LanguageModel.{first} (" in str(err.value)  # what to implement, and what it gives
     if takes_target:  # built for the model: refused there, before a head file is read against it
         with pytest.raises(dk.errors.IncompatibleDraftError, match=refused):
@@ -134,3 +140,92 @@ def test_declared_target_parts_are_checked_for_a_notebook_drafter():
     Embeds.target_parts = "embed"
     with pytest.raises(dk.errors.ConfigError, match="must be a set of names"):
         dk.generate(WithEmbeddings(), [[1, 2, 3]], Embeds(), max_new_tokens=2)
+
+
+class WithHidden(OneLayerLM):
+    """:class:`OneLayerLM` returning the hidden states it is asked for (layer 0: the embeddings, 1: its output)."""
+
+    gives_hidden = True
+
+
+class ReadsHidden:
+    """A notebook drafter reading the target's hidden states (never drafting)."""
+
+    needs = frozenset({"hidden", "prefill"})
+    shares_target = True
+    hidden_layers = (1,)
+    seen: list[tuple[int, ...]] = []
+
+    def begin(self, state, target, cache, prefill):
+        self.seen.append(tuple(prefill.last_hidden.shape))
+
+    def propose(self, state, budget):
+        return dk.Draft.empty(state.batch_size, state.device)
+
+
+def test_a_model_ignoring_return_hidden_is_named_with_the_drafter_that_reads_them():
+    refused = "OneLayerLM.forward returned nothing as ModelOutput.last_hidden when asked with return_hidden=True, "
+    with pytest.raises(dk.errors.ComponentOutputError, match=refused + "which ReadsHidden reads"):
+        dk.generate(OneLayerLM(), [[1, 2, 3]], ReadsHidden(), max_new_tokens=3)
+
+    class NoLayers(WithHidden):  # the final states, but not the layers asked for
+        def forward(self, *args, hidden_layers=(), **kwargs):
+            return super().forward(*args, **kwargs)
+
+    with pytest.raises(dk.errors.ComponentOutputError, match=r"NoLayers.forward returned nothing as "
+                       r"ModelOutput.hidden\[1\] when asked with hidden_layers including 1"):  # fmt: skip
+        dk.generate(NoLayers(), [[1, 2, 3]], ReadsHidden(), max_new_tokens=3)
+    ReadsHidden.seen.clear()
+    assert dk.generate(WithHidden(), [[1, 2, 3], [4, 5]], ReadsHidden(), max_new_tokens=3).sequences
+    assert ReadsHidden.seen == [(2, 3, HIDDEN)]  # what the check lets through: the prompt's states, every position
+
+
+def test_hidden_states_asked_only_by_an_observer_are_checked_on_the_first_scored_round():
+    class Watches(FixedLength):  # a policy reading the verified positions' final states in its round record
+        needs = frozenset({"hidden"})
+
+        def observe(self, state, round):
+            pass
+
+    ngram = dk.drafters.NGramDrafter()
+    with pytest.raises(dk.errors.ComponentOutputError, match=r"Watches reads: .* forward's \(1, \d\) tokens"):
+        dk.generate(OneLayerLM(), [[1, 2, 1, 2, 1]], ngram, policy=Watches(2), max_new_tokens=3)  # 1 + drafted
+    out = dk.generate(WithHidden(), [[1, 21, 21, 21]], ngram, policy=Watches(2), max_new_tokens=6)
+    assert out.stats.drafted > 0
+
+
+class WithHeadParts(WithHidden):
+    """:class:`WithHidden` exposing what an EAGLE head is built from and calls: a transformers config of its sizes,
+    its embeddings and its output head."""
+
+    def __init__(self, seed: int = 0) -> None:
+        from transformers import LlamaConfig
+
+        super().__init__(seed)
+        sizes = {"hidden_size": HIDDEN, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2}
+        self.config = LlamaConfig(vocab_size=VOCAB, num_hidden_layers=1, max_position_embeddings=256, **sizes)
+
+    config = None  # set per instance; a class attribute declares the part implemented
+
+    def embed(self, tokens):
+        return self.emb[tokens]
+
+    def head(self, hidden):
+        return hidden @ self.out
+
+
+def test_an_eagle_head_runs_on_a_hand_written_model_that_declares_its_parts(tmp_path):
+    from decodekit.drafters.eagle_head import EagleHead
+    from decodekit.drafters.head_files import head_metadata
+
+    model = WithHeadParts()
+    torch.manual_seed(0)
+    EagleHead(model.config).save(tmp_path / "head.safetensors", head_metadata(model))  # an untrained head for it
+    with pytest.raises(dk.errors.IncompatibleDraftError, match="calls the target's config, embed, head, which "
+                       "WithHidden leaves unimplemented: LanguageModel.config"):  # fmt: skip
+        dk.build("drafter", "eagle", target=WithHidden(), weights=tmp_path / "head.safetensors")
+    drafter = dk.build("drafter", "eagle", target=model, weights=tmp_path / "head.safetensors")
+    prompts = [[1, 2, 3, 1, 2, 3, 1], [5, 9]]
+    want = [recomputed_greedy(model, p, 10) for p in prompts]
+    out = dk.generate(model, prompts, drafter, policy=FixedLength(3), max_new_tokens=10, eos_token_id=())
+    assert out.sequences == want and out.stats.drafted > 0
