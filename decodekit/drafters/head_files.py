@@ -17,7 +17,7 @@ from torch import nn
 
 from decodekit.errors import ConfigError, IncompatibleDraftError
 from decodekit.kernels.cpu import match_kernels
-from decodekit.models.base import TARGET_PARTS, LanguageModel, hidden_size_of
+from decodekit.models.base import TARGET_PARTS, LanguageModel, hidden_size_of, num_layers_of
 
 
 def fingerprint(target: LanguageModel) -> float:
@@ -33,17 +33,9 @@ def head_metadata(target: LanguageModel, **extra: Any) -> dict[str, Any]:
         "hidden_size": int(config.hidden_size),
         "vocab_size": target.vocab_size,
         "fingerprint": fingerprint(target),
-        **({} if (layers := _num_layers(target)) is None else {"num_layers": layers}),
+        **({} if (layers := num_layers_of(target)) is None else {"num_layers": layers}),
         **extra,
     }
-
-
-def _num_layers(target: LanguageModel) -> int | None:
-    """The target's decoder layer count, or None for a model without a layer list."""
-    try:
-        return int(target.num_layers)
-    except Exception:
-        return None
 
 
 def save_head(module: nn.Module, path: str | Path, metadata: dict[str, Any], skip: str | None = None) -> None:
@@ -132,7 +124,7 @@ def read_head(
             f"{want[0]}, vocabulary {want[1]}); this target differs (hidden size {have[0]}, vocabulary {have[1]}"
             f"{'' if want[:2] != have[:2] else ', other weights'}). Train one for it with {retrain} base=<it>"
         )
-    layers = _num_layers(target)
+    layers = num_layers_of(target)
     if meta.get("num_layers") is not None and layers is not None and meta["num_layers"] != layers:
         raise ConfigError(
             f"{what} {path.name} was trained for {meta.get('base', 'another target')!r} with {meta['num_layers']} "

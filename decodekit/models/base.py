@@ -209,6 +209,15 @@ TARGET_PARTS = {
 name -> (the member a model implements, what it gives)."""
 
 
+def num_layers_of(model: Any) -> int | None:
+    """``model.num_layers`` (the target part ``layers``), or None for a model without a layer list (one that leaves
+    it unimplemented, or an adapter whose decoder keeps no layer list it can find)."""
+    try:
+        return int(model.num_layers)
+    except Exception:
+        return None
+
+
 def hidden_size_of(model: Any) -> int | None:
     """``model.config.hidden_size`` (the target part ``config``), or None for a model without a config."""
     try:

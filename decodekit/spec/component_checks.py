@@ -23,7 +23,8 @@ from decodekit.interfaces import (
     Verifier,
     hidden_layers_of,
 )
-from decodekit.models.base import TARGET_PARTS, LanguageModel, missing_parts
+from decodekit.models.base import TARGET_PARTS, LanguageModel, missing_parts, num_layers_of
+from decodekit.spec.round import needs_of
 from decodekit.spec.state import DecodeState
 from decodekit.types import Verdict
 
@@ -64,10 +65,7 @@ def check_hidden_layers(component: Any, model: LanguageModel) -> tuple[int, ...]
     """``component.hidden_layers`` (the target layers whose hidden states it asks for; none without it), refused
     unless it is a collection of layer indices within the target's layers (0 = embeddings, ``L`` = the last)."""
     layers = hidden_layers_of(component)
-    try:
-        count = model.num_layers
-    except Exception:  # a model without a layer list: only the types are checked
-        count = None
+    count = num_layers_of(model)  # None: a model without a layer list, only the types are checked
     bad = isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable)
     bad = bad or not all(is_int(i) and (count is None or 0 <= i <= count) for i in layers)
     if bad:
@@ -106,18 +104,19 @@ def check_hidden_output(
     shape: tuple[int, int],
     return_hidden: bool,
     hidden_layers: tuple[int, ...],
-    askers: list[Any],
+    components: list[Any],
 ) -> None:
     """Refuse a forward's output that lacks the hidden states this call asked of ``model`` (a hand-written adapter
     ignoring ``return_hidden`` or ``hidden_layers``): ``out.last_hidden`` with ``return_hidden`` and
     ``out.hidden[i]`` for each of ``hidden_layers``, each ``[B, N, H]`` for a forward of ``shape = (B, N)`` tokens.
-    ``askers``, the components that asked, are named. Metadata only: no host sync."""
+    Those of the call's ``components`` that asked for hidden states are named. Metadata only: no host sync."""
     wanted = [("last_hidden", out.last_hidden, "return_hidden=True")] if return_hidden else []
     layers = out.hidden if isinstance(out.hidden, dict) else {}
     wanted += [(f"hidden[{i}]", layers.get(i), f"hidden_layers including {i}") for i in hidden_layers]
     for name, value, asked in wanted:
         if not isinstance(value, torch.Tensor) or value.dim() != 3 or tuple(value.shape[:2]) != tuple(shape):
             got = "nothing" if value is None else describe(value)
+            askers = [c for c in components if "hidden" in needs_of(c) or hidden_layers_of(c)]
             who = ", ".join(sorted({type(c).__name__ for c in askers}))
             raise ComponentOutputError(
                 f"{type(model).__name__}.forward returned {got} as ModelOutput.{name} when asked with {asked}, "

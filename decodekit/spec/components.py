@@ -3,6 +3,8 @@ optional hooks resolved once (see :mod:`decodekit.interfaces`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from decodekit.cache import KVCache
@@ -29,7 +31,6 @@ from decodekit.interfaces import (
     Observes,
     SelectsRows,
     Verifier,
-    hidden_layers_of,
     shares_target,
     warn_near_hooks,
 )
@@ -184,16 +185,23 @@ class Components:
         self.budget_unchecked = False
         return budget
 
-    def check_hidden(self, model: LanguageModel, out: ModelOutput, shape: tuple[int, int], prefill: bool) -> None:
-        """Refuse a forward of ``shape = (B, N)`` tokens whose output lacks the hidden states asked of ``model``
-        (:func:`~decodekit.spec.component_checks.check_hidden_output`): checked on the prefill and the first
-        scored round (shapes only: no sync)."""
-        asked = "hidden" in self.needs and (self.takes_prefill or not prefill)
-        layers = self.hidden_layers if (self.takes_prefill or not prefill) else ()
-        if self.hidden_unchecked and (asked or layers):
-            askers = [c for c in self.all if "hidden" in needs_of(c) or hidden_layers_of(c)]
-            check_hidden_output(model, out, shape, asked, layers, askers)
-        self.hidden_unchecked = prefill  # the prefill checked: the first scored round still is
+    def hidden_asked(self, prefill: bool) -> dict[str, Any]:
+        """What a forward of this call asks the target for: ``hidden_layers`` and ``return_hidden``, the union of the
+        components' (the prefill's only for a drafter that takes it)."""
+        asks = self.takes_prefill or not prefill
+        return {"hidden_layers": self.hidden_layers if asks else (), "return_hidden": asks and "hidden" in self.needs}
+
+    def check_hidden(
+        self, model: LanguageModel, out: ModelOutput, shape: tuple[int, int], asked: dict[str, Any], prefill: bool
+    ) -> None:
+        """Refuse a forward of ``shape = (B, N)`` tokens, run with ``asked`` (:meth:`hidden_asked`), whose output
+        lacks those hidden states (:func:`~decodekit.spec.component_checks.check_hidden_output`): the prefill's and
+        the first scored round's (shapes only: no sync); a later round returns at once."""
+        if not self.hidden_unchecked:
+            return
+        if asked["return_hidden"] or asked["hidden_layers"]:
+            check_hidden_output(model, out, shape, asked["return_hidden"], asked["hidden_layers"], self.all)
+        self.hidden_unchecked = prefill  # after the prefill, the first scored round is still checked
 
     def check_budget_size(self, budget: DraftBudget) -> None:
         """Refuse a negative node budget once its maximum is on the host (``budget`` capped by the loop, which

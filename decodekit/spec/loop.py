@@ -196,16 +196,9 @@ def _loop(
     timer, counters = PhaseTimer(model.device, exact="timings" in parts.needs), RoundCounters(model.device)
     timer.start()
     cache = model.new_cache(state.batch_size, state.tokens.shape[1])
-    width = max(state.host_lengths)
-    prefill = model.extend(
-        cache,
-        state.tokens[:, :width],
-        state.lengths,
-        host_counts=state.host_lengths,
-        hidden_layers=parts.hidden_layers if parts.takes_prefill else (),
-        return_hidden=parts.takes_prefill and "hidden" in parts.needs,
-    )
-    parts.check_hidden(model, prefill, (state.batch_size, width), prefill=True)
+    width, asked = max(state.host_lengths), parts.hidden_asked(prefill=True)
+    prefill = model.extend(cache, state.tokens[:, :width], state.lengths, host_counts=state.host_lengths, **asked)
+    parts.check_hidden(model, prefill, (state.batch_size, width), asked, prefill=True)
     begin_round(generator, state.host_lengths)
     first = next_token(process_next(state, prefill.logits), sampling, generator)
     out.commit(state, first[:, None], torch.ones_like(first))
@@ -213,7 +206,7 @@ def _loop(
     parts.begin(state, model, cache, prefill)
     timer.mark("prefill")
     timer.end_round()
-    index = 0
+    index, asked = 0, parts.hidden_asked(prefill=False)
     _compact(out, state, cache, parts)
     while state.batch_size:
         begin_round(generator, state.host_lengths)
@@ -221,13 +214,11 @@ def _loop(
         draft = propose(parts, state, debug, index)
         timer.mark("draft")
         try:
-            scored = model.score(
-                cache, state.pending, draft, hidden_layers=parts.hidden_layers, return_hidden="hidden" in parts.needs
-            )
+            scored = model.score(cache, state.pending, draft, **asked)
         except (IndexError, RuntimeError) as error:  # a later round's bad token or tree: name who made it
             explain_failure(parts, error, state, draft, round_index=index)
             raise
-        parts.check_hidden(model, scored, (state.batch_size, draft.num_nodes + 1), prefill=False)
+        parts.check_hidden(model, scored, (state.batch_size, draft.num_nodes + 1), asked, prefill=False)
         logits = process_scored(state, scored.logits, draft)
         verdict = parts.verifier_for(draft).verify(draft, logits, sampling, generator)
         parts.check_verdict(verdict, draft, values=debug)
