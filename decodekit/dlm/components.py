@@ -117,10 +117,15 @@ def check_variants(
 
 
 def check_finite(source: str, logits: Any) -> None:
-    """Refuse NaN logits (a device read: ``debug`` only)."""
+    """Refuse NaN or ``+inf`` logits, and a slot whose logits are all ``-inf`` (no distribution to propose from); a
+    device read: ``debug`` only."""
     window = logits.logits if isinstance(logits, SlotLogits) else logits
-    if bool(window.isnan().any()):
-        raise ComponentOutputError(f"{source} returned NaN logits")
+    nan, posinf, empty = torch.stack(
+        [window.isnan().any(), window.isposinf().any(), window.isneginf().all(-1).any()]
+    ).tolist()
+    if nan or posinf or empty:
+        what = "NaN logits" if nan else "+inf logits" if posinf else "a slot whose logits are all -inf"
+        raise ComponentOutputError(f"{source} returned {what}")
 
 
 def token_ids(name: str, ids: Any, *, optional: bool = True) -> tuple[int, ...] | None:
@@ -155,8 +160,19 @@ def check_vocab(owner: str, name: str, ids: Iterable[int] | None, vocab_size: in
         )
 
 
+def check_finished(state: DLMState, schedule: Any, tokens: list[list[int]]) -> None:
+    """Refuse to return mask ids: a schedule whose rounds stopped before every slot was committed."""
+    left = [b for b, row in enumerate(tokens) if state.mask_token_id in row]
+    if left:
+        raise ComponentOutputError(
+            f"{type(schedule).__name__}.rounds ended with masked slots left in row(s) {left[:8]}; a schedule's rounds "
+            "must take the block over the whole generation region (slots 0 .. state.gen_length - 1) before they stop"
+        )
+
+
 __all__ = [
     "check_commit",
+    "check_finished",
     "check_finite",
     "check_logits",
     "check_region",

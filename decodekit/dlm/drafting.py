@@ -67,6 +67,8 @@ class Drafting:
         values = checks.debug or (checks.drafts_unchecked and variants is not None)
         self.variants = check_variants(source, variants, state, checks.vocab_size, values=values)
         checks.drafts_unchecked = checks.drafts_unchecked and self.variants is None
+        if self.variants is not None and not values:  # checked once; from then on the canvas itself, whatever came
+            self.variants = torch.cat([state.canvas[None], self.variants[1:]])  # (its logits are the step's)
 
 
 def on_graph(state: DLMState, variants: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:

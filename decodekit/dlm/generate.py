@@ -34,14 +34,14 @@ from tqdm.auto import tqdm
 
 from decodekit.checks import check_bool, check_float, check_int, check_seed, describe
 from decodekit.dlm.caches import Recompute
-from decodekit.dlm.components import check_finite, check_logits
+from decodekit.dlm.components import check_finished, check_finite, check_logits
 from decodekit.dlm.drafting import Drafting
 from decodekit.dlm.lookahead import NextBlock
-from decodekit.dlm.model import DLMModel, load_model
+from decodekit.dlm.model import DLMModel, check_context, load_model
 from decodekit.dlm.parts import Parts, resolve_parts
 from decodekit.dlm.state import DLMState, carry_tails, output_at
 from decodekit.dlm.step import take_step
-from decodekit.errors import ConfigError, ConfigTypeError, ContextLengthError
+from decodekit.errors import ConfigError, ConfigTypeError, NoProgressError
 from decodekit.metrics import DLMStats
 from decodekit.models.compile_switch import compiling, resolve_compile
 from decodekit.models.prompts import prompt_ids
@@ -143,29 +143,39 @@ def generate(
             "classifier-free guidance runs with cache=None and draft=None on a bidirectional model only (a cache "
             "strategy keeps one batch's K/V; the unconditional pass attends bidirectionally; drafts are not guided)"
         )
-    _check_context(dlm, rows, gen_length)
     seed = check_seed(seed, len(rows))
     heads, tails, region = rows, None, gen_length
     if dlm.block_length is not None and dlm.block_grid == "absolute":  # the prompts' tails open the first block
         heads, tails = carry_tails(rows, block_length)
         region += block_length if any(tails) else 0  # one more block: a row's last one ends past gen_length
         steps = steps // num_blocks * (region // block_length)
+    check_context(dlm, rows, gen_length, tails, block_length)
     state = DLMState.from_prompts(
         heads, region, dlm.mask_token_id, steps, make_generator(seed, dlm.device), dlm.device, filled=tails
     )
     state.block_length, state.eos_token_ids = block_length, tuple(dlm.lm.eos_token_ids)
+    if tails is not None and region > gen_length:  # rows without a tail end at gen_length
+        state.close_spare_block(tails, gen_length, next(iter(state.eos_token_ids), 0))
     stats = DLMStats(row_nfe=state.row_forwards, tokens=len(rows) * gen_length)
     if parts.declared.cache_begins:  # optional hook: a new call (drop what an earlier call kept)
         cache.begin(state)
     ahead = NextBlock()  # a block's first step, kept from the block before (drafts that look ahead)
     checks = _Checks(debug, dlm.vocab_size)
+    idle = 0  # rounds in a row that took no forward: a schedule that keeps naming finished blocks never ends
     with compiling(compiled, canvas=True):
         for _ in tqdm(schedule.rounds(dlm, state), desc="blocks", disable=not progress):
             forwards = _decode_block(dlm, state, parts, temperature, cfg_scale, ahead, checks)
             stats.row_block_steps.append(state.block_step.tolist())
             stats.block_steps.append(max(stats.row_block_steps[-1]))  # the row that took the most
             stats.nfe += forwards
+            idle = 0 if forwards else idle + 1
+            if idle > region // block_length:
+                raise NoProgressError(
+                    f"{type(schedule).__name__}.rounds set {idle} blocks in a row with no masked slot to decode; the "
+                    "loop would never end: a schedule's rounds must move the block on and stop after the last"
+                )
     tokens = state.tokens.tolist()
+    check_finished(state, schedule, tokens)
     if tails is not None:
         tokens = [t[len(tail) : len(tail) + gen_length] for t, tail in zip(tokens, tails)]
     stats.cache_forwards = cache.forwards if parts.declared.counts_forwards else 0
@@ -251,16 +261,6 @@ def _guided_logits(dlm: DLMModel, state: DLMState, cfg_scale: float) -> torch.Te
     )
     cond, uncond = both.chunk(2)
     return uncond + (cfg_scale + 1) * (cond - uncond)
-
-
-def _check_context(dlm: DLMModel, rows: list[list[int]], gen_length: int) -> None:
-    limit = dlm.lm.max_context
-    longest = max(map(len, rows))
-    if limit and longest + gen_length > limit:
-        raise ContextLengthError(
-            f"the longest prompt ({longest} tokens) + gen_length ({gen_length}) exceeds the model's context ({limit}); "
-            "shorten the prompt or lower gen_length"
-        )
 
 
 def _refuse_plain(model: Any) -> DLMModel:

@@ -9,7 +9,7 @@ import torch
 
 from decodekit.cache import KVCache
 from decodekit.checks import check_bool, check_choice, check_int, check_model_spec
-from decodekit.errors import ConfigError, ConfigTypeError, UnsupportedModelError
+from decodekit.errors import ConfigError, ConfigTypeError, ContextLengthError, UnsupportedModelError
 from decodekit.masks import bidirectional_mask, block_causal_mask, staged_layout
 from decodekit.models.base import LanguageModel
 
@@ -181,12 +181,32 @@ def load_model(
             return published
     if mask_token_id is None:
         raise ConfigError(
-            "dk.dlm.load_model needs mask_token_id=<the id of the model's mask token> (e.g. LLaDA's 126336); a "
-            "causal LM has none of its own: add one to the vocabulary or reuse a token the model never emits"
+            f"dk.dlm.load_model needs mask_token_id=<the id of the model's mask token> (e.g. LLaDA's 126336) for "
+            f"{_what(spec)}; a causal LM has none of its own: add one to the vocabulary or reuse a token the model "
+            "never emits"
         )
     from decodekit.models import load_model as load_lm
 
     return DLMModel(load_lm(spec, **load_kwargs), mask_token_id, bool(shift_logits), block_length)
+
+
+def _what(spec: Any) -> str:
+    """What ``spec`` is, as the missing-mask-id message says it: a path that is no published DLM family's, or a
+    model."""
+    if not isinstance(spec, (str, os.PathLike)):
+        return type(spec).__name__
+    from decodekit.dlm.families import known_families, read_config
+
+    path = os.fspath(spec)
+    if not os.path.isdir(path):
+        return f"the file {path!r} (a published DLM is a directory with a config.json)"
+    config = read_config(path)
+    if config is None:
+        return f"{path!r}, a directory without a config.json (is it a checkpoint directory?)"
+    return (
+        f"{path!r}, whose config.json (model_type {config.get('model_type')!r}, architectures "
+        f"{config.get('architectures')}) is none of the published DLM families decodekit reads ({known_families()})"
+    )
 
 
 def _published(
@@ -209,6 +229,12 @@ def _published(
     checkpoint = read_checkpoint(path, None if dtype in (None, "auto") else parse_float_dtype(dtype))
     options.setdefault("tokenizer", checkpoint.tokenizer)
     lm = load_lm(checkpoint.model, in_place=True, **options)
+    if mask_token_id is None and not 0 <= checkpoint.mask_token_id < lm.vocab_size:
+        raise ConfigError(
+            f"{checkpoint.family.name} checkpoint {os.fspath(path)!r}: its mask id {checkpoint.mask_token_id} "
+            f"({checkpoint.mask_source}) is outside its vocabulary of {lm.vocab_size}; add mask_token_id to its "
+            "config.json or pass mask_token_id= to dk.dlm.load_model"
+        )
     return DLMModel(
         lm,
         checkpoint.mask_token_id if mask_token_id is None else mask_token_id,
@@ -216,3 +242,28 @@ def _published(
         checkpoint.block_length if block_length is None else block_length,
         checkpoint.family.block_grid,
     )
+
+
+def check_context(
+    dlm: DLMModel, rows: list[list[int]], gen_length: int, tails: list[list[int]] | None, block_length: int
+) -> None:
+    """Refuse a call whose rows would decode past the model's context: ``P_b + G`` positions, or on an absolute
+    block grid, for a row whose prompt's tail opens the first block, to the end of its last block."""
+    limit = dlm.lm.max_context
+    if not limit:
+        return
+    ends = [
+        len(r) + gen_length + ((block_length - len(t)) if t else 0) for r, t in zip(rows, tails or [[]] * len(rows))
+    ]
+    b = max(range(len(rows)), key=ends.__getitem__)
+    if ends[b] > limit:
+        grid = (
+            f", and its last block runs {ends[b] - len(rows[b]) - gen_length} slots further (its prompt's last "
+            f"{len(tails[b])} tokens open the first block of {block_length})"
+            if tails and tails[b]
+            else ""
+        )
+        raise ContextLengthError(
+            f"the prompt of row {b} ({len(rows[b])} tokens) + gen_length ({gen_length}){grid} exceeds the model's "
+            f"context ({limit}); shorten the prompt or lower gen_length"
+        )

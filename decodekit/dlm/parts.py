@@ -84,7 +84,11 @@ def _check_parts(rule: Any, cache: Any, schedule: Any, draft: Any = None) -> Non
             "cache=dk.dlm.BlockCausalCache(), or draft=None"
         )
     if not flag(schedule, "fixed_blocks"):
-        parts = ((cache, "keeps K/V per block"), (rule, "plans its commits per block"), (draft, "drafts per block"))
+        parts = (
+            (cache, "keeps K/V per block"),
+            (rule, "commits by a plan made per block, itself or the rule it wraps"),
+            (draft, "drafts per block"),
+        )
         for part, why in parts:
             if flag(part, "fixed_blocks"):
                 raise ConfigError(
@@ -96,8 +100,9 @@ def _check_parts(rule: Any, cache: Any, schedule: Any, draft: Any = None) -> Non
     if flag(cache, "needs_plan") and not flag(rule, "plans"):
         raise ConfigError(
             f"{type(cache).__name__} feeds only the slots the rule will commit next (state.planned), and "
-            f"{type(rule).__name__} does not know them in advance: use rule=dk.dlm.RandomOrderRule() (random "
-            "remasking in an order drawn per block), or cache=dk.dlm.DKVCache() for confidence-based rules"
+            f"{type(rule).__name__} does not publish them (plans=True): use rule=dk.dlm.RandomOrderRule() itself "
+            "(random remasking in an order drawn per block; a wrapper such as EoTStop commits beyond its plan), or "
+            "cache=dk.dlm.DKVCache() for confidence-based rules"
         )
 
 

@@ -39,6 +39,9 @@ class DLMState:
             ``per_row_steps``, reading its step from :meth:`steps_in_block`); None outside
             :func:`~decodekit.dlm.generate` (a caller's own loop).
         global_step, total_steps: steps taken in the call, and its budget ``steps``.
+        row_total_steps: ``[B]`` host ints, each row's own step budget where rows decode different numbers of blocks
+            (an absolute block grid where some prompts' tails open the first block: the other rows decode one block
+            less, :meth:`close_spare_block`); None: ``total_steps`` in every row.
         row_steps: ``[B]`` host ints: steps in which each row still had masked slots in its block (per-row random
             draws are keyed by it).
         row_forwards: ``[B]`` host ints: forwards in which each row still had masked slots in its block (its NFE;
@@ -46,6 +49,9 @@ class DLMState:
         host_starts: ``[B]`` host ints, ``starts`` on the host (caches stage forwards without reading the device).
         generator: the call's randomness (:func:`~decodekit.sampling.make_generator`).
         eos_token_ids: the model's end-of-sequence ids (:class:`~decodekit.dlm.rules.EoTStop`'s default).
+        prompt_tail: ``[B]`` long, how many of each row's first slots hold its prompt's tail, committed before the
+            first step (an absolute block grid: :func:`carry_tails`); None: no row has one. Rules that read the
+            committed tokens as generated text (EoTStop) skip them.
         planned: ``[B, G]`` bool, the slots the rule will commit at the next step, where it knows them in advance
             (:class:`~decodekit.dlm.rules.RandomOrderRule` sets it after each step; None otherwise). dKV-Cache-Greedy
             feeds these.
@@ -75,6 +81,8 @@ class DLMState:
     eos_token_ids: tuple[int, ...] = ()
     planned: torch.Tensor | None = None
     lookahead: tuple[int, int] | None = None
+    prompt_tail: torch.Tensor | None = None
+    row_total_steps: list[int] | None = None
 
     @classmethod
     def from_prompts(
@@ -104,7 +112,21 @@ class DLMState:
         )
         state.row_steps, state.row_forwards = [0] * len(rows), [0] * len(rows)
         state.host_starts = [len(r) for r in rows]
+        if filled is not None:
+            state.prompt_tail = torch.tensor([len(t) for t in filled], device=device)
         return state
+
+    def close_spare_block(self, tails: list[list[int]], used: int, fill_id: int) -> None:
+        """Commit ``fill_id`` in slots ``used ..`` of the rows without a prompt tail. On an absolute block grid a call
+        whose rows have tails runs one block past ``G = used`` (a tail-carrying row's last block ends there); a row
+        without a tail ends at ``G``, so the extra block is not its to decode: filled now, it takes no step, counts in
+        no rule's view of masked slots, and (after every slot the row decodes, on a block-causal model) is attended
+        to by none of them."""
+        spare = torch.tensor([not t for t in tails], device=self.device)[:, None]
+        beyond = torch.arange(self.gen_length, device=self.device)[None] >= used
+        self.commit(spare & beyond, torch.full_like(self.tokens, fill_id))
+        blocks = self.gen_length // self.block_length
+        self.row_total_steps = [self.steps_per_block * (blocks - (not t)) for t in tails]
 
     @property
     def batch_size(self) -> int:

@@ -11,7 +11,7 @@ import torch
 from decodekit.dlm.components import check_commit, check_region
 from decodekit.dlm.parts import Parts
 from decodekit.dlm.state import DLMState, Proposal, propose, restrict
-from decodekit.errors import NoProgressError
+from decodekit.errors import ComponentOutputError, NoProgressError
 from decodekit.sampling import begin_round
 
 
@@ -63,14 +63,22 @@ def _one_step(
         commit, eligible = commit & rows[:, None], eligible & rows[:, None]
     state.block_step += 1 if rows is None else rows
     unmasked = commit & (proposal.tokens != state.mask_token_id)  # a slot committed with the mask id stays masked
+    vocab = proposal.logits.shape[-1]
+    outside = (commit & ((proposal.tokens < 0) | (proposal.tokens >= vocab))).any(1)  # a rule rewrote tokens badly
     state.commit(commit, proposal.tokens)
     if parts.declared.slides:  # the window moves on after a commit: a row is live while it has one
         parts.schedule.region(state, proposal)
     state.row_steps[:] = [n + int(k > 0 and on) for n, k, on in zip(state.row_steps, left, live)]
     state.step += 1
     state.global_step += 1
-    now = torch.cat([(state.masked & state.in_block).sum(1), (~unmasked.any(1)).long()]).tolist()
+    now = torch.cat([(state.masked & state.in_block).sum(1), (~unmasked.any(1)).long(), outside.long()]).tolist()
     b = state.batch_size
+    if any(now[2 * b :]):
+        rows_out = [i for i in range(b) if now[2 * b + i]][:8]
+        raise ComponentOutputError(
+            f"{type(parts.rule).__name__}.select committed token ids outside the vocabulary [0, {vocab}) in row(s) "
+            f"{rows_out} (step {state.step}); a rule that rewrites proposal.tokens must write ids of the vocabulary"
+        )
     stuck = [i for i in range(b) if now[b + i] and live[i] and left[i] > 0 and now[i] > 0]
     if stuck:
         no_progress(parts, state, stuck, eligible, commit)

@@ -31,10 +31,11 @@ from torch import nn
 from decodekit.drafters.eagle3_head import default_layers
 from decodekit.drafters.eagle3_release import build_release3, speculators_eagle3
 from decodekit.drafters.eagle_head import EagleHead
-from decodekit.drafters.head_files import check_release_sizes, load_tensors, on_target, read_state, target_config
+from decodekit.drafters.head_files import check_release_sizes, load_tensors, on_target, target_config
 from decodekit.drafters.lean_layer import lean_layer
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
+from decodekit.models.checkpoint_files import read_state
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 WHAT = "a released EAGLE head"
@@ -48,7 +49,7 @@ def is_release(path: str | Path) -> bool:
 
 
 def read_tensors(root: Path) -> dict[str, torch.Tensor]:
-    """The release's tensors (:func:`~decodekit.drafters.head_files.read_state`)."""
+    """The release's tensors (:func:`~decodekit.models.checkpoint_files.read_state`)."""
     return read_state(next(root / w for w in WEIGHTS if (root / w).is_file()))
 
 

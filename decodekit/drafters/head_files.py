@@ -217,16 +217,3 @@ class TrimmedHead:
         """``g [..., H]`` -> ``[..., V]`` float32 draft logits, ``-inf`` outside the ids."""
         full = torch.full((*g.shape[:-1], self.target.vocab_size), float("-inf"), device=g.device)
         return full.index_copy_(full.dim() - 1, self.ids, self.scores(g))
-
-
-def read_state(file: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a released head's weights file: safetensors, or a pickled state dict read with
-    ``torch.load(weights_only=True)`` (no pickled code runs)."""
-    if file.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(file))
-    state = torch.load(file, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict):
-        raise ConfigError(f"{file} does not hold a state dict (got {type(state).__name__})")
-    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}

@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from decodekit.drafters.head_files import read_state, target_config
+from decodekit.drafters.head_files import target_config
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
+from decodekit.models.checkpoint_files import read_state
 
 FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 

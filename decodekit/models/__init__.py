@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from decodekit.checks import check_bool, check_model_spec, describe, parse_device
-from decodekit.errors import ConfigError, ConfigTypeError, ModelNotFoundError
+from decodekit.errors import ConfigError, ConfigTypeError, ModelNotFoundError, UnsupportedModelError
 from decodekit.kernels.cpu import apply_kernels, check_kernels
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.models.dtypes import parse_float_dtype
@@ -105,15 +107,17 @@ def load_model(
 
         if tokenizer is None:
             try:
-                tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+                tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True, trust_remote_code=False)
             except (OSError, ValueError) as err:  # a model directory without a (usable) tokenizer
                 warnings.warn(
                     f"no tokenizer could be loaded from {name!r} ({str(err).splitlines()[0]}); the model runs on token "
                     "ids. Pass tokenizer= to load_model for string prompts and chat templates",
                     stacklevel=2,
                 )
-        with loading_progress(False):  # no progress bar per load
-            spec = AutoModelForCausalLM.from_pretrained(name, dtype=resolved_dtype or "auto", local_files_only=True)
+        with loading_progress(False), refusing_remote_code(name):  # no progress bar per load
+            spec = AutoModelForCausalLM.from_pretrained(
+                name, dtype=resolved_dtype or "auto", local_files_only=True, trust_remote_code=False
+            )
         fresh = True  # ours: convert it without copying
     converts = kernels is not None or _needs_cast(spec, resolved_dtype, resolved_device)
     if converts and not (fresh or in_place):
@@ -130,6 +134,22 @@ def load_model(
     elif tokenizer is not None:
         adapter.tokenizer = tokenizer
     return adapter
+
+
+@contextlib.contextmanager
+def refusing_remote_code(path: str) -> Iterator[None]:
+    """Turn transformers' refusal of a checkpoint that needs the Python files shipped beside it (its ``auto_map``; we
+    load with ``trust_remote_code=False``, never asking) into an :class:`UnsupportedModelError` naming ``path``."""
+    try:
+        yield
+    except ValueError as err:
+        if "trust_remote_code" not in str(err):
+            raise
+        raise UnsupportedModelError(
+            f"{path!r} is a model transformers can only build by running the code shipped with it (its config's "
+            "auto_map), which decodekit never executes. A published diffusion LM (LLaDA, Dream, SDAR, Fast-dLLM v2, "
+            "LLaDA 2) loads with dk.dlm.load_model(path); otherwise load the model yourself and pass the object"
+        ) from err
 
 
 def _check_tokenizer(tokenizer: Any) -> None:

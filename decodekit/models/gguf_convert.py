@@ -73,7 +73,7 @@ def convert_gguf(entry: ZooModel, dest: Path) -> None:
     source = gguf_source(entry)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs: dict[str, Any] = {"gguf_file": source.name, "local_files_only": True}
+    kwargs: dict[str, Any] = {"gguf_file": source.name, "local_files_only": True, "trust_remote_code": False}
     tokenizer = AutoTokenizer.from_pretrained(source.parent, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(source.parent, **kwargs)
     # The dequantized weights are plain float32 tensors, but the model still carries the GGUF quantizer, which

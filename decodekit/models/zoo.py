@@ -162,8 +162,10 @@ def load_zoo_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with loading_progress(progress):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolved_dtype, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=resolved_dtype, local_files_only=True, trust_remote_code=False
+        )
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     if num_layers is not None:
         model = truncate_layers(model, num_layers)
     if resolved_device is not None:

@@ -32,8 +32,9 @@ import torch
 from decodekit.checks import check_choice
 from decodekit.drafters.eagle3_release import NAMES
 from decodekit.drafters.eagle_head import RELEASE
-from decodekit.drafters.head_files import read_metadata, read_state
+from decodekit.drafters.head_files import read_metadata
 from decodekit.errors import ConfigError
+from decodekit.models.checkpoint_files import read_state
 from decodekit.resources import shipped_weights
 
 __all__ = ["FORMATS", "export_head"]

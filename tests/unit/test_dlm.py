@@ -156,8 +156,10 @@ def test_prophet_fills_every_masked_slot_once_sure():
     )
     got = rule.select(state, prop, elig)  # progress 1/4 (step 0 counts): needs 7.5; row 0 fills all, later blocks too
     assert got.tolist() == [[True] * 4, [False, True, False, False]]
-    state.global_step = 3  # progress 4/4: 2.5 suffices
+    state.row_steps = [0, 3]  # row 1's progress 4/4: 2.5 suffices (each row's own steps count)
     assert rule.select(state, prop, elig).all()
+    state.row_steps = [3, 0]  # row 1 at its first step again: 7.5 needed, whatever row 0 has taken
+    assert rule.select(state, prop, elig).tolist() == [[True] * 4, [False, True, False, False]]
 
 
 def test_prophet_never_fills_slots_no_forward_predicted(hf):

@@ -554,8 +554,8 @@ def test_prophet_stages_are_the_references():
     assert rule.stages == (0.33, 0.67)
     assert [rule.threshold(p) for p in (0.3299, 0.33, 0.6699, 0.67)] == [7.5, 5.0, 5.0, 2.5]
     state = DLMState.from_prompts([[1]], 2, MASK, total_steps=100, generator=None, device="cpu")
-    state.global_step = 32  # the 33rd step is being taken
-    assert rule.progress(state) == pytest.approx(0.33) and rule.threshold(rule.progress(state)) == 5.0
+    state.row_steps = [32]  # the row's 33rd step is being taken
+    assert rule.progress(state) == pytest.approx([0.33]) and rule.threshold(rule.progress(state)[0]) == 5.0
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,9 @@ import torch
 import decodekit as dk
 from decodekit.drafters.eagle3 import DEFAULT_WEIGHTS, Eagle3Drafter
 from decodekit.drafters.eagle3_head import default_layers
-from decodekit.drafters.head_files import head_metadata, read_state
+from decodekit.drafters.head_files import head_metadata
 from decodekit.errors import ConfigError
+from decodekit.models.checkpoint_files import read_state
 from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 from decodekit.train.eagle3 import new_head, release_metadata

@@ -11,6 +11,7 @@ from decodekit.checks import check_bool, check_float, check_int
 from decodekit.dlm.drafts.graphs import Node
 from decodekit.dlm.drafts.spiffy import SpiffyDrafts, candidates
 from decodekit.dlm.state import DLMState, Proposal
+from decodekit.errors import ConfigError
 
 
 @dataclass
@@ -194,8 +195,19 @@ def calibrate_graph(
     width = check_int("width", width, low=1)
     depth = check_int("depth", depth, low=1, high=width, hint=" (at most width)")
     lookahead = check_bool("lookahead", lookahead)
+    if "draft" in generate_kwargs:
+        raise ConfigError(
+            "calibrate_graph runs the undrafted sampler and records its steps (its own draft strategy); drop draft= "
+            "(the graph it returns is for SpiffyDrafts(graph=...))"
+        )
     recorder = StepRecorder(width, check_int("alternatives", alternatives, low=0))
-    out = generate(dlm, prompts, draft=recorder, progress=progress, **generate_kwargs)
+    try:
+        out = generate(dlm, prompts, draft=recorder, progress=progress, **generate_kwargs)
+    except ConfigError as error:  # refused as a draft strategy would be: say that it is the calibration's
+        if "StepRecorder" not in str(error):
+            raise
+        message = str(error).replace("StepRecorder", "calibrate_graph's step recorder (a draft strategy)")
+        raise type(error)(message.replace(", or draft=None", "").replace(" or draft=None", "")) from error
     steps = walks(recorder.records, out.sequences, depth, lookahead, out.stats.row_block_steps)
     found = greedy_graph(steps, budget)
     found.graph = [tuple(r if j == 0 else (r, j) for r, j in node) for node in found.graph]  # r: its proposed token

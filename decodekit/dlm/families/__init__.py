@@ -18,14 +18,15 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from decodekit.errors import ConfigError, ModelNotFoundError, UnsupportedModelError
+from decodekit.errors import ConfigError, UnsupportedModelError
+from decodekit.models.checkpoint_files import iter_tensors, weight_files
 
 __all__ = ["Checkpoint", "Derived", "Family", "family_of", "mask_from", "read_checkpoint"]
 
@@ -84,6 +85,7 @@ class Checkpoint:
     mask_token_id: int
     shift_logits: bool
     block_length: int | None
+    mask_source: str = "config.json's mask_token_id"  # where mask_token_id came from, for messages
 
 
 def mask_from(default: int, ask_tokenizer: bool = True) -> Callable[[dict[str, Any], Any], int]:
@@ -111,15 +113,23 @@ def _families() -> list[Family]:
     return [LLADA, LLADA2, DREAM, SDAR, FAST_DLLM_V2]
 
 
+def known_families() -> str:
+    """The published families' names, for messages."""
+    return ", ".join(f.name for f in _families())
+
+
 def read_config(path: str | os.PathLike) -> dict[str, Any] | None:
     """``path/config.json`` as a dict, or None when ``path`` is not a directory holding one."""
     config = Path(path) / "config.json"
     if not config.is_file():
         return None
     try:
-        return json.loads(config.read_text())
+        loaded = json.loads(config.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise ConfigError(f"{config} is not readable JSON ({error}); is the checkpoint complete?") from error
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{config} holds a JSON {type(loaded).__name__}, not an object of config keys")
+    return loaded
 
 
 def family_of(path: str | os.PathLike) -> Family | None:
@@ -138,39 +148,6 @@ def _family(config: dict[str, Any] | None) -> Family | None:
         if model_type in {t.lower() for t in family.model_types} or architectures & set(family.architectures):
             return family
     return None
-
-
-def _weight_files(root: Path) -> tuple[list[Path], str]:
-    """The checkpoint's weight files (a single file or the shards an index names) and their format."""
-    for name, kind in (("model.safetensors", "safetensors"), ("pytorch_model.bin", "bin")):
-        index = root / f"{name}.index.json"
-        if index.is_file():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            missing = [s for s in shards if not (root / s).is_file()]
-            if missing:
-                raise ModelNotFoundError(f"{index} names shards that are not in {root}: {missing[:3]}")
-            return [root / s for s in shards], kind
-        if (root / name).is_file():
-            return [root / name], kind
-    raise ModelNotFoundError(
-        f"no weights in {root}: expected model.safetensors, pytorch_model.bin, or the shards of a "
-        "model.safetensors.index.json / pytorch_model.bin.index.json"
-    )
-
-
-def _tensors(files: list[Path], kind: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of the weight files. ``.bin`` files are read with ``torch.load(weights_only=True)`` only: no
-    pickled code runs."""
-    if kind == "safetensors":
-        from safetensors import safe_open
-
-        for file in files:
-            with safe_open(str(file), "pt") as f:
-                for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    yield key, f.get_tensor(key)
-        return
-    for file in files:
-        yield from torch.load(file, map_location="cpu", weights_only=True, mmap=True).items()
 
 
 def read_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Checkpoint:
@@ -192,8 +169,7 @@ def read_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -
     config = read_config(root)
     family = _family(config)
     if family is None or config is None:
-        known = ", ".join(f.name for f in _families())
-        raise UnsupportedModelError(f"{root} is not a checkpoint of a known diffusion-LM family ({known})")
+        raise UnsupportedModelError(f"{root} is not a checkpoint of a known diffusion-LM family ({known_families()})")
     hf_config, sources = family.convert(config)
     with torch.device("meta"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Initializing zero-element tensors")  # zero-width shared experts
@@ -219,6 +195,9 @@ def read_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -
         family.mask_token_id(config, tokenizer),
         family.shift_logits,
         family.block_length(config),
+        "config.json's mask_token_id"
+        if config.get("mask_token_id") is not None
+        else f"config.json names no mask_token_id: the tokenizer's mask token or {family.name}'s default",
     )
 
 
@@ -233,10 +212,22 @@ def _gather(
     """``{parameter: tensor}`` for every parameter ``sources`` names, read in one pass over the weight files (only the
     tensors named are kept) and cast to ``dtype``; a tensor missing from the weights is named."""
     needed = {name for s in sources.values() for name in ((s,) if isinstance(s, str) else s.sources)}
-    read = {key: tensor for key, tensor in _tensors(*_weight_files(root)) if key in needed}
+    read, unused = {}, []
+    for file in weight_files(root):
+        for key, tensor in iter_tensors(file):
+            if key in needed:
+                read[key] = tensor
+            else:
+                unused.append(key)
     missing = sorted(needed - read.keys())
     if missing:
         raise ConfigError(f"{family.name} checkpoint {root}: tensor {missing[0]!r} is missing from its weights")
+    if unused:  # a tensor its config.json gives no place (e.g. experts the config does not count): not silent
+        warnings.warn(
+            f"{family.name} checkpoint {root}: {len(unused)} tensor(s) its config.json gives no place in the model "
+            f"were not loaded: {', '.join(map(repr, sorted(unused)[:4]))}; check the config against the weights",
+            stacklevel=4,
+        )
     found = {}
     for target, source in sources.items():
         if isinstance(source, str):

@@ -67,6 +67,26 @@ def _check(config: dict[str, Any]) -> None:
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "num_experts"):
         if config.get(key) is None:
             raise UnsupportedModelError(f"LLaDA 2 config.json has no {key!r}: is this a LLaDA 2 checkpoint?")
+    _check_routing(config)
+
+
+def _check_routing(config: dict[str, Any]) -> None:
+    """The group-limited router's settings fit together (``num_experts`` split into ``n_group`` groups of at least
+    two, each scored by its best two; ``topk_group`` of the groups kept; ``num_experts_per_tok`` experts chosen), so
+    a config that does not is refused here rather than inside the router at the first forward."""
+    experts, groups = int(config["num_experts"]), int(config.get("n_group", 1))
+    kept, top_k = int(config.get("topk_group", 1)), int(config.get("num_experts_per_tok", 2))
+    per_group = experts // groups if groups >= 1 else 0
+    problem = None
+    if groups < 1 or experts % groups or per_group < 2:
+        problem = f"num_experts ({experts}) must split into n_group ({groups}) groups of two or more"
+    elif not 1 <= kept <= groups:
+        problem = f"topk_group ({kept}) must be in 1 .. n_group ({groups})"
+    elif not 1 <= top_k <= experts:
+        problem = f"num_experts_per_tok ({top_k}) must be in 1 .. num_experts ({experts})"
+    if problem is not None:
+        given = {k: config.get(k, "(absent)") for k in ("num_experts", "n_group", "topk_group", "num_experts_per_tok")}
+        raise UnsupportedModelError(f"LLaDA 2 config.json's router settings do not fit together: {problem} {given}")
 
 
 def convert(config: dict[str, Any]) -> tuple[Any, dict[str, Source]]:

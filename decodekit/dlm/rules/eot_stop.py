@@ -17,7 +17,8 @@ from decodekit.registry import register
 
 @register("dlm_rule", "eot_stop")
 class EoTStop:
-    """Wrap a rule: when a row has an end-of-text token committed at slot ``j`` (this step or earlier), every
+    """Wrap a rule: when a row has an end-of-text token committed at slot ``j`` (this step or earlier; a prompt's
+    tail carried into the first block, ``state.prompt_tail``, does not count), every
     masked slot after ``j`` is committed as end-of-text in the same step, in every later block too, so the row's
     remaining blocks cost no forward (Learn2PD's EoTP; LLaDA's instruct models pad their answers with end-of-text
     ids, so the base sampler spends its last steps writing them one by one). Slots before ``j`` are decoded as usual.
@@ -74,6 +75,8 @@ class EoTStop:
         masked = state.masked
         after_step = torch.where(commit & masked, proposal.tokens, state.tokens)
         ended = torch.isin(after_step, torch.tensor(ids, device=state.device)) & (commit | ~masked)
+        if state.prompt_tail is not None:  # a prompt's tail carried into the first block is prompt, not output
+            ended &= torch.arange(ended.shape[1], device=state.device)[None] >= state.prompt_tail[:, None]
         fill = ((ended.long().cumsum(1) - ended.long()) > 0) & masked
         proposal.tokens = proposal.tokens.masked_fill(fill, ids[0])
         return commit | fill

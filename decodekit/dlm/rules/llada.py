@@ -20,6 +20,8 @@ class LLaDARule:
     (:func:`~decodekit.dlm.rules.common.transfer_counts`: equal counts, the remainder on the first steps); each step
     commits that many of the block's masked slots, those whose proposal has the highest confidence
     (``"low_confidence"`` remasking: the probability of the proposed token) or uniformly random ones (``"random"``).
+    A step commits at least one slot while the row has an eligible one (past the counts, or under a sliding window
+    such as :class:`~decodekit.dlm.schedules.DeferredWindow` that brings in slots the counts did not spread).
 
     Faithfulness: the schedule, the per-row top-k over the block and both remasking modes follow the reference code
     exactly (at temperature 0 the output is token-for-token the reference's; ``tests/unit/test_dlm.py`` compares it
@@ -46,7 +48,10 @@ class LLaDARule:
             self.begin_block(state)
         assert self.counts is not None
         step = state.steps_in_block().clamp(max=self.counts.shape[1] - 1)  # past the schedule: keep the last count
+        # at least one commit while a row has eligible slots: the counts spread the slots masked when the block began,
+        # and a sliding window (DCD) brings new ones in after them
+        count = torch.where(eligible.any(1), self.counts.gather(1, step[:, None])[:, 0].clamp(min=1), 0)
         score = proposal.confidence
         if self.remasking == "random":
             score = uniform(tuple(eligible.shape), state.generator, eligible.device, key="order")
-        return top_per_row(score, eligible, self.counts.gather(1, step[:, None])[:, 0])
+        return top_per_row(score, eligible, count)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from decodekit.checks import check_choice, check_float, check_instance
-from decodekit.dlm.interfaces import BeginsBlock, UnmaskRule
+from decodekit.dlm.interfaces import BeginsBlock, UnmaskRule, flag
 from decodekit.dlm.rules.llada import LLaDARule
 from decodekit.dlm.state import DLMState, Proposal
 from decodekit.errors import ConfigError
@@ -23,12 +23,13 @@ class ProphetRule:
     """Early all-in commit (Prophet, Li et al. 2025, "Diffusion Language Models Know the Answer Before Decoding"):
     each step, the top-1 minus top-2 **logit** gap of the proposals is reduced over a region; once it reaches the
     threshold of the current stage, every masked slot of the generation region, later blocks included, takes its
-    current proposal and the row is done. Until then the ``base`` rule decides. The stage follows the call's
-    progress counted as the reference counts it, the current step included: at the call's ``k``-th step (``k = 1``
-    first) the progress is ``k / steps``, and the gap needed is ``7.5`` while it is below 0.33, ``5.0`` below 0.67
-    and ``2.5`` after. Under a cache that does not predict every slot each step (``dual`` and ``block_causal``
-    predict the current block only), later blocks have no proposal: they neither count in the gap nor get filled,
-    so the all-in commit fills the rest of what was predicted, and decoding goes on with the next block.
+    current proposal and the row is done. Until then the ``base`` rule decides. The stage follows the row's
+    progress counted as the reference (one row a call) counts it, the current step included: at a row's ``k``-th
+    step (``k = 1`` first) the progress is ``k / steps``, and the gap needed is ``7.5`` while it is below 0.33,
+    ``5.0`` below 0.67 and ``2.5`` after. Under a cache that does not predict every slot each step (``dual`` and
+    ``block_causal`` predict the current block only), later blocks have no proposal: they neither count in the gap
+    nor get filled, so the all-in commit fills the rest of what was predicted, and decoding goes on with the next
+    block.
 
     Faithfulness: the step counting, the staged thresholds (0.33 / 0.67) and the all-in fill follow the reference
     code (pixeli99/Prophet ``generate_earlyexit.py`` at 460afe41c7063a29a9893675aca07b985997bb83; token for token
@@ -63,6 +64,12 @@ class ProphetRule:
             )
         self.region, self.reduce = check_choice("region", region, REGIONS), check_choice("reduce", reduce, REDUCTIONS)
 
+    @property
+    def fixed_blocks(self) -> bool:
+        """Whether the base rule needs the same blocks in every row (a schedule that gives rows their own is then
+        refused)."""
+        return flag(self.base, "fixed_blocks")
+
     def begin_block(self, state: DLMState) -> None:
         if isinstance(self.base, BeginsBlock):
             self.base.begin_block(state)
@@ -72,11 +79,13 @@ class ProphetRule:
         return self.thresholds[sum(progress >= s for s in self.stages)]
 
     @staticmethod
-    def progress(state: DLMState) -> float:
-        """The call's progress at the step being taken, counted as the reference counts it: ``(global_step + 1) /
-        total_steps`` (its counter is incremented before the step; ``state.progress`` counts only the steps before
-        it)."""
-        return (state.global_step + 1) / max(state.total_steps, 1)
+    def progress(state: DLMState) -> list[float]:
+        """Each row's progress at the step being taken, counted as the reference counts it (one row a call): the
+        row's steps so far, this one included, over its step budget, ``(row_steps[b] + 1) / total_steps`` (the
+        reference increments its counter before the step; ``state.row_total_steps`` where rows have budgets of their
+        own). Counted per row, a row's stages do not depend on how many steps its batch mates took."""
+        budgets = state.row_total_steps or [state.total_steps] * len(state.row_steps)
+        return [(n + 1) / max(t, 1) for n, t in zip(state.row_steps, budgets)]
 
     def select(self, state: DLMState, proposal: Proposal, eligible: torch.Tensor) -> torch.Tensor:
         masked = state.masked & proposal.predicted  # a cache's unpredicted slots (later blocks) count for nothing
@@ -86,5 +95,6 @@ class ProphetRule:
             score = (gap * region).sum(1) / region.sum(1).clamp(min=1)
         else:
             score = gap.masked_fill(~region, float("inf")).amin(1)
-        sure = region.any(1) & (score >= self.threshold(self.progress(state)))
+        needed = torch.tensor([self.threshold(p) for p in self.progress(state)], device=score.device, dtype=score.dtype)
+        sure = region.any(1) & (score >= needed)
         return torch.where(sure[:, None], masked, self.base.select(state, proposal, eligible))
