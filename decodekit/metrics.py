@@ -1,6 +1,7 @@
 """Counters and timings of a generation run. Names follow vLLM's speculative-decoding metrics.
 
-Definitions (per live row and round; a *draft* is a row-round that proposed at least one token):
+Definitions (per live row and round; a *draft* is a row-round that proposed at least one token; *accepted* counts
+the accepted draft tokens the round committed, none past an end of sequence, a stop string or the row's limit):
 
 * ``mean_acceptance_length = 1 + accepted / num_drafts`` (vLLM; counts the bonus/correction token; 1.0 for AR).
 * ``acceptance_rate_per_pos[j] = accepted_per_pos[j] / drafted_per_pos[j]``: how often draft position ``j`` was

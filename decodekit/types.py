@@ -80,6 +80,12 @@ class Verdict:
         ``num_accepted`` in ``[0, draft's valid nodes]`` per row, ``accepted`` a root-to-leaf path of valid nodes
         of that length (entries after it in ``[-1, N)``), ``next_token`` in ``[0, vocab_size)``. One host sync;
         :func:`decodekit.generate` runs it every round with ``debug=True``. ``source`` names who returned it."""
+        oks, messages = self.problems(draft, vocab_size)
+        raise_problems(oks.tolist(), messages, source)
+
+    def problems(self, draft: Draft, vocab_size: int) -> tuple[torch.Tensor, list[str]]:
+        """What :meth:`check` checks, without reading it: ``[C]`` bool on the device (True: fine) and the message
+        of each check (for a caller that reads them later, with another read)."""
         n, width = draft.num_nodes, self.accepted.shape[1]
         num, accepted, nxt = self.num_accepted, self.accepted, self.next_token
         checks = [
@@ -94,10 +100,14 @@ class Verdict:
             previous = torch.cat([torch.full_like(accepted[:, :1], -1), accepted[:, :-1]], 1)
             path = (accepted >= 0) & draft.valid.gather(1, node) & (draft.parents.gather(1, node) == previous)
             checks.append(((path | ~on_path).all(), "accepted must list a root-to-leaf path of valid nodes, in order"))
-        results = torch.stack([ok for ok, _ in checks]).tolist()
-        for ok, (_, message) in zip(results, checks):
-            if not ok:
-                raise ComponentOutputError(f"{source} returned a malformed Verdict: {message}")
+        return torch.stack([ok for ok, _ in checks]), [message for _, message in checks]
+
+
+def raise_problems(oks: list[bool], messages: list[str], source: str) -> None:
+    """Raise the first failed check of :meth:`Verdict.problems` (read: ``oks``), naming ``source``."""
+    for ok, message in zip(oks, messages):
+        if not ok:
+            raise ComponentOutputError(f"{source} returned a malformed Verdict: {message}")
 
 
 @dataclass(frozen=True)

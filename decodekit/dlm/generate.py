@@ -43,6 +43,7 @@ from decodekit.dlm.state import DLMState, carry_tails, output_at
 from decodekit.dlm.step import take_step
 from decodekit.errors import ConfigError, ConfigTypeError, NoProgressError
 from decodekit.metrics import DLMStats
+from decodekit.models.base import evaluating
 from decodekit.models.compile_switch import compiling, resolve_compile
 from decodekit.models.prompts import prompt_ids
 from decodekit.sampling import make_generator
@@ -162,7 +163,7 @@ def generate(
     ahead = NextBlock()  # a block's first step, kept from the block before (drafts that look ahead)
     checks = _Checks(debug, dlm.vocab_size)
     idle = 0  # rounds in a row that took no forward: a schedule that keeps naming finished blocks never ends
-    with compiling(compiled, canvas=True):
+    with compiling(compiled, canvas=True), evaluating(dlm.lm):
         for _ in tqdm(schedule.rounds(dlm, state), desc="blocks", disable=not progress):
             forwards = _decode_block(dlm, state, parts, temperature, cfg_scale, ahead, checks)
             stats.row_block_steps.append(state.block_step.tolist())

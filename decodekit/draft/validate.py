@@ -113,6 +113,8 @@ def check_draft(draft: Draft, batch_size: int, vocab_size: int, budget: DraftBud
         checks.append(
             ((inside | ~draft.valid).all(), f"q_index must point at rows of q, in [0, {rows}), at valid nodes")
         )
+    if draft.q is not None and draft.kind.needs_q:
+        checks.extend(_q_checks(draft))
     if draft.__dict__.get("is_chain"):
         prefix = (draft.valid == (ar < draft.num_valid[:, None])).all()
         checks.append((prefix, "Draft.chain needs valid to be a prefix mask in every row (valid nodes first)"))
@@ -132,6 +134,28 @@ def check_draft(draft: Draft, batch_size: int, vocab_size: int, budget: DraftBud
     for ok, (_, message) in zip(results, checks):
         if not ok:
             raise ComponentOutputError(f"{source} returned a malformed Draft: {message}")
+
+
+def _q_checks(draft: Draft) -> list[tuple[torch.Tensor, str]]:
+    """A sampled draft's ``q`` at its valid nodes is a distribution (finite, >= 0, summing to 1 within its dtype's
+    rounding) that could have drawn the node's token (> 0 there): a ``q`` that is not biases the verifier's
+    acceptance without any other sign."""
+    q = draft.q
+    rows = (
+        draft.q_index
+        if draft.q_index is not None
+        else torch.arange(draft.num_nodes, device=q.device).expand_as(draft.tokens)
+    )
+    rows = rows.clamp(0, q.shape[1] - 1)
+    tolerance = 1e-3 if q.dtype in (torch.float32, torch.float64) else 2e-2
+    row_ok = (q.isfinite() & (q >= 0)).all(-1) & ((q.sum(-1, dtype=torch.float64) - 1).abs() <= tolerance)  # [B, R]
+    drawn = q[torch.arange(draft.batch_size, device=q.device)[:, None], rows, draft.tokens.clamp(0, q.shape[-1] - 1)]
+    return [
+        ((row_ok.gather(1, rows) | ~draft.valid).all(), "Draft.q must be a distribution at each node's parent "
+         f"(finite, >= 0, summing to 1 over the vocabulary, within {tolerance:g})"),
+        (((drawn > 0) | ~draft.valid).all(), "Draft.q must give each drafted token the probability it was drawn "
+         "with (> 0 at the node's token)"),
+    ]  # fmt: skip
 
 
 def check_rows(builder: str, **tensors: torch.Tensor | None) -> None:

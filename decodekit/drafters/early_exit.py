@@ -106,6 +106,11 @@ class EarlyExitDrafter(SamplesLikeTheTarget):
             self._load(target)
         default = layers // 2 if self.head is None else self.head.exit_layer
         self.layers = default if self.exit_layer is None else self.exit_layer
+        if layers < 2:
+            raise ConfigError(
+                f"{type(self).__name__} drafts with the target's first layers, so it needs a target of 2 layers or "
+                f"more; this one has {layers}"
+            )
         if not 1 <= self.layers < layers:
             raise ConfigError(
                 f"exit_layer={self.layers} must be below the target's {layers} layers (drafting with all of them "

@@ -38,6 +38,7 @@ import torch
 from decodekit.cache import KVCache
 from decodekit.checks import check_float, check_int
 from decodekit.drafters.early_exit import EarlyExitDrafter
+from decodekit.errors import ConfigError
 from decodekit.masks import chain_mask
 from decodekit.models.base import LanguageModel
 from decodekit.registry import register
@@ -90,6 +91,11 @@ class LayerSkipDrafter(EarlyExitDrafter):
 
     def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache) -> None:
         if self._for != id(target):
+            if target.num_layers < 3:
+                raise ConfigError(
+                    f"{type(self).__name__} skips middle layers (the first and last always run), so it needs a target "
+                    f"of 3 layers or more; this one has {target.num_layers}"
+                )
             self.clear()
             middle = list(range(2, target.num_layers))  # 1-based; the first and last layers always run
             count = min(len(middle), max(1, round(self.skip_ratio * len(middle))))

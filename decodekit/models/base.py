@@ -11,7 +11,8 @@ are all the speculative loop and model drafters need. Feature-level and self-spe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,3 +245,19 @@ def missing_parts(model: LanguageModel, parts: Iterable[str], owner: str) -> lis
         )
     members = {p: TARGET_PARTS[p][0] for p in sorted(parts)}
     return [p for p, m in members.items() if getattr(type(model), m, None) is getattr(LanguageModel, m)]
+
+
+@contextlib.contextmanager
+def evaluating(*models: Any) -> Iterator[None]:
+    """Every torch module behind ``models`` (a :class:`LanguageModel` that is one, or a transformers adapter's
+    ``hf``) in eval mode within the block, and each submodule's own mode put back after: a generate call inside a
+    training loop decodes without dropout and leaves the model training."""
+    roots = [m if isinstance(m, torch.nn.Module) else getattr(m, "hf", None) for m in models]
+    training = [sub for root in roots if isinstance(root, torch.nn.Module) for sub in root.modules() if sub.training]
+    for sub in training:
+        sub.training = False
+    try:
+        yield
+    finally:
+        for sub in training:
+            sub.training = True

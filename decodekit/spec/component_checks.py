@@ -15,6 +15,7 @@ from decodekit.errors import (
     ComponentOutputError,
     ConfigTypeError,
     IncompatibleDraftError,
+    NoProgressError,
 )
 from decodekit.interfaces import (
     Drafter,
@@ -183,3 +184,44 @@ def explain_failure(
         raise ComponentOutputError(f"{found}{where} ({failed}). {debug}") from error
     except Exception:
         return
+
+
+STAMPED = ("state.tokens", "state.lengths", "state.prompt_lengths", "state.max_lengths", "state.pending")
+STAMPED_DRAFT = ("draft.tokens", "draft.parents", "draft.valid")
+
+
+def check_untouched(
+    before: tuple[tuple[int, int], ...], state: DecodeState, who: Any, method: str, draft: Draft | None = None
+) -> None:
+    """Refuse a component's call that wrote the loop's tensors in place or replaced them (``before``:
+    :meth:`~decodekit.spec.state.DecodeState.stamp` taken before it, with ``draft``'s): the loop would go on from a
+    state it did not make, silently wrong or stuck (host ints, no sync)."""
+    names = STAMPED if draft is None else STAMPED + STAMPED_DRAFT
+    changed = [name for name, old, new in zip(names, before, state.stamp(draft)) if old != new]
+    if changed:
+        raise ComponentOutputError(
+            f"{type(who).__name__}.{method} changed {', '.join(changed)} in place (or replaced it); components read "
+            "the loop's tensors and must not write them: work on a copy (e.g. state.lengths.clone())"
+        )
+
+
+def check_progress(verifier: Any, before: list[int], after: list[int], verdict: Verdict) -> None:
+    """Refuse a round that committed nothing to a live row (host lengths only: no sync); the loop would never end.
+    Every valid verdict commits ``num_accepted + 1 >= 1`` tokens to each row, so where the verifier accepted that
+    many, something else rewrote the loop's state in place."""
+    stuck = [b for b, (old, new) in enumerate(zip(before, after)) if new <= old]
+    if not stuck:
+        return
+    num = verdict.num_accepted.tolist()  # raising anyway: read what the verifier said
+    said = [num[b] for b in stuck[:8]]
+    name = f"{type(verifier).__name__}.verify"
+    if min(said) >= 0:
+        raise NoProgressError(
+            f"round committed no token to live row(s) {stuck[:8]} although {name} accepted {said} (+ 1 each): a "
+            "component changed the loop's state in place (a drafter, policy, verifier or observer must not write "
+            "state.tokens, state.lengths or state.pending; copy them first)"
+        )
+    raise NoProgressError(
+        f"round committed no token to live row(s) {stuck[:8]}: {name} returned num_accepted={said} (each row must "
+        "get num_accepted + 1 >= 1 tokens); run with debug=True to validate every verdict"
+    )

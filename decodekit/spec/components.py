@@ -16,7 +16,6 @@ from decodekit.errors import (
     ConfigTypeError,
     ContextLengthError,
     IncompatibleDraftError,
-    NoProgressError,
     VocabMismatchError,
 )
 from decodekit.interfaces import (
@@ -46,7 +45,9 @@ from decodekit.spec.component_checks import (
 from decodekit.spec.hooks import begin_component, select_component_rows
 from decodekit.spec.round import Round, check_hook_needs, check_needs, needs_of
 from decodekit.spec.state import DecodeState
-from decodekit.types import SamplingParams, Verdict
+from decodekit.types import SamplingParams, Verdict, raise_problems
+
+LATER_VERDICTS = 16  # non-empty rounds after the first whose verdicts are checked on the device, read at the end
 
 
 class Components:
@@ -91,6 +92,7 @@ class Components:
         self.budget_unchecked = drafter is not None  # until the first budget's values have been validated
         self.hidden_unchecked = True  # until a scored round's hidden states were checked
         self.verdict_unchecked = True  # until a verdict for a non-empty draft (plain decoding: any) was validated
+        self.later_verdicts: list[tuple[int, torch.Tensor, list[str]]] = []  # checked on the device, read at the end
         self.tree_verifier = tree_verifier  # generate()'s default for tree drafts at temperature > 0
         self.current_verifier: Verifier = verifier  # the last round's (its next_token is the pending token)
 
@@ -243,11 +245,13 @@ class Components:
         draft.check(state.batch_size, self.vocab_size, budget, source)
         self.unchecked = self.unchecked and draft.num_nodes == 0
 
-    def check_verdict(self, verdict: Verdict, draft: Draft, values: bool = False) -> None:
+    def check_verdict(self, verdict: Verdict, draft: Draft, index: int, values: bool = False) -> None:
         """Check a verdict: its type and batch size always (host metadata; dtypes and shapes are checked when it
         is built); its values (``num_accepted`` within the draft, ``next_token`` in the vocabulary, the accepted
         path valid: one host sync) on the call's first round with a non-empty draft (plain decoding: its first round),
-        and every round with ``values`` (debug mode)."""
+        and every round with ``values`` (debug mode). The next :data:`LATER_VERDICTS` non-empty rounds (round
+        ``index``) are checked on the device and read when the call ends (:meth:`check_output`): a first verdict
+        that accepted nothing left its path unchecked."""
         source = f"{type(self.current_verifier).__name__}.verify"
         if not isinstance(verdict, Verdict):
             raise ComponentOutputError(f"{source} must return a Verdict, got {describe(verdict)}")
@@ -259,12 +263,21 @@ class Components:
         if values or (self.verdict_unchecked and (draft.num_nodes or self.drafter is None)):
             verdict.check(draft, self.vocab_size, source)
             self.verdict_unchecked = False
+        elif draft.num_nodes and len(self.later_verdicts) < LATER_VERDICTS:  # the first may have accepted nothing
+            self.later_verdicts.append((index, *verdict.problems(draft, self.vocab_size)))
 
     def check_output(self, sequences: list[list[int]]) -> None:
-        """Refuse an output holding a token outside the vocabulary (host ints, read out anyway: no sync). Every other
+        """Refuse an output after a malformed verdict checked on the device (:meth:`check_verdict`: one host read),
+        or holding a token outside the vocabulary (host ints, read out anyway: no sync). Every other
         round's tokens went through a forward, which fails on them (and
         :func:`~decodekit.spec.component_checks.explain_failure` names who returned them); the last round's
         ``next_token`` is the one no forward reads."""
+        if self.later_verdicts:  # one host read for all of them
+            reads = torch.cat([oks for _, oks, _ in self.later_verdicts]).tolist()
+            source = f"{type(self.current_verifier).__name__}.verify"
+            for index, oks, messages in self.later_verdicts:
+                read, reads = reads[: len(oks)], reads[len(oks) :]
+                raise_problems(read, messages, f"{source} (round {index}; its output is not returned)")
         low = min((min(row) for row in sequences if row), default=0)
         high = max((max(row) for row in sequences if row), default=0)
         if low < 0 or high >= self.vocab_size:
@@ -272,18 +285,6 @@ class Components:
                 f"{type(self.current_verifier).__name__}.verify returned a next_token outside the vocabulary "
                 f"[0, {self.vocab_size}) on the last round (the output holds {low if low < 0 else high}); run with "
                 "debug=True to check every round's verdict where it is made"
-            )
-
-    def check_progress(self, before: list[int], after: list[int], verdict: Verdict) -> None:
-        """Refuse a round that committed nothing to a live row (host lengths only: no sync); the loop would never
-        end. Every valid verdict commits ``num_accepted + 1 >= 1`` tokens to each row."""
-        stuck = [b for b, (old, new) in enumerate(zip(before, after)) if new <= old]
-        if stuck:
-            num = verdict.num_accepted.tolist()  # raising anyway: read what the verifier said
-            raise NoProgressError(
-                f"round committed no token to live row(s) {stuck[:8]}: {type(self.verifier).__name__}.verify returned "
-                f"num_accepted={[num[b] for b in stuck[:8]]} (each row must get num_accepted + 1 >= 1 tokens); "
-                "run with debug=True to validate every verdict"
             )
 
 

@@ -22,10 +22,11 @@ from decodekit.checks import check_bool, check_model_spec, check_seed
 from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import RoundCounters, SpecStats
 from decodekit.models import LanguageModel, load_model
+from decodekit.models.base import evaluating
 from decodekit.models.compile_switch import compiling, resolve_compile
 from decodekit.models.prompts import prompt_ids
 from decodekit.sampling import begin_round, make_generator, next_token
-from decodekit.spec.component_checks import check_components, explain_failure
+from decodekit.spec.component_checks import check_components, check_progress, check_untouched, explain_failure
 from decodekit.spec.components import Components
 from decodekit.spec.options import (
     build_processors,
@@ -99,7 +100,11 @@ def generate(
         eos_token_id: id(s) that end a row; None = the model's, ``()`` = never stop early.
         seed: an int seeds the call's generator (the same seed gives the same output); one int per prompt gives
             each row its own keyed generator, so a row's sampled output depends only on its prompt, its seed and
-            the settings, not on the other rows of the batch (:class:`~decodekit.sampling.RowGenerators`).
+            the settings, not on the other rows of the batch (:class:`~decodekit.sampling.RowGenerators`). Both
+            assume components without memory across calls or rows: a drafter that learns from what it saw
+            (``recycling``'s successor table, ``suffix``'s global cache) drafts differently in a later call or
+            beside other rows, which changes sampled tokens (never their distribution); build a fresh one (or
+            ``clear()`` it) for a call to repeat.
         streamer: called as ``streamer(row, tokens)`` with each row's newly committed tokens (and ``end()``, if it
             has one, when the call ends); or a transformers streamer (``TextStreamer``, any ``BaseStreamer``) for
             one prompt, fed as ``model.generate`` feeds it: the prompt, then each round's tokens, then ``end()``.
@@ -182,7 +187,7 @@ def generate(
         state.processing = LogitsProcessing(processors, options.min_new_tokens, eos, model.vocab_size, debug=debug)
     out = Outputs(state, eos, as_streamer(streamer, rows), stop, pad_id(options, model, eos_list), rows)
     try:
-        with compiling(compiled):
+        with compiling(compiled), evaluating(model):
             return _loop(model, state, parts, out, debug, start)
     finally:
         out.end_stream()  # also after an error, so a consumer waiting for the end is released
@@ -220,8 +225,10 @@ def _loop(
             raise
         parts.check_hidden(model, scored, (state.batch_size, draft.num_nodes + 1), asked, prefill=False)
         logits = process_scored(state, scored.logits, draft)
-        verdict = parts.verifier_for(draft).verify(draft, logits, sampling, generator)
-        parts.check_verdict(verdict, draft, values=debug)
+        before, verifier = state.stamp(draft), parts.verifier_for(draft)
+        verdict = verifier.verify(draft, logits, sampling, generator)
+        check_untouched(before, state, verifier, "verify", draft)
+        parts.check_verdict(verdict, draft, index, values=debug)
         try:
             cache.keep(verdict.num_accepted + 1, kept_slots(draft, verdict))
             timer.mark("verify")
@@ -230,11 +237,11 @@ def _loop(
             explain_failure(parts, error, state, draft, verdict, round_index=index)
             raise
         counts = out.commit(state, tokens, counts)
-        counters.add_round(draft.num_valid, verdict.num_accepted, draft.num_nodes)
+        counters.add_round(draft.num_valid, torch.minimum(verdict.num_accepted, counts), draft.num_nodes)  # used
         times = timer.end_round()
         before = state.host_lengths
         out.sync(state, cache, check=debug)
-        parts.check_progress(before, state.host_lengths, verdict)
+        check_progress(parts.verifier, before, state.host_lengths, verdict)
         if parts.observers:
             scored = dataclasses.replace(scored, logits=logits)  # the processed logits the verifier saw
             extras = round_extras(parts.needs, parts.hidden_layers, draft, scored, verdict, sampling)

@@ -89,6 +89,12 @@ def call_options(generation_config: Any, keywords: dict[str, Any], extra: Mappin
         raise ConfigError("do_sample=True needs temperature > 0, got 0; use do_sample=False for greedy decoding")
     elif do_sample:
         temperature = 1.0 if temperature is None else temperature
+    if not temperature and do_sample is None and any(keywords.get(k) is not None for k in ("top_k", "top_p")):
+        warnings.warn(
+            "top_k / top_p shape sampling; at temperature 0 (greedy decoding) they change nothing: pass "
+            "temperature > 0 (or do_sample=True) to sample",
+            stacklevel=3,
+        )
     processors = merged.pop("logits_processor", None)
     stop = merged.pop("stop_strings", None)
     return CallOptions(

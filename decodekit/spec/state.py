@@ -12,6 +12,7 @@ from decodekit.sampling import RowGenerators
 from decodekit.types import SamplingParams
 
 if TYPE_CHECKING:
+    from decodekit.draft import Draft
     from decodekit.spec.processors import LogitsProcessing
 
 
@@ -120,6 +121,15 @@ class DecodeState:
         self.host_max_lengths = [self.host_max_lengths[b] for b in host_rows]
         if isinstance(self.generator, RowGenerators):
             self.generator.select_rows(host_rows)
+
+    def stamp(self, draft: Draft | None = None) -> tuple[tuple[int, int], ...]:
+        """Each of the loop's tensors (and ``draft``'s tokens, parents and valid) as ``(id, version)``: a component
+        that writes one in place, or replaces it, changes its stamp (host ints, no sync;
+        :func:`~decodekit.spec.component_checks.check_untouched`)."""
+        tensors = [self.tokens, self.lengths, self.prompt_lengths, self.max_lengths, self.pending]
+        if draft is not None:
+            tensors += [draft.tokens, draft.parents, draft.valid]
+        return tuple((id(t), t._version) for t in tensors)
 
     @property
     def host_remaining(self) -> list[int]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from decodekit.draft import Draft
-from decodekit.spec.component_checks import explain_failure
+from decodekit.spec.component_checks import check_untouched, explain_failure
 from decodekit.spec.round import kept_inputs
 from decodekit.spec.state import DecodeState
 from decodekit.types import Verdict
@@ -28,7 +28,10 @@ def propose(parts: Components, state: DecodeState, debug: bool, index: int | Non
         return empty_draft(state.batch_size, state.device)
     validate = debug or parts.unchecked
     caps = [r - 1 for r in state.host_remaining]
-    budget = parts.plan(state, debug).capped(state.remaining - 1, max(caps, default=-1), caps)
+    before = state.stamp()
+    budget = parts.plan(state, debug)
+    check_untouched(before, state, parts.policy, "plan")
+    budget = budget.capped(state.remaining - 1, max(caps, default=-1), caps)
     parts.check_budget_size(budget)
     if budget.max_depth == 0 or budget.max_len == 0:
         return empty_draft(state.batch_size, state.device)
@@ -37,6 +40,7 @@ def propose(parts: Components, state: DecodeState, debug: bool, index: int | Non
     except (IndexError, RuntimeError) as error:  # a draft model fed a pending token outside its vocabulary
         explain_failure(parts, error, state, round_index=index)
         raise
+    check_untouched(before, state, parts.drafter, "propose")
     parts.check_draft(draft, state, budget, values=validate)
     return draft.trimmed() if draft.num_nodes else draft
 
