@@ -29,19 +29,16 @@ __all__ = [
     "check_int",
     "check_model_spec",  # noqa: F822 (from decodekit.models.arguments, by __getattr__)
     "check_signature",
-    "check_seed",
     "describe",
     "describe_on",
     "eos_ids",
     "int_array",
+    "int_list",
     "is_numpy_array",
     "is_int",
     "parse_device",  # noqa: F822 (from decodekit.models.arguments, by __getattr__)
     "tensor_fits",
 ]
-
-SEED_RANGE = (-(2**63), 2**64)
-"""Seeds ``torch.Generator.manual_seed`` takes: ``[-2**63, 2**64)``."""
 
 INT64_RANGE = (-(2**63), 2**63 - 1)
 """What :func:`check_int` accepts at most, both ends included: a 64-bit integer, what a torch.long tensor holds."""
@@ -234,40 +231,20 @@ def check_instance(name: str, value: Any, protocol: type, *, what: str = "", opt
         )
     if not isinstance(value, protocol):
         needs = f" ({what})" if what else ""
-        raise ConfigTypeError(f"{name} must implement the {protocol.__name__} protocol{needs}, got {describe(value)}")
+        declared = {*getattr(protocol, "__annotations__", {}), *(n for n, v in vars(protocol).items() if callable(v))}
+        lacks = ", ".join(sorted(n for n in declared if not n.startswith("_") and not hasattr(value, n)))
+        got = f"got {describe(value)}" + (f"; it lacks {lacks}" if lacks else "")
+        raise ConfigTypeError(f"{name} must implement the {protocol.__name__} protocol{needs}, {got}")
 
 
 # -------------------------------------------------------------------------------------- generate() arguments
-def check_seed(seed: Any, num_prompts: int) -> Any:
-    """Refuse a ``seed`` other than None, an integer, or one integer per prompt (a list / tuple or a 1-D integer
-    tensor of length ``num_prompts``). Returns the seed unchanged, except an integer scalar (numpy's too) as an
-    ``int``."""
-    expected = f"None, an integer, or a list of {num_prompts} integers (one per prompt)"
-    if seed is None:
-        return None
-    if is_int(seed):
-        values = [seed]
-    elif isinstance(seed, torch.Tensor) or (isinstance(seed, Sequence) and not isinstance(seed, (str, bytes))):
-        values = _int_list("seed", seed, expected)
-        if len(values) != num_prompts and not (isinstance(seed, torch.Tensor) and seed.ndim == 0):
-            raise ConfigError(f"seed has {len(values)} values for {num_prompts} prompts; pass one per prompt")
-    else:
-        hint = "; use seed.tolist()" if is_numpy_array(seed) else ""
-        raise ConfigTypeError(f"seed must be {expected}, got {describe(seed)}{hint}")
-    low, high = SEED_RANGE
-    bad = next((s for s in values if not low <= s < high), None)
-    if bad is not None:
-        raise ConfigError(f"seed must be in [-2**63, 2**64) (what torch.Generator takes), got {bad}")
-    return int(seed) if is_int(seed) else seed
-
-
 def eos_ids(eos_token_id: Any, vocab_size: int) -> list[int]:
     """``eos_token_id`` (an integer or a sequence of integers, each in ``[0, vocab_size)``) as a list."""
     expected = f"None, a token id in [0, {vocab_size}) or a sequence of them (() = never stop early)"
     if is_int(eos_token_id):
         ids = [eos_token_id]
     elif isinstance(eos_token_id, Iterable) and not isinstance(eos_token_id, (str, bytes, Mapping)):
-        ids = _int_list("eos_token_id", eos_token_id, expected)  # tensors and numpy arrays too
+        ids = int_list("eos_token_id", eos_token_id, expected)  # tensors and numpy arrays too
     else:
         raise ConfigTypeError(f"eos_token_id must be {expected}, got {describe(eos_token_id)}")
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
@@ -276,7 +253,7 @@ def eos_ids(eos_token_id: Any, vocab_size: int) -> list[int]:
     return [int(t) for t in ids]
 
 
-def _int_list(name: str, values: Any, expected: str) -> list[Any]:
+def int_list(name: str, values: Any, expected: str) -> list[Any]:
     """``values`` (an integer tensor or numpy array of at most one dimension, or an iterable of integers) as a list;
     anything else is a :class:`ConfigTypeError` saying that ``name`` must be ``expected``."""
     if isinstance(values, torch.Tensor) or is_numpy_array(values):

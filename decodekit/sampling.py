@@ -16,10 +16,39 @@ import functools
 import hashlib
 import operator
 from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import torch
 
+from decodekit.checks import describe, int_list, is_int, is_numpy_array
+from decodekit.errors import ConfigError, ConfigTypeError
 from decodekit.types import SamplingParams
+
+SEED_RANGE = (-(2**63), 2**64)
+"""Seeds ``torch.Generator.manual_seed`` takes: ``[-2**63, 2**64)``."""
+
+
+def check_seed(seed: Any, num_prompts: int) -> Any:
+    """Refuse a ``seed`` other than None, an integer, or one integer per prompt (a list / tuple or a 1-D integer
+    tensor of length ``num_prompts``). Returns the seed unchanged, except an integer scalar (numpy's too) as an
+    ``int``."""
+    expected = f"None, an integer, or a list of {num_prompts} integers (one per prompt)"
+    if seed is None:
+        return None
+    if is_int(seed):
+        values = [seed]
+    elif isinstance(seed, torch.Tensor) or (isinstance(seed, Sequence) and not isinstance(seed, (str, bytes))):
+        values = int_list("seed", seed, expected)
+        if len(values) != num_prompts and not (isinstance(seed, torch.Tensor) and seed.ndim == 0):
+            raise ConfigError(f"seed has {len(values)} values for {num_prompts} prompts; pass one per prompt")
+    else:
+        hint = "; use seed.tolist()" if is_numpy_array(seed) else ""
+        raise ConfigTypeError(f"seed must be {expected}, got {describe(seed)}{hint}")
+    low, high = SEED_RANGE
+    bad = next((s for s in values if not low <= s < high), None)
+    if bad is not None:
+        raise ConfigError(f"seed must be in [-2**63, 2**64) (what torch.Generator takes), got {bad}")
+    return int(seed) if is_int(seed) else seed
 
 
 def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from decodekit.checks import check_bool, check_float, check_int, check_seed, describe
+from decodekit.checks import check_bool, check_float, check_int, describe
 from decodekit.dlm.caches import Recompute
 from decodekit.dlm.components import check_finished, check_finite, check_logits
 from decodekit.dlm.drafting import Drafting
@@ -46,7 +46,7 @@ from decodekit.metrics import DLMStats
 from decodekit.models.base import evaluating
 from decodekit.models.compile_switch import compiling, resolve_compile
 from decodekit.models.prompts import prompt_ids
-from decodekit.sampling import make_generator
+from decodekit.sampling import check_seed, make_generator
 
 
 @dataclass
@@ -104,8 +104,10 @@ def generate(
             :mod:`decodekit.dlm.schedules`); None = fixed blocks of ``block_length``.
         draft: a self-speculative draft strategy (``dk.build("dlm_draft", "spiffy")``; :mod:`decodekit.dlm.drafts`):
             each forward also runs drafted canvases of the next steps, and takes as many steps as the drafts got
-            right; the output is unchanged (lossless), the forward count falls. Needs a cache with ``logits_many``
-            (``cache=None``, ``BlockCausalCache``), fixed blocks and no classifier-free guidance. None = off.
+            right; the output is unchanged (lossless: greedy, or sampled with one seed per row; a single int seed
+            draws per call, so drafted and undrafted batches then sample differently), the forward count falls.
+            Needs a cache with ``logits_many`` (``cache=None``, ``BlockCausalCache``), fixed blocks and no
+            classifier-free guidance. None = off.
         progress: show a progress bar over blocks.
         debug: also check the values of what the parts return at every step (a device read each: the logits hold no
             NaN, every drafted canvas's ids are in the vocabulary), not only on the call's first drafts.

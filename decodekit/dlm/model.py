@@ -135,7 +135,7 @@ def load_model(
         mask_token_id: the mask token's id (required unless ``spec`` is a :class:`DLMModel`, a zoo DLM or a released
             checkpoint, whose own it replaces).
         shift_logits: read slot ``j``'s logits at position ``j - 1`` (AR-initialised models); None = the
-            :class:`DLMModel`'s or zoo DLM's own, else False.
+            :class:`DLMModel`'s, zoo DLM's or released family's own (Dream, Fast-dLLM v2: True), else False.
         block_length: the block length a block-causally trained model was trained with (None = bidirectional, or the
             :class:`DLMModel`'s or zoo DLM's own).
         load_kwargs: passed on to :func:`decodekit.load_model` (``dtype``, ``device``, ``kernels``, ...; applied to a

@@ -75,7 +75,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from decodekit.checks import check_seed, describe
+from decodekit.checks import describe
 from decodekit.errors import ConfigError
 from decodekit.hf.inputs import check_model_kwargs, check_no_padding_needed, check_positions, real_token_mask
 from decodekit.hf.options import check_mode, check_outputs, pad_token, sampling_options, stopping_options
@@ -83,6 +83,7 @@ from decodekit.hf.streaming import VERIFIED_TRANSFORMERS, StreamerAdapter, check
 from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import SpecStats
 from decodekit.models import load_model
+from decodekit.sampling import check_seed
 from decodekit.spec.component_checks import check_components
 from decodekit.spec.loop import generate
 

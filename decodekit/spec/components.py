@@ -42,7 +42,7 @@ from decodekit.spec.component_checks import (
     check_kind,
     check_target_parts,
 )
-from decodekit.spec.hooks import begin_component, select_component_rows
+from decodekit.spec.hooks import begin_component, check_signatures, select_component_rows
 from decodekit.spec.round import Round, check_hook_needs, check_needs, needs_of
 from decodekit.spec.state import DecodeState
 from decodekit.types import SamplingParams, Verdict, raise_problems
@@ -77,6 +77,7 @@ class Components:
             if component is not None:
                 warn_near_hooks(component, HOOKS[role])
                 check_hook_needs(component, role)  # a declared hook argument its hook takes
+                check_signatures(component, role)  # every method takes what the loop will pass
         for v in (verifier, tree_verifier):
             if v is not None:
                 check_accepts(v)
@@ -118,7 +119,8 @@ class Components:
         if isinstance(drafter, HasVocab) and drafter.vocab_size != model.vocab_size:
             raise VocabMismatchError(
                 f"the drafter's vocabulary has {drafter.vocab_size} tokens but the target's has {model.vocab_size}; "
-                "use a draft model trained with the target's tokenizer (same vocabulary)"
+                "use a draft model trained with the target's tokenizer, with an output layer of the same size (a "
+                "model whose output rows are only padded to another size is not taken yet)"
             )
         if not isinstance(drafter, DeclaresKind):
             return None

@@ -42,7 +42,8 @@ from typing import Any, Literal
 
 import torch
 
-from decodekit.errors import ConfigError, EmptyPromptError
+from decodekit.checks import int_list
+from decodekit.errors import ConfigError, ConfigTypeError, EmptyPromptError
 from decodekit.models import LanguageModel, load_model
 
 __all__ = ["NEAR_TIE_ULPS", "Divergence", "first_divergence", "first_divergences", "logit_ulp"]
@@ -181,7 +182,25 @@ def first_divergences(
             f"{len(references)} references and {len(candidates)} candidates"
         )
     target = load_model(model)
-    return [_diagnose(target, list(p), list(r), list(c), near_tie) for p, r, c in zip(prompts, references, candidates)]
+    rows = [
+        tuple(_ids(f"{name}[{i}]", ids, target.vocab_size) for name, ids in zip(NAMES, row))
+        for i, row in enumerate(zip(prompts, references, candidates))
+    ]
+    return [_diagnose(target, p, r, c, near_tie) for p, r, c in rows]
+
+
+NAMES = ("prompts", "references", "candidates")
+
+
+def _ids(name: str, ids: Any, vocab_size: int) -> list[int]:
+    """``ids`` as token ids of the model's vocabulary, or a clear refusal naming ``name``."""
+    if isinstance(ids, (str, bytes)):
+        raise ConfigTypeError(f"{name} must be token ids, got the string {ids!r}: tokenize it first")
+    listed = int_list(name, ids, "a sequence of token ids")
+    outside = next((t for t in listed if not 0 <= t < vocab_size), None)
+    if outside is not None:
+        raise ConfigError(f"{name} holds {outside}, outside the model's vocabulary [0, {vocab_size})")
+    return listed
 
 
 def _diagnose(

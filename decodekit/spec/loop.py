@@ -18,14 +18,14 @@ from typing import Any, Literal
 import torch
 
 from decodekit.cache import KVCache
-from decodekit.checks import check_bool, check_model_spec, check_seed
+from decodekit.checks import check_bool, check_model_spec
 from decodekit.interfaces import Drafter, LengthPolicy, Verifier
 from decodekit.metrics import RoundCounters, SpecStats
 from decodekit.models import LanguageModel, load_model
 from decodekit.models.base import evaluating
 from decodekit.models.compile_switch import compiling, resolve_compile
 from decodekit.models.prompts import prompt_ids
-from decodekit.sampling import begin_round, make_generator, next_token
+from decodekit.sampling import begin_round, check_seed, make_generator, next_token
 from decodekit.spec.component_checks import check_components, check_progress, check_untouched, explain_failure
 from decodekit.spec.components import Components
 from decodekit.spec.options import (

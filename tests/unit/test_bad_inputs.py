@@ -19,7 +19,6 @@ from transformers import BatchEncoding, GenerationConfig, LlamaForCausalLM
 
 import decodekit as dk
 import decodekit.hf as bridge
-from decodekit.checks import check_seed
 from decodekit.drafters import ModelDrafter, NGramDrafter
 from decodekit.errors import (
     ComponentOutputError,
@@ -34,6 +33,7 @@ from decodekit.errors import (
 from decodekit.models import HFCausalLM, zoo
 from decodekit.models.tiny import tiny_llama
 from decodekit.policies import ConfidenceStop, FixedLength, HeuristicLength
+from decodekit.sampling import check_seed
 from decodekit.verifiers import GreedyVerifier
 
 PROMPT = [[1, 2, 3, 4]]

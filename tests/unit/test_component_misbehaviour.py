@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import decodekit as dk
-from decodekit.errors import ComponentOutputError
+from decodekit.errors import ComponentOutputError, ConfigError, ConfigTypeError
 from decodekit.models.tiny import tiny_llama
 from decodekit.policies import FixedLength
 
@@ -176,3 +176,43 @@ def test_self_drafting_on_too_shallow_a_target_says_so(name, layers, message):
     shallow = dk.load_model(tiny_llama(0, layers=layers))
     with pytest.raises(dk.errors.ConfigError, match=message):
         dk.generate(shallow, PROMPTS[:1], drafter=dk.build("drafter", name), max_new_tokens=4)
+
+
+class Observer(FixedLength):
+    def observe(self, round):  # the loop calls observe(state, round)
+        pass
+
+
+class Selector(FixedLength):
+    def select_rows(self):  # the loop calls select_rows(rows), when the first row finishes
+        pass
+
+
+class Proposer:
+    def propose(self, state):  # the loop calls propose(state, budget)
+        return dk.Draft.empty(state.batch_size)
+
+
+@pytest.mark.parametrize(
+    ("parts", "message"),
+    [
+        (dict(policy=Observer(2)), r"Observer.observe cannot be called as the loop calls it, observe\(state, round\)"),
+        (dict(policy=Selector(2)), r"Selector.select_rows cannot be called .* select_rows\(rows\)"),
+        (dict(drafter=Proposer()), r"Proposer.propose cannot be called .* propose\(state, budget\)"),
+    ],
+)
+def test_a_hook_that_cannot_take_the_loops_arguments_is_refused_when_the_call_starts(target, parts, message):
+    """A bare TypeError after the prefill (or when the first row finished, deep into a long run) before."""
+    parts = {"drafter": dk.build("drafter", "ngram"), **parts}
+    with pytest.raises(dk.errors.ConfigTypeError, match=message):
+        dk.generate(target, PROMPTS, max_new_tokens=4, **parts)
+
+
+@pytest.mark.parametrize(
+    ("candidate", "error", "message"),
+    [([200], ConfigError, r"candidates\[0\] holds 200, outside"), ("abc", ConfigTypeError, "got the string 'abc'")],
+)
+def test_first_divergence_refuses_ids_it_cannot_read(target, candidate, error, message):
+    """An IndexError or torch's TypeError before."""
+    with pytest.raises(error, match=message):
+        dk.first_divergence(target, [1, 2, 3], [5, 6], candidate)
