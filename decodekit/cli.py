@@ -84,11 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         print(_or_exit(lambda: run_bench(cfg, out_dir)))
         print(f"results: {out_dir}/results.json, results.md, speedup.png")
 
-    overrides = argv[1:]
-    if not any(arg.startswith("hydra.job.name=") for arg in overrides):
-        # Hydra names the app after the calling file (cli); its --help and log file should say decodekit
-        overrides = [*overrides, f"hydra.job.name={APP_NAME}"]
-    sys.argv = [f"{sys.argv[0]} {argv[0]}", *overrides]
+    sys.argv = [f"{sys.argv[0]} {argv[0]}", *_named(argv[1:])]
     _bench()
     if sweep.jobs:  # a multirun: all its jobs as one interleaved benchmark
         print(_or_exit(sweep.run))
@@ -129,10 +125,18 @@ def _hydra_run(
     def _main(cfg: Any) -> None:
         body(cfg, Path(HydraConfig.get().runtime.output_dir))
 
-    if not any(arg.startswith("hydra.job.name=") for arg in overrides):
-        overrides = [*overrides, f"hydra.job.name={APP_NAME}"]
-    sys.argv = [f"{sys.argv[0]} {command}", *overrides]
+    sys.argv = [f"{sys.argv[0]} {command}", *_named(overrides)]
     _main()
+
+
+def _named(overrides: list[str]) -> list[str]:
+    """``overrides`` with ``hydra.job.name=decodekit`` (Hydra names the app after the calling file, cli; its --help and
+    log file should say decodekit), placed beside the user's overrides so that a flag after them (``--cfg job``)
+    still parses."""
+    if any(arg.startswith("hydra.job.name=") for arg in overrides):
+        return overrides
+    at = next((i for i, arg in enumerate(overrides) if "=" in arg and not arg.startswith("-")), len(overrides))
+    return [*overrides[:at], f"hydra.job.name={APP_NAME}", *overrides[at:]]
 
 
 def train_main(args: list[str]) -> None:

@@ -10,7 +10,8 @@ from decodekit.errors import ConfigError, ConfigTypeError, DecodeKitError, Missi
 
 
 def build_component(cfg: Any, key: str = "component") -> Any:
-    """Instantiate a component config; an empty or null config means "none / the default" (None).
+    """Instantiate a component config; an empty or null config means "none / the default" (None), a non-empty one
+    without ``_target_`` is refused (a misspelt ``_target_`` ran the method without its component).
 
     A constructor's error (a wrong-typed override such as ``policy.k=abc``) is raised as a
     :class:`~decodekit.errors.ConfigError` naming the config key, e.g. ``policy.k must be an integer >= 0, got
@@ -19,8 +20,14 @@ def build_component(cfg: Any, key: str = "component") -> Any:
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
-    if cfg is None or (isinstance(cfg, Mapping) and "_target_" not in cfg):
+    if cfg is None or (isinstance(cfg, Mapping) and not len(cfg)):
         return None
+    if isinstance(cfg, Mapping) and "_target_" not in cfg:  # a misspelt _target_ would run without the component
+        raise ConfigError(
+            f"{key} has no _target_ (it holds {', '.join(map(str, cfg))}): a component config names its class in "
+            "_target_ (e.g. _target_: decodekit.drafters.NGramDrafter), or pick a config group option "
+            "(e.g. drafter=ngram); {} or null means none"
+        )
     if not isinstance(cfg, Mapping):
         raise ConfigTypeError(f"{key} must be a config group option or a mapping with _target_, got {cfg!r}")
     try:

@@ -17,6 +17,7 @@ A registered class that does not define ``__repr__`` prints readably (:func:`rea
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -33,8 +34,14 @@ def register(kind: str, name: str) -> Callable[[T], T]:
     """Class decorator: make ``cls`` buildable as ``build(kind, name, ...)``; a class without its own
     ``__repr__`` gets :func:`readable_repr`."""
     _kind(kind)
+    if not isinstance(name, str) or not name:
+        raise ConfigTypeError(f"register({kind!r}, name): name must be a non-empty string, got {name!r}")
 
     def decorator(cls: T) -> T:
+        if not callable(cls):
+            raise ConfigTypeError(
+                f"register({kind!r}, {name!r}) decorates a class (or a factory) that builds the component, got {cls!r}"
+            )
         existing = _REGISTRY[kind].get(name)
         same = existing is not None and (existing.__module__, existing.__qualname__) == (
             cls.__module__,
@@ -107,7 +114,9 @@ def resolve(kind: str, name: str) -> Any:
         return _kind(kind)[name]
     except KeyError:
         known = ", ".join(sorted(_REGISTRY[kind])) or "none registered"
-        raise UnknownComponentError(f"unknown {kind} {name!r}; available: {known}") from None
+        close = difflib.get_close_matches(str(name), list(_REGISTRY[kind]), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UnknownComponentError(f"unknown {kind} {name!r}{hint}; available: {known}") from None
 
 
 def available(kind: str) -> list[str]:

@@ -219,14 +219,23 @@ def check_arguments(args: Mapping[str, Any], skip: Sequence[str] = ("out_dir",))
         rule = RULES.get(name)
         if rule is not None and name not in skip:
             rule(name, value)
+    sizes, train_vocab = args.get("vocab_sizes"), args.get("train_vocab")
+    if sizes and train_vocab and max(sizes) > train_vocab:  # the head is trained over train_vocab tokens at most
+        raise ConfigError(
+            f"vocab_sizes holds {max(sizes)}, more than train_vocab={train_vocab} (the draft vocabularies are chosen "
+            "among the train_vocab most frequent tokens): lower it or raise train_vocab"
+        )
 
 
 def chosen_layers(layers: Sequence[int] | None, default: Sequence[int], num_layers: int) -> tuple[int, ...]:
-    """The target layers a recipe taps: ``layers`` (None: ``default``), sorted and deduplicated; refuses any
+    """The target layers a recipe taps: ``layers`` (None: ``default``), sorted; refuses a repeated layer and any
     outside the target's decoder layers ``1 .. num_layers``."""
-    picked = tuple(sorted({int(i) for i in (layers or default)}))
+    given = [int(i) for i in (layers or default)]
+    picked = tuple(sorted(set(given)))
     if not picked or picked[0] < 1 or picked[-1] > num_layers:
         raise ConfigError(f"layers must be decoder layers 1 .. {num_layers} of the target; got {layers}")
+    if len(picked) != len(given):  # a head's width follows how many layers it reads: a repeat is a typo
+        raise ConfigError(f"layers names a layer twice ({layers}); name each layer once")
     return picked
 
 

@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_choice
+from decodekit.checks import check_choice, describe
 from decodekit.drafters.eagle3_release import NAMES
 from decodekit.drafters.eagle_head import RELEASE
 from decodekit.drafters.head_files import read_metadata
-from decodekit.errors import ConfigError
+from decodekit.errors import ConfigError, ConfigTypeError
 from decodekit.models.checkpoint_files import read_state
 from decodekit.resources import shipped_weights
 
@@ -60,6 +60,8 @@ def export_head(head: Any, out_dir: str | Path, format: str = "speculators", *, 
             EAGLE-3 layout to be written in), with the command that trains one.
     """
     check_choice("format", format, FORMATS)
+    if verifier is not None and not isinstance(verifier, str):
+        raise ConfigTypeError(f"verifier must be the target's name or path (a string), got {describe(verifier)}")
     path = _head_path(head)
     meta = read_metadata(path)
     if meta.get("architecture") != RELEASE:

@@ -1,0 +1,54 @@
+"""Configuration mistakes a researcher makes at the command line or with the registry fail at once, by name
+(reliability round 3): a misspelt experiment ran the default benchmark, a component config without ``_target_`` ran
+the method with no component under its own name, a repeated layer or a draft vocabulary larger than the training
+vocabulary started a long data pass, a non-string or non-callable registration broke the registry for everyone, a
+Hydra flag after an override failed on an argument the user never typed."""
+
+from __future__ import annotations
+
+import pytest
+
+import decodekit as dk
+from decodekit.cli import _named
+from decodekit.errors import ConfigError, ConfigTypeError, UnknownComponentError
+from decodekit.instantiate import build_component
+from decodekit.train.arguments import check_arguments, chosen_layers
+
+
+def test_a_component_config_without_target_is_refused_not_run_as_none():
+    assert build_component(None) is None and build_component({}) is None  # "none / the default"
+    with pytest.raises(ConfigError, match=r"methods.mine.drafter has no _target_ \(it holds _targt_\)"):
+        build_component({"_targt_": "decodekit.drafters.NGramDrafter"}, "methods.mine.drafter")
+
+
+@pytest.mark.parametrize("recipe", ["bench.yaml", "dlm_bench/dlm_bench.yaml"])
+def test_an_unknown_experiment_is_not_optional(recipe):
+    """``optional`` made Hydra skip a missing experiment file: the default benchmark ran instead."""
+    from importlib.resources import files
+
+    text = (files("decodekit") / "recipes" / recipe).read_text()
+    assert "- experiment: null" in text and "optional experiment" not in text
+
+
+def test_the_app_name_goes_beside_the_users_overrides():
+    assert _named(["passes=1", "--cfg", "job"]) == ["hydra.job.name=decodekit", "passes=1", "--cfg", "job"]
+    assert _named(["--cfg", "job", "passes=1"]) == ["--cfg", "job", "hydra.job.name=decodekit", "passes=1"]
+    assert _named(["--help"]) == ["--help", "hydra.job.name=decodekit"]
+
+
+def test_training_arguments_that_cannot_mean_what_they_say_are_refused():
+    with pytest.raises(ConfigError, match=r"layers names a layer twice \(\[2, 2\]\)"):
+        chosen_layers([2, 2], (1,), 30)
+    assert chosen_layers([15, 2], (1,), 30) == (2, 15)
+    with pytest.raises(ConfigError, match="vocab_sizes holds 99999, more than train_vocab=16384"):
+        check_arguments({"vocab_sizes": [2048, 99999], "train_vocab": 16384})
+
+
+def test_registering_needs_a_name_and_something_that_builds():
+    with pytest.raises(ConfigTypeError, match="name must be a non-empty string, got 3"):
+        dk.register("drafter", 3)
+    with pytest.raises(ConfigTypeError, match="decorates a class .* got 42"):
+        dk.register("drafter", "number")(42)
+    assert "number" not in dk.registry.available("drafter")
+    with pytest.raises(UnknownComponentError, match="did you mean 'ngram'"):
+        dk.build("drafter", "ngarm")
