@@ -56,12 +56,28 @@ def keyed_error(key: str, cfg: Any, error: Exception) -> Exception:
     first = message.split(" ", 1)[0]
     keys = {str(k) for k in node} if isinstance(node, Mapping) else set()
     text = f"{where}.{message}" if first in keys else f"{where}: {message}"
+    if isinstance(cause, TypeError) and "unexpected keyword" in message and isinstance(node, Mapping):
+        text += _takes(node.get("_target_"))
     if isinstance(cause, DecodeKitError):
         try:
             return type(cause)(text)
         except TypeError:  # an error class with another constructor
             pass
     return ConfigTypeError(text) if isinstance(cause, TypeError) else ConfigError(text)
+
+
+def _takes(target: Any) -> str:
+    """``"; it takes a, b"``: the keywords ``target`` (a ``_target_`` path) takes, or ``""`` when unknown."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    try:
+        parameters = inspect.signature(get_object(str(target))).parameters.values()
+    except Exception:  # not importable or not introspectable: the message stands as it is
+        return ""
+    names = [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return f"; it takes {', '.join(names) or 'no arguments'}"
 
 
 __all__ = ["build_component", "keyed_error"]

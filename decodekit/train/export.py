@@ -64,6 +64,11 @@ def export_head(head: Any, out_dir: str | Path, format: str = "speculators", *, 
         raise ConfigTypeError(f"verifier must be the target's name or path (a string), got {describe(verifier)}")
     path = _head_path(head)
     meta = read_metadata(path)
+    if not meta:  # not a safetensors file, or one without the metadata decodekit writes
+        raise ConfigError(
+            f"{path} is not a head file decodekit wrote (a safetensors file with its recipe's metadata): pass a "
+            "file from python -m decodekit train, or a shipped head's name"
+        )
     if meta.get("architecture") != RELEASE:
         kind = "an EAGLE-3 head" if meta.get("layers") else "an EAGLE-1 head"
         raise ConfigError(

@@ -52,3 +52,20 @@ def test_registering_needs_a_name_and_something_that_builds():
     assert "number" not in dk.registry.available("drafter")
     with pytest.raises(UnknownComponentError, match="did you mean 'ngram'"):
         dk.build("drafter", "ngarm")
+
+
+def test_a_wrong_keyword_in_a_recipe_lists_what_the_component_takes():
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"policy": {"_target_": "decodekit.policies.FixedLength", "kk": 3}})
+    with pytest.raises(ConfigTypeError, match="unexpected keyword argument 'kk'; it takes k, depth, width"):
+        build_component(cfg.policy, "policy")
+
+
+def test_export_head_refuses_a_file_that_is_no_head(tmp_path):
+    """It said the file was an EAGLE-1 head of the fc architecture."""
+    (tmp_path / "afile").write_text("hello")
+    with pytest.raises(ConfigError, match="is not a head file decodekit wrote"):
+        dk.train.export_head(str(tmp_path / "afile"), str(tmp_path / "out"))
+    with pytest.raises(ConfigTypeError, match="verifier must be the target's name or path"):
+        dk.train.export_head(str(tmp_path / "afile"), str(tmp_path / "out"), verifier=123)
