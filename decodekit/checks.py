@@ -10,6 +10,7 @@ in the decoding loop.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 import numbers
@@ -31,6 +32,7 @@ __all__ = [
     "check_signature",
     "describe",
     "describe_on",
+    "did_you_mean",
     "eos_ids",
     "int_array",
     "int_list",
@@ -107,6 +109,12 @@ def _bounds(low: float | None, high: float | None, low_open: bool = False, high_
     if high is not None:
         return f" {'<' if high_open else '<='} {high}"
     return ""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the choice closest to ``name`` (a typo's message), or ``""``."""
+    close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def check_int(

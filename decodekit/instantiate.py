@@ -72,12 +72,13 @@ def _takes(target: Any) -> str:
 
     from hydra.utils import get_object
 
+    from decodekit.registry import takes
+
     try:
-        parameters = inspect.signature(get_object(str(target))).parameters.values()
+        signature = inspect.signature(get_object(str(target)))
     except Exception:  # not importable or not introspectable: the message stands as it is
         return ""
-    names = [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    return f"; it takes {', '.join(names) or 'no arguments'}"
+    return f"; it takes {takes(signature)}"
 
 
 __all__ = ["build_component", "keyed_error"]

@@ -17,11 +17,11 @@ A registered class that does not define ``__repr__`` prints readably (:func:`rea
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from decodekit.checks import did_you_mean
 from decodekit.errors import ConfigTypeError, UnknownComponentError
 
 KINDS = ("drafter", "verifier", "policy", "dlm_rule", "dlm_cache", "dlm_schedule", "dlm_draft")
@@ -114,9 +114,9 @@ def resolve(kind: str, name: str) -> Any:
         return _kind(kind)[name]
     except KeyError:
         known = ", ".join(sorted(_REGISTRY[kind])) or "none registered"
-        close = difflib.get_close_matches(str(name), list(_REGISTRY[kind]), n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UnknownComponentError(f"unknown {kind} {name!r}{hint}; available: {known}") from None
+        raise UnknownComponentError(
+            f"unknown {kind} {name!r}{did_you_mean(name, _REGISTRY[kind])}; available: {known}"
+        ) from None
 
 
 def available(kind: str) -> list[str]:
@@ -155,12 +155,17 @@ def build(kind: str, name: str, /, *args: Any, **kwargs: Any) -> Any:
     try:
         signature.bind(*args, **kwargs)
     except TypeError as error:
-        takes = [p.name for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         raise ConfigTypeError(
             f"{kind} {name!r} ({getattr(factory, '__name__', type(factory).__name__)}): {error}; it takes "
-            f"{', '.join(takes) or 'no arguments'}"
+            f"{takes(signature)}"
         ) from None
     return factory(*args, **kwargs)
+
+
+def takes(signature: inspect.Signature) -> str:
+    """The named parameters of ``signature``, for a message about a wrong argument (``"k, depth, width"``)."""
+    names = [p.name for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return ", ".join(names) or "no arguments"
 
 
 _MAX_VALUE_REPR = 80

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import warnings
@@ -10,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from decodekit.checks import did_you_mean
 from decodekit.errors import ModelNotFoundError
 from decodekit.resources import shipped_weights
 
@@ -60,8 +60,7 @@ def check_dlm_name(name: str) -> None:
     if name in DLM_ZOO or name in ZOO or os.path.exists(name):
         return
     known = [*sorted(DLM_ZOO), *sorted(ZOO)]
-    close = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    hint = did_you_mean(name.lower(), known)
     raise ModelNotFoundError(
         f"model {name!r} is not a zoo diffusion LM{hint} (available: {', '.join(sorted(DLM_ZOO))}), nor a zoo model "
         f"(with mask_token_id=...: {', '.join(sorted(ZOO))}), nor an existing local path"

@@ -11,13 +11,13 @@ from typing import Any
 
 import torch
 
-from decodekit.checks import check_bool, check_model_spec, describe, parse_device
+from decodekit.checks import check_bool, check_model_spec, describe, did_you_mean, parse_device
 from decodekit.errors import ConfigError, ConfigTypeError, ModelNotFoundError, UnsupportedModelError
 from decodekit.kernels.cpu import apply_kernels, check_kernels
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.models.dtypes import parse_float_dtype
 from decodekit.models.hf import HFCausalLM
-from decodekit.models.zoo import ZOO, did_you_mean, load_zoo_model, zoo_names
+from decodekit.models.zoo import ZOO, load_zoo_model, zoo_names
 
 __all__ = ["ZOO", "HFCausalLM", "LanguageModel", "ModelOutput", "load_model", "load_zoo_model"]
 
@@ -97,8 +97,8 @@ def load_model(
             return model
         if not os.path.exists(name):
             raise ModelNotFoundError(
-                f"model {name!r} is neither a zoo model{did_you_mean(name)} (available: {zoo_names()}) nor an existing "
-                "local path; decodekit does not download models: download it first (e.g. "
+                f"model {name!r} is neither a zoo model{did_you_mean(name.lower(), ZOO)} (available: {zoo_names()}) "
+                "nor an existing local path; decodekit does not download models: download it first (e.g. "
                 "huggingface_hub.snapshot_download) and pass the local directory"
             )
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -14,14 +14,13 @@ keeps the first 4 decoder layers plus the final norm and the LM head
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from decodekit.checks import check_bool, parse_device
+from decodekit.checks import check_bool, did_you_mean, parse_device
 from decodekit.errors import ConfigTypeError, UnknownComponentError
 from decodekit.kernels.cpu import apply_kernels, check_kernels
 from decodekit.models.disk_cache import cache_root, cached_checkpoint
@@ -77,19 +76,13 @@ def _entry(name: str) -> ZooModel:
         return ZOO[name]
     except KeyError:
         raise UnknownComponentError(
-            f"unknown zoo model {name!r}{did_you_mean(name)}; available: {zoo_names()}"
+            f"unknown zoo model {name!r}{did_you_mean(name.lower(), ZOO)}; available: {zoo_names()}"
         ) from None
 
 
 def zoo_names() -> str:
     """The zoo's names, for messages."""
     return ", ".join(sorted(ZOO))
-
-
-def did_you_mean(name: str) -> str:
-    """``" (did you mean 'x'?)"`` for the zoo name closest to ``name``, or ``""``."""
-    close = difflib.get_close_matches(name.lower(), list(ZOO), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def cached_model_dir(name: str, *, convert: Converter | None = None, progress: bool = False) -> Path:

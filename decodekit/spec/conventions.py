@@ -17,11 +17,10 @@ Every other ``generate()`` option is refused by name with what to do instead (:d
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from decodekit.checks import describe
+from decodekit.checks import describe, did_you_mean
 from decodekit.errors import ConfigError, ConfigTypeError
 
 __all__ = ["ADVICE", "CONFIG_KEYWORDS", "REFUSED_PROCESSORS", "config_fields", "refuse_extra"]
@@ -152,8 +151,7 @@ def refuse_extra(extra: Mapping[str, Any]) -> None:
     for name in extra:
         if name in ADVICE:
             raise ConfigError(f"decodekit.generate does not take {name}: {ADVICE[name]}")
-        close = difflib.get_close_matches(name, [*_KEYWORDS, *ADVICE], n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(name, [*_KEYWORDS, *ADVICE])
         raise ConfigTypeError(f"decodekit.generate() got an unexpected keyword argument {name!r}{hint}")
 
 

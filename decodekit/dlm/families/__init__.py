@@ -85,7 +85,7 @@ class Checkpoint:
     mask_token_id: int
     shift_logits: bool
     block_length: int | None
-    mask_source: str = "config.json's mask_token_id"  # where mask_token_id came from, for messages
+    mask_source: str  # where mask_token_id came from, for messages
 
 
 def mask_from(default: int, ask_tokenizer: bool = True) -> Callable[[dict[str, Any], Any], int]:

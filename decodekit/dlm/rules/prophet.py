@@ -95,6 +95,7 @@ class ProphetRule:
             score = (gap * region).sum(1) / region.sum(1).clamp(min=1)
         else:
             score = gap.masked_fill(~region, float("inf")).amin(1)
-        needed = torch.tensor([self.threshold(p) for p in self.progress(state)], device=score.device, dtype=score.dtype)
-        sure = region.any(1) & (score >= needed)
+        needed = [self.threshold(p) for p in self.progress(state)]  # a copy to the device only when rows differ
+        limit = needed[0] if len(set(needed)) == 1 else torch.tensor(needed, device=score.device, dtype=score.dtype)
+        sure = region.any(1) & (score >= limit)
         return torch.where(sure[:, None], masked, self.base.select(state, proposal, eligible))
