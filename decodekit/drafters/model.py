@@ -11,6 +11,7 @@ from decodekit.draft import Draft
 from decodekit.draft.budget import DraftBudget, stop_needs_hidden
 from decodekit.drafters.chain import SamplesLikeTheTarget, draft_chain
 from decodekit.models import LanguageModel, load_model
+from decodekit.models.vocab_resize import fit_vocab
 from decodekit.registry import register
 from decodekit.spec.round import Round
 from decodekit.spec.state import DecodeState
@@ -61,6 +62,11 @@ class ModelDrafter(SamplesLikeTheTarget):
     model's final hidden state in :attr:`DraftStep.hidden`: at each step's input token (the pending token at step
     0, then the previous draft token). Only then are hidden states asked of the model.
 
+    A draft model whose output layer is padded to another size than the target's (Qwen2.5-0.5B's 151,936 rows
+    for Qwen2.5-7B's 152,064) is taken when the tokenizers show the extra rows to be padding
+    (:func:`~decodekit.models.vocab_resize.fit_vocab`): its logits are cut or padded with ``-inf`` to the target's
+    size, which keeps verification lossless.
+
     Args:
         model: the draft model (a :class:`LanguageModel`, a transformers causal LM or a path).
         temperature: sampling temperature of the drafter; None = the call's sampling parameters (temperature,
@@ -78,6 +84,11 @@ class ModelDrafter(SamplesLikeTheTarget):
     @property
     def vocab_size(self) -> int:
         return self.model.vocab_size
+
+    def check_model(self, target: LanguageModel) -> None:
+        """Fit the draft model's output rows to ``target``'s vocabulary size where the extra rows are padding
+        (:func:`~decodekit.models.vocab_resize.fit_vocab`); refuse a draft model of another tokenizer."""
+        self.model = fit_vocab(self.model, target, type(self).__name__)
 
     def begin(self, state: DecodeState) -> None:
         """Allocate the draft model's cache, empty: the prompt is fed with the first round that calls

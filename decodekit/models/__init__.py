@@ -17,9 +17,10 @@ from decodekit.kernels.cpu import apply_kernels, check_kernels
 from decodekit.models.base import LanguageModel, ModelOutput
 from decodekit.models.dtypes import parse_float_dtype
 from decodekit.models.hf import HFCausalLM
+from decodekit.models.vocab_resize import ResizedVocab
 from decodekit.models.zoo import ZOO, load_zoo_model, zoo_names
 
-__all__ = ["ZOO", "HFCausalLM", "LanguageModel", "ModelOutput", "load_model", "load_zoo_model"]
+__all__ = ["ZOO", "HFCausalLM", "LanguageModel", "ModelOutput", "ResizedVocab", "load_model", "load_zoo_model"]
 
 _ADAPTER_ATTR = "_decodekit_adapter"
 

@@ -119,8 +119,8 @@ class Components:
         if isinstance(drafter, HasVocab) and drafter.vocab_size != model.vocab_size:
             raise VocabMismatchError(
                 f"the drafter's vocabulary has {drafter.vocab_size} tokens but the target's has {model.vocab_size}; "
-                "use a draft model trained with the target's tokenizer, with an output layer of the same size (a "
-                "model whose output rows are only padded to another size is not taken yet)"
+                "use a drafter trained with the target's tokenizer, with an output layer of the same size (a "
+                "LanguageModel whose output rows are only padded to another size: decodekit.models.ResizedVocab)"
             )
         if not isinstance(drafter, DeclaresKind):
             return None

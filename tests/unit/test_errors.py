@@ -21,7 +21,7 @@ class NeverCalled:
 
 
 def test_draft_vocabulary_mismatch(target):
-    with pytest.raises(dk.VocabMismatchError, match="has 64 tokens but the target.s has 128; use a draft model"):
+    with pytest.raises(dk.VocabMismatchError, match="has 64 output rows but the target has 128, and neither carries"):
         dk.generate(target, [[1, 2]], drafter=ModelDrafter(tiny_llama(1, vocab=64)))
 
 
