@@ -92,6 +92,17 @@ class DynamicExitDrafter(EarlyExitDrafter):
         self.initial_draft = check_int("initial_draft", initial_draft, low=0)
         self.history: list[tuple[int, int]] = []  # (exit layer, draft length) chosen, one entry per choice
 
+    def check_model(self, target: LanguageModel) -> None:
+        """Refuse candidates at or past the target's last layer, by the argument's name (before the loop reads
+        them as the layers whose states the verification keeps)."""
+        top = target.num_layers
+        self.check_depth(top)
+        if self.hidden_layers[-1] >= top:
+            raise ConfigError(
+                f"exit_layers={list(self.hidden_layers)} must all be below the target's {top} layers (drafting with "
+                f"all of them costs a full target step per token); pick from 1..{top - 1}"
+            )
+
     def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache) -> None:
         super().begin(state, target, cache)  # checks the deepest candidate against the target
         n = len(self.hidden_layers)

@@ -100,17 +100,21 @@ class EarlyExitDrafter(SamplesLikeTheTarget):
                 f"{self.head.exit_layer}; drop exit_layer or train a head for that layer"  # type: ignore[union-attr]
             )
 
+    def check_depth(self, layers: int) -> None:
+        """Refuse a target of fewer than 2 layers (``layers``): its first layers are all of it."""
+        if layers < 2:
+            raise ConfigError(
+                f"{type(self).__name__} drafts with the target's first layers, so it needs a target of 2 layers or "
+                f"more; this one has {layers}"
+            )
+
     def begin(self, state: DecodeState, target: LanguageModel, cache: KVCache) -> None:
         layers = target.num_layers
         if self.weights is not None:
             self._load(target)
         default = layers // 2 if self.head is None else self.head.exit_layer
         self.layers = default if self.exit_layer is None else self.exit_layer
-        if layers < 2:
-            raise ConfigError(
-                f"{type(self).__name__} drafts with the target's first layers, so it needs a target of 2 layers or "
-                f"more; this one has {layers}"
-            )
+        self.check_depth(layers)
         if not 1 <= self.layers < layers:
             raise ConfigError(
                 f"exit_layer={self.layers} must be below the target's {layers} layers (drafting with all of them "

@@ -169,13 +169,19 @@ def test_top_k_at_temperature_zero_warns_that_it_changes_nothing(target):
 
 
 @pytest.mark.parametrize(
-    ("name", "layers", "message"), [("layer_skip", 2, "3 layers or more"), ("early_exit", 1, "2 layers or more")]
+    ("name", "kwargs", "layers", "message"),
+    [
+        ("layer_skip", {}, 2, "3 layers or more"),
+        ("early_exit", {}, 1, "2 layers or more"),
+        ("dynamic_exit", {"exit_layers": [1]}, 1, "DynamicExitDrafter .* 2 layers or more"),
+        ("dynamic_exit", {"exit_layers": [1, 5]}, 2, r"exit_layers=\[1, 5\] must all be below the target's 2 layers"),
+    ],
 )
-def test_self_drafting_on_too_shallow_a_target_says_so(name, layers, message):
-    """A Cholesky error deep in the layer search, and "pick 1..0"."""
+def test_self_drafting_on_too_shallow_a_target_says_so(name, kwargs, layers, message):
+    """A Cholesky error deep in the layer search, "pick 1..0", and a check of the loop's naming ``hidden_layers``."""
     shallow = dk.load_model(tiny_llama(0, layers=layers))
     with pytest.raises(dk.errors.ConfigError, match=message):
-        dk.generate(shallow, PROMPTS[:1], drafter=dk.build("drafter", name), max_new_tokens=4)
+        dk.generate(shallow, PROMPTS[:1], drafter=dk.build("drafter", name, **kwargs), max_new_tokens=4)
 
 
 class Observer(FixedLength):
