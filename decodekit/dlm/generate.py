@@ -165,7 +165,7 @@ def generate(
     ahead = NextBlock()  # a block's first step, kept from the block before (drafts that look ahead)
     checks = _Checks(debug, dlm.vocab_size)
     idle = 0  # rounds in a row that took no forward: a schedule that keeps naming finished blocks never ends
-    with compiling(compiled, canvas=True), evaluating(dlm.lm):
+    with compiling(compiled, canvas=True, model=dlm.lm), evaluating(dlm.lm):
         for _ in tqdm(schedule.rounds(dlm, state), desc="blocks", disable=not progress):
             forwards = _decode_block(dlm, state, parts, temperature, cfg_scale, ahead, checks)
             stats.row_block_steps.append(state.block_step.tolist())

@@ -66,6 +66,9 @@ class LanguageModel:
         full_attention: every layer attends over all keys the mask allows (no sliding-window or chunked layers): what
             a diffusion LM and the drafters that read the target's attention need.
         records_attention: whether ``record_attention(sink)`` works (PillarAttn's drafter needs it).
+        compiles: whether its forward reads a call's ``compile=`` switch
+            (:func:`~decodekit.models.compile_switch.compile_scope`); a call with ``compile=True`` on a model that
+            does not says once that it runs eager.
     """
 
     vocab_size: int
@@ -75,6 +78,7 @@ class LanguageModel:
     tree_refusal: str | None = None
     full_attention: bool = True
     records_attention: bool = False
+    compiles: bool = False
 
     @property
     def device(self) -> torch.device:

@@ -17,9 +17,10 @@ import torch
 __all__ = ["freezes", "frozen_weights", "mark_dynamic", "own_code", "weight_versions"]
 
 
-def weight_versions(weights: Iterable[torch.Tensor]) -> list[tuple[int, int]]:
-    """Each weight's identity and in-place version counter: what a frozen compiled step was compiled against."""
-    return [(id(w), _version(w)) for w in weights]
+def weight_versions(weights: Iterable[torch.Tensor]) -> list[tuple[int, int, int]]:
+    """Each weight's identity, in-place version counter and storage address: what a frozen compiled step was
+    compiled against (the address moves when a parameter's ``.data`` is replaced, which keeps the other two)."""
+    return [(id(w), _version(w), w.data_ptr()) for w in weights]
 
 
 def _version(weight: torch.Tensor) -> int:

@@ -102,12 +102,15 @@ def compile_scope() -> CompileScope | None:
 
 
 @contextlib.contextmanager
-def compiling(mode: str | None = "default", canvas: bool = False) -> Iterator[CompileScope | None]:
+def compiling(mode: str | None = "default", canvas: bool = False, model: Any = None) -> Iterator[CompileScope | None]:
     """Within the block, covered forwards run static and compiled in ``mode`` (one of :data:`MODES`, as
     :func:`resolve_compile` gives it; ``canvas``: a diffusion LM's call, :class:`CompileScope`); None changes
-    nothing."""
+    nothing. ``model``: the call's target, whose forward must read the switch
+    (:attr:`~decodekit.models.base.LanguageModel.compiles`), else the call says once that it runs eager."""
     if mode is None:
         yield None
         return
     with setting(_SCOPE, CompileScope(mode, canvas)) as scope:
+        if model is not None and not model.compiles:
+            scope.eager(f"{type(model).__name__}'s forward does not read compile= (only transformers models compile)")
         yield scope

@@ -27,8 +27,8 @@ kernels (``mode="reduce-overhead"``, i.e. CUDA graphs, on CUDA); ``compile="max-
 into the compiled code (inductor's ``freezing``: constants it packs once) and runs the linear layers as its tuned
 GEMM templates (on the CPU its C++ micro-GEMMs, ``CPU_AUTOTUNE``; on CUDA torch's ``max-autotune`` mode, CUDA
 graphs included). A frozen step is compiled against the weights as they were: each forward compares the weights'
-identities and in-place version counters with those it froze, and compiles again where they changed (a head trained
-in place, ``load_state_dict``), so a stale copy never runs.
+identities, in-place version counters and storage addresses with those it froze, and compiles again where they
+changed (a head trained in place, ``load_state_dict``, a ``param.data = ...`` swap), so a stale copy never runs.
 The batch, width and key-length dimensions are marked dynamic (one graph serves every batch size
 after compaction, every width bucket and every capacity; dynamo keeps a size of 1 apart, and CUDA graphs record one
 graph per shape). Dynamo compiles a batch of one apart from larger ones, and a batch shrinks to one row as rows
@@ -37,12 +37,16 @@ inside or not) also runs a copy of its first row alone:
 the one-row graph compiles up front, not in the middle of a later call. A cache compacted in place (its buffers then
 views of the larger ones, which dynamo would trace as other graphs) is copied once at the next compiled forward.
 A first batched call compiles four graphs, a later call with other prompt lengths or batch sizes none
-(``tests/unit/test_compiled.py`` counts dynamo's compiles).
+(``tests/unit/test_compiled.py`` counts dynamo's compiles); a first call of one row compiles only the one-row graphs,
+so the first batched call after it compiles the batched ones. Each kind of forward adds up to four graphs, so a
+model shared by a few drafters passes dynamo's default limit of 8 a code object: the step raises it to
+``static_call.RECOMPILE_LIMIT`` (64) for itself, past which dynamo would run it eager.
 
 Where a forward cannot run this way it runs eager: silently for the speculative loop's prefills and for
 ``attend`` plans (the diffusion drafter's), with one warning a call naming why for a model outside the covered
-families, an early-exit or layer-skipping forward, a restricted attention (``attend=``, attention recording), and
-once per adapter when compiling itself fails (no C++ compiler for inductor, an unsupported op in a custom kernel).
+families or a hand-written one, a layer-skipping forward (an early exit, a prefix of the layers, compiles), a
+restricted attention (``attend=``, attention recording), and once per adapter when compiling itself fails (no C++
+compiler for inductor, an unsupported op in a custom kernel).
 
 Measured on a 2-core CPU (docs/benchmarks.md, "Compiled forwards on the CPU"): ``compile=True`` gives the same
 tokens at 0.99-1.04x the eager loop with the same stock kernels (a SmolLM2 token is bound by the matrix-vector

@@ -86,6 +86,8 @@ class HFCausalLM(RecordsAttention, LanguageModel):
         tokenizer: its tokenizer, if any (used by benchmarks, chat templates and the HF bridge).
     """
 
+    compiles = True  # forward() runs decodekit's compiled step where it applies, else says why not
+
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None) -> None:
         self.decoder = _decoder(model)
         check_supported(model, self.decoder)

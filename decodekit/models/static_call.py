@@ -17,9 +17,13 @@ import torch
 from decodekit.models.compile_support import freezes, frozen_weights, mark_dynamic, own_code, weight_versions
 from decodekit.models.compile_switch import width_bucket
 
-__all__ = ["CPU_AUTOTUNE", "StaticCall", "StaticInputs"]
+__all__ = ["CPU_AUTOTUNE", "RECOMPILE_LIMIT", "StaticCall", "StaticInputs"]
 
 CPU_AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}  # inductor's options: "max-autotune"
+RECOMPILE_LIMIT = 64
+"""Graphs a step may compile (dynamo's ``recompile_limit``, 8 by default, past which it runs eager in silence): each
+kind of forward (the hidden layers kept, logits or not, an exit's blocks) needs up to four (one row or more, one
+token or more), so one model shared by a few drafters in a process would pass 8."""
 
 StaticInputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]
 """A step's padded inputs: ``inputs [B, W, ...]`` (token ids or hidden states), ``positions [B, W]``, the mask
@@ -48,7 +52,7 @@ class StaticCall:
         """Forget every compiled step (each mode compiles its own again at its next forward)."""
         self._compiled: dict[str, Any] = {}  # mode -> its compiled step
         self._single: set[tuple[Any, ...]] = set()  # the kinds of forward whose one-row graph exists (run())
-        self._frozen: dict[str, list[tuple[int, int]]] = {}  # mode -> the weights frozen into it (id, version)
+        self._frozen: dict[str, list[tuple[int, int, int]]] = {}  # mode -> the weights frozen into it
 
     def __deepcopy__(self, memo: dict) -> StaticCall:
         """A copy for a copied model (a deep copy of a model deep-copies its adapter): everything but the compiled
@@ -116,7 +120,8 @@ class StaticCall:
         device = inputs[0].device
         batch, width = inputs[0].shape[:2]
         try:
-            with self._lock, frozen_weights(mode, device):
+            limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            with self._lock, frozen_weights(mode, device), torch._dynamo.config.patch(recompile_limit=limit):
                 step = self._step_for(mode, device)
                 key = (mode, width > 1, *args)
                 if key not in self._single and batch > 1:
@@ -131,7 +136,7 @@ class StaticCall:
 
     def _step_for(self, mode: str, device: torch.device) -> Any:
         """The compiled step of ``mode``, compiled now if this is its first forward, or again if weights frozen
-        into it have changed since (replaced, or updated in place: their version counters moved)."""
+        into it have changed since (replaced, updated in place or given new ``.data``: :func:`weight_versions`)."""
         frozen = self._frozen.get(mode)
         if frozen is not None and frozen != weight_versions(self.weights()):
             self._compiled.pop(mode, None)

@@ -43,6 +43,7 @@ class ResizedVocab(LanguageModel):
         self.tokenizer = model.tokenizer
         self.tree_refusal = model.tree_refusal
         self.full_attention = model.full_attention
+        self.compiles = model.compiles
 
     def __repr__(self) -> str:
         return f"ResizedVocab({self.inner!r}, vocab={self.vocab_size})"

@@ -187,7 +187,7 @@ def generate(
         state.processing = LogitsProcessing(processors, options.min_new_tokens, eos, model.vocab_size, debug=debug)
     out = Outputs(state, eos, as_streamer(streamer, rows), stop, pad_id(options, model, eos_list), rows)
     try:
-        with compiling(compiled), evaluating(model):
+        with compiling(compiled, model=model), evaluating(model):
             return _loop(model, state, parts, out, debug, start)
     finally:
         out.end_stream()  # also after an error, so a consumer waiting for the end is released

@@ -164,6 +164,23 @@ def test_max_autotune_freezes_the_weights_and_recompiles_when_they_change(ragged
     changed = dk.generate(model, prompts, **kwargs).sequences
     assert changed != before  # the update matters: the frozen copy would give the old tokens
     assert dk.generate(model, prompts, compile="max-autotune", **kwargs).sequences == changed
+    weight = model.hf.model.layers[1].mlp.up_proj.weight
+    version = weight._version
+    weight.data = weight.data * -2.0  # a loader's or LoRA merge's swap: the same Parameter at the same version
+    assert weight._version == version
+    swapped = dk.generate(model, prompts, **kwargs).sequences
+    assert swapped != changed and dk.generate(model, prompts, compile="max-autotune", **kwargs).sequences == swapped
+
+
+def test_one_model_compiles_more_kinds_of_forward_than_dynamos_default_limit(ragged_prompts, monkeypatch):
+    """A model shared by a few drafters needs more graphs than dynamo's ``recompile_limit`` (8; past it a step runs
+    eager in silence): the compiled step raises the limit for itself. Shown with the limit lowered to 1, which a
+    batched call's two graphs (its rows, and one row alone) already pass."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    model = dk.load_model(tiny_llama(7, layers=2))
+    before = _graphs()
+    dk.generate(model, ragged_prompts, max_new_tokens=4, eos_token_id=(), compile=True)
+    assert _graphs() - before == 2
 
 
 def test_compile_argument_is_checked_and_auto_is_eager_on_the_cpu(llama):

@@ -74,6 +74,10 @@ def test_a_hand_written_model_runs_in_the_loop_with_every_kind_of_draft():
     ):
         out = dk.generate(model, prompts, drafter, policy=policy, max_new_tokens=12, eos_token_id=())
         assert out.sequences == want and out.stats.drafted > 0, type(drafter).__name__
+    # compile=True: its own forward cannot read the switch; the call says so once and runs it as it is
+    with pytest.warns(UserWarning, match="compile=True: OneLayerLM's forward does not read compile=") as caught:
+        out = dk.generate(model, prompts, max_new_tokens=12, eos_token_id=(), compile=True)
+    assert out.sequences == want and sum("compile=True" in str(w.message) for w in caught) == 1
 
 
 def test_a_model_writing_to_the_cache_itself_is_told_to_use_the_view():
