@@ -122,6 +122,8 @@ class GenerationOutput:
         prompts: each row's prompt ids, as decoded (padding stripped).
         pad_token_id: the call's pad id (:meth:`padded`'s default): its ``pad_token_id``, else the
             tokenizer's, else the first EOS id, as transformers falls back; None if there was none.
+        inputs: the ``[B, T]`` batch the call was given (a tensor, an array or a tokenizer's output), padding
+            included, on the CPU; None when it was given as lists or strings.
     """
 
     sequences: list[list[int]]
@@ -129,11 +131,12 @@ class GenerationOutput:
     stats: SpecStats = field(repr=False)
     prompts: list[list[int]] = field(default_factory=list, repr=False)
     pad_token_id: int | None = field(default=None, repr=False)
+    inputs: torch.Tensor | None = field(default=None, repr=False)
 
     def padded(self, pad_token_id: int | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
-        """``[B, T + G]`` long, as ``model.generate`` returns it: each prompt left-padded to the longest ``T``,
-        then its generated tokens right-padded to the longest ``G``, with ``pad_token_id`` (default: the
-        call's :attr:`pad_token_id`)."""
+        """``[B, T + G]`` long, as ``model.generate`` returns it: the input batch as it was given (:attr:`inputs`:
+        its width and padding kept; else each prompt left-padded to the longest ``T``), then each row's generated
+        tokens right-padded to the longest ``G``, with ``pad_token_id`` (default: the call's :attr:`pad_token_id`)."""
         pad = self.pad_token_id if pad_token_id is None else check_int("pad_token_id", pad_token_id, low=0)
         if pad is None:
             raise ConfigError(
@@ -142,9 +145,14 @@ class GenerationOutput:
             )
         if len(self.prompts) != len(self.sequences):
             raise ConfigError("padded() needs the prompts, which this GenerationOutput was built without")
-        width = max(map(len, self.prompts), default=0)
         generated = max(map(len, self.sequences), default=0)
-        out = torch.full((len(self.sequences), width + generated), pad, dtype=torch.long)
-        for b, (prompt, tokens) in enumerate(zip(self.prompts, self.sequences)):
-            out[b, width - len(prompt) : width + len(tokens)] = torch.tensor(prompt + tokens, dtype=torch.long)
-        return out.to(device)
+        tail = torch.full((len(self.sequences), generated), pad, dtype=torch.long)
+        for b, tokens in enumerate(self.sequences):
+            tail[b, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        if self.inputs is not None:
+            return torch.cat([self.inputs, tail], 1).to(device)
+        width = max(map(len, self.prompts), default=0)
+        head = torch.full((len(self.prompts), width), pad, dtype=torch.long)
+        for b, prompt in enumerate(self.prompts):
+            head[b, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        return torch.cat([head, tail], 1).to(device)

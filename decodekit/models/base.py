@@ -66,6 +66,9 @@ class LanguageModel:
         full_attention: every layer attends over all keys the mask allows (no sliding-window or chunked layers): what
             a diffusion LM and the drafters that read the target's attention need.
         records_attention: whether ``record_attention(sink)`` works (PillarAttn's drafter needs it).
+        generation_config: the transformers ``GenerationConfig`` the model came with (a checkpoint's
+            ``generation_config.json``), if any: :func:`decodekit.generate` reads its EOS and pad ids and says once
+            which other options it sets that ``model.generate`` would apply.
         compiles: whether its forward reads a call's ``compile=`` switch
             (:func:`~decodekit.models.compile_switch.compile_scope`); a call with ``compile=True`` on a model that
             does not says once that it runs eager.
@@ -78,6 +81,7 @@ class LanguageModel:
     tree_refusal: str | None = None
     full_attention: bool = True
     records_attention: bool = False
+    generation_config: Any = None
     compiles: bool = False
 
     @property

@@ -117,7 +117,7 @@ class HFCausalLM(RecordsAttention, LanguageModel):
         self.vocab_size = int(getattr(self.lm_head, "out_features", None) or config.vocab_size)
         self._embeddings = model.get_input_embeddings()
         self._embed_weight = self._embeddings.weight  # device / dtype (quantized heads have no .weight)
-        gen_config = getattr(model, "generation_config", None)
+        gen_config = self.generation_config = getattr(model, "generation_config", None)
         self.eos_token_ids = _as_tuple(
             getattr(gen_config, "eos_token_id", None) or getattr(config, "eos_token_id", None)
         )

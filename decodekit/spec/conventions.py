@@ -11,8 +11,10 @@ a transformers streamer. Differences, each deliberate:
 * processors see each position's exact context, never padding (:mod:`decodekit.spec.processors`).
 
 Every other ``generate()`` option is refused by name with what to do instead (:data:`ADVICE`), and so is a
-``GenerationConfig`` field that would change the output; fields that cannot change it (``bos_token_id``,
-``use_cache``, ``num_beams=1``, ``output_scores=False``, ...) are ignored.
+``GenerationConfig`` field that would change the output; fields and keywords that cannot change it
+(``bos_token_id``, ``use_cache``, ``num_beams=1``, ``output_scores=False``, ...) are ignored. A model's own
+``GenerationConfig`` (``model.generation_config``) gives its EOS and pad ids; what else it sets that would change the
+output is named in one warning per model, with how to apply it (``generation_config=model.generation_config``).
 """
 
 from __future__ import annotations
@@ -148,7 +150,15 @@ def _never(value: Any) -> bool:
 
 
 def refuse_extra(extra: Mapping[str, Any]) -> None:
-    for name in extra:
+    """Refuse keywords :func:`decodekit.generate` does not take, by name with what to do instead; a value that
+    cannot change its output (``use_cache=True``, ``num_beams=1``, ``output_scores=False``, ...) is ignored, as in a
+    ``GenerationConfig``, except ``return_dict_in_generate=True`` (the result is a ``GenerationOutput`` either way)."""
+    for name, value in extra.items():
+        harmless = _HARMLESS.get(name, _never)
+        if name == "return_dict_in_generate":
+            harmless = _never if value else harmless
+        if harmless(value):
+            continue
         if name in ADVICE:
             raise ConfigError(f"decodekit.generate does not take {name}: {ADVICE[name]}")
         hint = did_you_mean(name, [*_KEYWORDS, *ADVICE])

@@ -35,10 +35,12 @@ from decodekit.spec.options import (
     max_lengths_for,
     max_new_tokens_for,
     pad_id,
+    padded_inputs,
     prompts_or_input_ids,
     tokenizer_for,
+    warn_model_config,
 )
-from decodekit.spec.outputs import Outputs, StopStrings, as_streamer, check_streamer
+from decodekit.spec.outputs import Outputs, StopStrings, as_streamer, check_streamer, ended_on_error
 from decodekit.spec.parts import resolve_parts
 from decodekit.spec.processors import LogitsProcessing, Processor, process_next, process_scored
 from decodekit.spec.round import Round, round_extras
@@ -162,30 +164,34 @@ def generate(
         logits_processor=logits_processor,
         stop_strings=stop_strings,
     )  # the transformers-style keywords, merged over generation_config by call_options
-    options = call_options(generation_config, given, unsupported)
-    sampling = SamplingParams(options.temperature, options.top_k, options.top_p)
-    check_components(drafter, verifier, policy)  # their Protocols, before the model loads
-    debug = check_bool("debug", debug)
-    check_model_spec("model", model)
-    model = load_model(model)
-    compiled = resolve_compile(compile, model.device)  # None (eager) or the mode forwards compile in
-    rows = prompt_ids(prompts_or_input_ids(prompts, input_ids, attention_mask), model)
-    max_new_tokens = max_new_tokens_for(options, rows)
-    seed = check_seed(seed, len(rows))
-    eos_list = eos_list_for(options.eos_token_id, model)
-    eos = torch.tensor(eos_list, dtype=torch.long, device=model.device)
-    processors = build_processors(options, model.vocab_size, eos_list, model.device)
-    stop = StopStrings(options.stop_strings, tokenizer_for(tokenizer, model)) if options.stop_strings else None
-    check_streamer(streamer)
-    max_lengths = max_lengths_for(rows, max_new_tokens, model)
-    parts = resolve_parts(model, drafter, verifier, policy, sampling)  # defaults, checks, hooks: once
-    parts.check_context(max(max_lengths))
-    generator = make_generator(seed, model.device)  # a list of ints: one keyed generator per row
-    state = DecodeState.from_prompts(rows, max_lengths, sampling, generator, model.device)
-    state.needs, state.vocab_size = parts.needs, model.vocab_size
-    if processors or options.min_new_tokens:
-        state.processing = LogitsProcessing(processors, options.min_new_tokens, eos, model.vocab_size, debug=debug)
-    out = Outputs(state, eos, as_streamer(streamer, rows), stop, pad_id(options, model, eos_list), rows)
+    with ended_on_error(streamer):  # a refused call still releases a transformers streamer's consumer
+        options = call_options(generation_config, given, unsupported)
+        sampling = SamplingParams(options.temperature, options.top_k, options.top_p)
+        check_components(drafter, verifier, policy)  # their Protocols, before the model loads
+        debug = check_bool("debug", debug)
+        check_model_spec("model", model)
+        model = load_model(model)
+        compiled = resolve_compile(compile, model.device)  # None (eager) or the mode forwards compile in
+        warn_model_config(model, generation_config, given)
+        source = prompts_or_input_ids(prompts, input_ids, attention_mask)
+        rows, inputs = prompt_ids(source, model), padded_inputs(source)
+        max_new_tokens = max_new_tokens_for(options, rows, None if inputs is None else inputs.shape[1])
+        seed = check_seed(seed, len(rows))
+        eos_list = eos_list_for(options.eos_token_id, model)
+        eos = torch.tensor(eos_list, dtype=torch.long, device=model.device)
+        processors = build_processors(options, model.vocab_size, eos_list, model.device)
+        stop = StopStrings(options.stop_strings, tokenizer_for(tokenizer, model)) if options.stop_strings else None
+        check_streamer(streamer)
+        max_lengths = max_lengths_for(rows, max_new_tokens, model)
+        parts = resolve_parts(model, drafter, verifier, policy, sampling)  # defaults, checks, hooks: once
+        parts.check_context(max(max_lengths))
+        generator = make_generator(seed, model.device)  # a list of ints: one keyed generator per row
+        state = DecodeState.from_prompts(rows, max_lengths, sampling, generator, model.device)
+        state.needs, state.vocab_size = parts.needs, model.vocab_size
+        if processors or options.min_new_tokens:
+            state.processing = LogitsProcessing(processors, options.min_new_tokens, eos, model.vocab_size, debug=debug)
+        pad = pad_id(options, model, eos_list)
+        out = Outputs(state, eos, as_streamer(streamer, rows), stop, pad, rows, inputs)
     try:
         with compiling(compiled, model=model), evaluating(model):
             return _loop(model, state, parts, out, debug, start)

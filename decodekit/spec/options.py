@@ -5,9 +5,12 @@ the model or the prompts (processors, ``max_length``, the pad id, the stop strin
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from decodekit.checks import (
     check_bool,
@@ -21,7 +24,7 @@ from decodekit.checks import (
 )
 from decodekit.errors import ConfigError, ConfigTypeError
 from decodekit.models import LanguageModel
-from decodekit.spec.conventions import REFUSED_PROCESSORS, config_fields, refuse_extra
+from decodekit.spec.conventions import CONFIG_KEYWORDS, REFUSED_PROCESSORS, config_fields, refuse_extra
 
 
 def max_lengths_for(rows: list[list[int]], max_new_tokens: int, model: LanguageModel) -> list[int]:
@@ -50,6 +53,8 @@ __all__ = [
     "call_options",
     "max_new_tokens_for",
     "pad_id",
+    "padded_inputs",
+    "warn_model_config",
     "prompts_or_input_ids",
     "tokenizer_for",
 ]
@@ -79,9 +84,19 @@ def call_options(generation_config: Any, keywords: dict[str, Any], extra: Mappin
     """Merge ``generation_config``'s set fields with the call's ``keywords`` (None = not given), refuse ``extra``
     (keywords :func:`decodekit.generate` does not take) by name, and check every value."""
     refuse_extra(extra)
-    merged = config_fields(generation_config) | {k: v for k, v in keywords.items() if v is not None}
+    from_config = config_fields(generation_config)
+    merged = from_config | {k: v for k, v in keywords.items() if v is not None}
     do_sample = merged.pop("do_sample", None)
     do_sample = None if do_sample is None else check_bool("do_sample", do_sample)
+    if do_sample is None and generation_config is not None and all(keywords.get(k) is None for k in _WARPING):
+        do_sample = False  # the config's own default, as transformers reads it: its temperature alone samples not
+        if any(k in from_config for k in _WARPING):
+            warnings.warn(
+                "generation_config sets "
+                + ", ".join(f"{k}={from_config[k]!r}" for k in _WARPING if k in from_config)
+                + " but not do_sample=True: decoding is greedy, as in transformers; set do_sample=True to sample",
+                stacklevel=3,
+            )
     temperature = check_float("temperature", merged.pop("temperature", None), low=0, optional=True)
     if do_sample is False:
         temperature = 0.0  # transformers ignores temperature / top_k / top_p without sampling
@@ -115,6 +130,38 @@ def call_options(generation_config: Any, keywords: dict[str, Any], extra: Mappin
         logits_processor=_processors(processors),
         stop_strings=_strings(stop),
     )
+
+
+_WARPING = ("temperature", "top_k", "top_p")  # what shapes sampling (and changes nothing without it)
+_WARNED: weakref.WeakSet = weakref.WeakSet()  # models whose own GenerationConfig was reported
+
+
+def warn_model_config(model: LanguageModel, generation_config: Any, keywords: Mapping[str, Any]) -> None:
+    """Say once per model which options its own ``GenerationConfig`` (a checkpoint's ``generation_config.json``,
+    what ``model.generate`` starts from) sets that change the output and that this call, given no
+    ``generation_config``, does not apply: ``decodekit.generate`` takes only its EOS and pad ids."""
+    own = model.generation_config
+    if own is None or generation_config is not None or model in _WARNED:
+        return
+    _WARNED.add(model)
+    try:
+        fields = {k: v for k, v in own.to_diff_dict().items() if v is not None}
+    except (AttributeError, TypeError):  # not a transformers GenerationConfig
+        return
+    skipped = [k for k in CONFIG_KEYWORDS if k in fields and keywords.get(k) is None and k not in _TAKEN]
+    if not fields.get("do_sample"):  # without sampling transformers ignores these too
+        skipped = [k for k in skipped if k not in (*_WARPING, "do_sample")]
+    if skipped:
+        warnings.warn(
+            f"{type(model).__name__}'s own generation_config sets "
+            + ", ".join(f"{k}={fields[k]!r}" for k in skipped)
+            + ", which model.generate applies and decodekit.generate does not (its defaults are its own: greedy, 64 "
+            "new tokens); pass generation_config=model.generation_config to apply them",
+            stacklevel=3,
+        )
+
+
+_TAKEN = ("eos_token_id", "pad_token_id")  # what decodekit.generate reads of a model's own GenerationConfig
 
 
 def build_processors(options: CallOptions, vocab_size: int, eos: list[int], device: Any) -> list[Any]:
@@ -165,18 +212,33 @@ def prompts_or_input_ids(prompts: Any, input_ids: Any, attention_mask: Any) -> A
     )
 
 
-def max_new_tokens_for(options: CallOptions, rows: list[list[int]]) -> int:
-    """``max_new_tokens``; else ``max_length`` minus the longest prompt (transformers counts ``max_length`` from the
-    padded width, so every row gets the same budget); else 64."""
+def max_new_tokens_for(options: CallOptions, rows: list[list[int]], width: int | None = None) -> int:
+    """``max_new_tokens``; else ``max_length`` minus the input's padded ``width`` (a ``[B, T]`` input's ``T``, as
+    transformers counts it, so every row gets the same budget; ragged lists: the longest prompt); else 64."""
     if options.max_new_tokens is not None or options.max_length is None:
         return options.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
-    longest = max(map(len, rows))
+    longest = width or max(map(len, rows))
     if options.max_length <= longest:
+        what = "the padded input" if width else "the longest prompt"
         raise ConfigError(
-            f"max_length={options.max_length} leaves no room after the longest prompt ({longest} tokens); "
+            f"max_length={options.max_length} leaves no room after {what} ({longest} tokens); "
             "set max_new_tokens instead (it counts per row)"
         )
     return options.max_length - longest
+
+
+def padded_inputs(source: Any) -> torch.Tensor | None:
+    """The call's input as the ``[B, T]`` batch it was given, padding included (a 2-D tensor or array, or a
+    tokenizer's output's ``input_ids``), on the CPU: what transformers counts ``max_length`` from and what
+    :meth:`~decodekit.types.GenerationOutput.padded` starts with. None for ragged lists, strings or one prompt."""
+    ids = source.get("input_ids") if isinstance(source, Mapping) else source
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") or not len(ids):
+        return None
+    try:
+        batch = torch.as_tensor(ids)
+    except (TypeError, ValueError, RuntimeError):  # ragged lists, strings
+        return None
+    return batch.long().cpu() if batch.dim() == 2 and not batch.is_floating_point() else None
 
 
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -193,9 +255,13 @@ def tokenizer_for(tokenizer: Any, model: LanguageModel) -> Any:
 
 
 def pad_id(options: CallOptions, model: LanguageModel, eos: list[int]) -> int | None:
-    """The call's ``pad_token_id``, else the tokenizer's, else the first EOS id (transformers' fallback)."""
+    """The call's ``pad_token_id``, else the model's own ``GenerationConfig``'s, else the tokenizer's, else the first
+    EOS id (transformers' fallback)."""
     if options.pad_token_id is not None:
         return options.pad_token_id
+    own = getattr(model.generation_config, "pad_token_id", None)
+    if is_int(own) and own >= 0:
+        return int(own)
     pad = getattr(model.tokenizer, "pad_token_id", None)
     if isinstance(pad, int):
         return pad

@@ -3,7 +3,8 @@ streaming (decodekit's ``streamer(row, tokens)`` or a transformers streamer), fi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -64,6 +65,20 @@ def check_streamer(streamer: Any) -> None:
         check_signature("streamer.end", end, 0, "end()")
 
 
+@contextlib.contextmanager
+def ended_on_error(streamer: Any) -> Iterator[None]:
+    """Call ``streamer.end()`` (if it has one) when the block raises: a call refused before its :class:`Outputs`
+    takes the streamer over still releases a consumer waiting for the end (a ``TextIteratorStreamer``'s)."""
+    try:
+        yield
+    except BaseException:
+        end = getattr(streamer, "end", None)
+        if callable(end) and not isinstance(streamer, type):
+            with contextlib.suppress(Exception):  # the refusal is what the caller must see
+                end()
+        raise
+
+
 def as_streamer(streamer: Any, prompts: list[list[int]]) -> Streamer | None:
     """decodekit's callback for ``streamer``: itself when callable; a :class:`StreamerAdapter` for a transformers
     streamer, which (as in ``model.generate``) first receives the prompt ``[1, T]`` and takes one row only."""
@@ -121,11 +136,12 @@ class Outputs:
         stop: StopStrings | None = None,
         pad_token_id: int | None = None,
         prompts: list[list[int]] | None = None,
+        inputs: torch.Tensor | None = None,
     ) -> None:
         self.tokens = torch.zeros_like(state.tokens)  # [B0, C]: each caller row's tokens once it finished
         self.ends = state.lengths.clone()
         self.starts = list(state.host_lengths)
-        self.prompts = prompts or []
+        self.prompts, self.inputs = prompts or [], inputs
         self.eos, self.streamer, self.stop, self.pad_token_id = eos, streamer, stop, pad_token_id
         self.finished = torch.zeros_like(state.lengths, dtype=torch.bool)
         self.stopped = torch.zeros_like(state.lengths, dtype=torch.bool)  # [B0]: ended by a stop string
@@ -209,4 +225,5 @@ class Outputs:
             stats=stats,
             prompts=self.prompts,
             pad_token_id=self.pad_token_id,
+            inputs=self.inputs,
         )

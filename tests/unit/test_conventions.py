@@ -3,6 +3,8 @@ input_ids / attention_mask, padded output, transformers streamers, stop_strings,
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from transformers import GenerationConfig
@@ -178,6 +180,63 @@ def test_a_model_generation_config_is_accepted(target, ragged_prompts):
     out = dk.generate(target, ragged_prompts, generation_config=config, max_new_tokens=4)
     assert out.sequences == dk.generate(target, ragged_prompts, eos_token_id=2, max_new_tokens=4).sequences
     assert out.pad_token_id == 2
+
+
+def test_the_models_own_generation_config_is_named_once_and_applied_when_passed(ragged_prompts):
+    """model.generate starts from the model's own GenerationConfig (a checkpoint's generation_config.json);
+    decodekit.generate takes its EOS and pad ids and names once what else it sets that would change the output."""
+    model = tiny_llama(0)
+    model.generation_config.repetition_penalty = 1.5
+    model.generation_config.no_repeat_ngram_size = 2
+    model.generation_config.temperature = 0.6  # without do_sample transformers ignores it too: not named
+    model.generation_config.pad_token_id = 3
+    with pytest.warns(UserWarning, match=r"sets repetition_penalty=1.5, no_repeat_ngram_size=2, which") as caught:
+        plain = greedy(model, ragged_prompts, max_new_tokens=MAX_NEW)
+    assert "temperature" not in str(caught[0].message) and plain.pad_token_id == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per model
+        greedy(model, ragged_prompts, max_new_tokens=2)
+    ids, mask = left_padded(ragged_prompts)
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, eos_token_id=None)
+    config, new = model.generation_config, MAX_NEW
+    with pytest.warns(UserWarning, match="temperature=0.6 but not do_sample=True"):  # transformers ignores it too
+        applied = greedy(model, None, input_ids=ids, attention_mask=mask, generation_config=config, max_new_tokens=new)
+    assert torch.equal(applied.padded(), expected) and applied.sequences != plain.sequences
+
+
+def test_a_generation_config_without_do_sample_decodes_greedily_as_in_transformers(target, ragged_prompts):
+    config = GenerationConfig(temperature=0.7, top_p=0.9, max_new_tokens=MAX_NEW)
+    with pytest.warns(UserWarning, match=r"sets temperature=0.7, top_p=0.9 but not do_sample=True: decoding is greedy"):
+        out = greedy(target, ragged_prompts, generation_config=config, seed=1)
+    assert out.sequences == greedy(target, ragged_prompts, max_new_tokens=MAX_NEW).sequences
+    sampled = greedy(target, ragged_prompts, generation_config=config, temperature=0.7, seed=1)  # the keyword samples
+    assert sampled.sequences != out.sequences
+
+
+def test_a_batch_padded_wider_than_its_longest_prompt_keeps_transformers_lengths_and_layout(target, ragged_prompts):
+    """A tokenizer's ``padding="max_length"`` or ``pad_to_multiple_of``: ``max_length`` counts from the padded width
+    and ``padded()`` keeps the input as it was given, its pad ids included."""
+    ids, mask = left_padded(ragged_prompts)
+    ids, mask = torch.cat([torch.full((len(ids), 3), 9), ids], 1), torch.cat([torch.zeros(len(ids), 3).long(), mask], 1)
+    width = ids.shape[1]
+    for kwargs in (dict(max_length=width + 5), dict(max_new_tokens=6)):
+        expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=0, **kwargs)
+        out = dk.generate(target, input_ids=ids, attention_mask=mask, pad_token_id=0, eos_token_id=(), **kwargs)
+        assert torch.equal(out.padded(), expected), kwargs
+
+
+def test_a_streamer_is_released_when_the_call_is_refused_before_it_starts(target, ragged_prompts):
+    for kwargs in (dict(repetition_penalty=-1.0), dict(prompts=ragged_prompts)):
+        streamer = Recorder()
+        with pytest.raises(ConfigError):
+            greedy(target, kwargs.pop("prompts", ragged_prompts[:1]), streamer=streamer, max_new_tokens=2, **kwargs)
+        assert streamer.ended == 1, kwargs
+
+
+def test_keywords_that_cannot_change_the_output_are_ignored(target, ragged_prompts):
+    harmless = dict(use_cache=True, num_beams=1, output_scores=False, return_dict_in_generate=False)
+    out = greedy(target, ragged_prompts, max_new_tokens=4, **harmless)
+    assert out.sequences == greedy(target, ragged_prompts, max_new_tokens=4).sequences
 
 
 # ------------------------------------------------------------------------------ stop strings (real tokenizer)
