@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from decodekit.bench.load import RETRIES
-from decodekit.checks import check_bool, check_choice, check_int
+from decodekit.checks import check_bool, check_choice, check_int, did_you_mean
 from decodekit.errors import ConfigError, ConfigTypeError
 from decodekit.models.compile_switch import CHOICES as COMPILE_CHOICES
 
@@ -66,9 +68,16 @@ def check_bench_config(cfg: Any) -> None:
             Setting(**setting)
         except ConfigError as error:
             raise type(error)(f"{where}.{error}") from None
+    unknown = sorted(set(map(str, cfg)) - _TOP_KEYS - experiment_keys())
+    if unknown:  # a key added with +key=..., which nothing reads
+        raise ConfigError(f"the bench config has unknown keys {unknown}{did_you_mean(unknown[0], _TOP_KEYS)}")
     task = cfg.get("task")
     if not isinstance(task, Mapping):
         raise ConfigTypeError(f"task must be a task config (task=mixed, ...), got {task!r}")
+    extra = sorted(set(map(str, task)) - _TASK_KEYS)
+    if extra:
+        hint = did_you_mean(extra[0], _TASK_KEYS)
+        raise ConfigError(f"task has unknown keys {extra}{hint}; allowed: {', '.join(sorted(_TASK_KEYS))}")
     check_choice("task.name", task.get("name"), TASKS)
     check_int("task.num_prompts", task.get("num_prompts"), low=1, optional=True)
     check_int("task.max_prompt_tokens", task.get("max_prompt_tokens"), low=1)
@@ -115,6 +124,21 @@ COMPONENTS = ("drafter", "verifier", "policy")
 _SETTING_KEYS = {"name", "temperature", "top_k", "top_p"}
 _METHOD_KEYS = {"drafter", "verifier", "policy", "max_batch", "fresh", "compile"}
 _BASELINE_KINDS = ("greedy", "static_compiled", "prompt_lookup", "assisted", "early_exit")
+_TASK_KEYS = {"name", "num_prompts", "max_prompt_tokens", "seed"}
+_TOP_KEYS = {  # bench.yaml's keys and groups
+    "model", "task", "drafter", "verifier", "policy", "methods", "baselines", "settings", "batch_sizes",
+    "max_new_tokens", "seed", "passes", "reruns", "oracle", "progress",
+}  # fmt: skip
+
+
+@functools.cache
+def experiment_keys() -> frozenset[str]:
+    """The top-level keys the packaged experiments add (``candidate``, ``dflash_weights``, ...: interpolated into
+    their methods)."""
+    import yaml
+
+    folder = Path(__file__).resolve().parent.parent / "recipes" / "experiment"
+    return frozenset(k for f in folder.glob("*.yaml") for k in (yaml.safe_load(f.read_text()) or {}) if k != "defaults")
 
 
 def ran_config(cfg: Any) -> dict[str, Any]:

@@ -228,13 +228,14 @@ def check_arguments(args: Mapping[str, Any], skip: Sequence[str] = ("out_dir",))
 
 
 def chosen_layers(layers: Sequence[int] | None, default: Sequence[int], num_layers: int) -> tuple[int, ...]:
-    """The target layers a recipe taps: ``layers`` (None: ``default``), sorted; refuses a repeated layer and any
-    outside the target's decoder layers ``1 .. num_layers``."""
+    """The target layers a recipe taps: ``layers`` (None: ``default``, whose coinciding layers on a shallow target
+    are kept once), sorted; refuses a repeated layer the user named and any outside the target's decoder layers
+    ``1 .. num_layers``."""
     given = [int(i) for i in (layers or default)]
     picked = tuple(sorted(set(given)))
     if not picked or picked[0] < 1 or picked[-1] > num_layers:
-        raise ConfigError(f"layers must be decoder layers 1 .. {num_layers} of the target; got {layers}")
-    if len(picked) != len(given):  # a head's width follows how many layers it reads: a repeat is a typo
+        raise ConfigError(f"layers must be decoder layers 1 .. {num_layers} of the target; got {layers or given}")
+    if layers and len(picked) != len(given):  # a head's width follows how many layers it reads: a repeat is a typo
         raise ConfigError(f"layers names a layer twice ({layers}); name each layer once")
     return picked
 

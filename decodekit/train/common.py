@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,22 @@ class Checkpoints:
     def __init__(self, accelerator: Any, out: Path) -> None:
         self.accelerator, self.dir = accelerator, Path(out) / "checkpoints"
         accelerator.register_save_state_pre_hook(_trainable_only)
+
+    def start(self, resume: bool) -> tuple[int, dict[str, list[list[float]]]] | None:
+        """:meth:`resume` a run; or, for a fresh one, remove the checkpoints an earlier run left in this directory
+        (with a warning), so none of them is taken for this run's by a later ``resume=true``."""
+        if resume:
+            return self.resume()
+        old = sorted(self.dir.glob("step_*"))
+        if old and self.accelerator.is_main_process:
+            warnings.warn(
+                f"a fresh run (resume=false) in {self.dir.parent}: removing the {len(old)} checkpoint(s) an earlier "
+                "run left there (pass resume=true to continue that run instead)",
+                stacklevel=2,
+            )
+            for path in old:
+                shutil.rmtree(path)
+        return None
 
     def resume(self) -> tuple[int, dict[str, list[list[float]]]] | None:
         """Load the last checkpoint; its step and loss history (None: there is none). Every trainable parameter

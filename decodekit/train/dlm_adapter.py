@@ -183,7 +183,7 @@ def train(
     shape = schedule.lr_lambdas[0]
     model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
     checkpoints = Checkpoints(accelerator, out)
-    step, history = (checkpoints.resume() if cfg.resume else None) or (0, {"train": [], "val": []})
+    step, history = checkpoints.start(cfg.resume) or (0, {"train": [], "val": []})
     shape.total = total  # a checkpoint restores its own; this run's max_steps decides
     noise = torch.Generator(accelerator.device).manual_seed(seed + step)
 

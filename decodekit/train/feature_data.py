@@ -9,9 +9,11 @@ float16 in ``<data_dir>/features.pt``, which a later run (``resume=true``, or an
 
 from __future__ import annotations
 
+import json
 import time
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from decodekit.models.base import hidden_size_of
 from decodekit.train.sequences import (
     DATA_KEYS,
     DATA_SOURCE,
+    PLAN_FILE,
     check_data_models,
     check_data_plan,
     check_token_ids,
@@ -32,8 +35,10 @@ from decodekit.train.sequences import (
 )
 
 
-def check_cached(data: dict[str, Any], target: Any, data_dir: Path) -> None:
-    """Refuse a ``features.pt`` whose features or token ids do not fit ``target`` (made with another model)."""
+def check_cached(data: dict[str, Any], target: Any, data_dir: Path, seq_len: int | None = None) -> None:
+    """Refuse a ``features.pt`` whose features or token ids do not fit ``target`` (made with another model); warn
+    when its sequences were cut at another length than this run's ``seq_len`` (they are reused as they are, as
+    :func:`~decodekit.train.sequences.check_data_plan` warns for the other data knobs)."""
     hidden = hidden_size_of(target)
     feats = data.get("feats")
     if feats is not None and hidden is not None and feats.shape[-1] != hidden:
@@ -45,6 +50,13 @@ def check_cached(data: dict[str, Any], target: Any, data_dir: Path) -> None:
     tokens = data.get("tokens")
     if tokens is not None and tokens.numel():
         check_token_ids("cached features' sequences", int(tokens.max()), target, data_dir)
+    if tokens is not None and seq_len is not None and tokens.shape[1] != seq_len:
+        warnings.warn(
+            f"the features in {data_dir / 'features.pt'} were built with seq_len={tokens.shape[1]}; this run asks "
+            f"for seq_len={seq_len} and reuses them as they are: point data_dir at a new directory to build the ones "
+            "asked for",
+            stacklevel=2,
+        )
 
 
 @torch.no_grad()
@@ -103,7 +115,9 @@ class FeatureData:
     """The cached sequences: ``tokens [N, L]`` (0-padded), ``lengths [N]``, ``feats [N, L, H]`` float16 (None when
     a recipe computes them per batch on its device), ``starts [N]`` the first token a loss predicts (the response of
     a prompted sequence: EAGLE's loss mask; 0 for plain text); ``held [N]`` the validation split; ``vocab
-    [V_train]`` the most frequent training tokens, most frequent first. All on the CPU."""
+    [V_train]`` the most frequent training tokens, most frequent first. All on the CPU. ``plan``: the data knobs
+    the sequences were built with (the data directory's ``plan.json``, and ``seq_len`` as cut), which a reused
+    directory may hold other than a run asked for: what a head's metadata records as its data."""
 
     tokens: torch.Tensor
     lengths: torch.Tensor
@@ -112,6 +126,7 @@ class FeatureData:
     held: torch.Tensor
     vocab: torch.Tensor
     seconds: float
+    plan: dict[str, Any] = field(default_factory=dict)
 
     def batch(
         self, idx: torch.Tensor, device: torch.device | str = "cpu", target: Any = None
@@ -139,6 +154,7 @@ class FeatureData:
             self.held[rows],
             self.vocab,
             self.seconds,
+            self.plan,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -148,6 +164,7 @@ class FeatureData:
             "train_tokens": int(self.lengths[~self.held].sum()),
             "val_tokens": int(self.lengths[self.held].sum()),
             "data_time_s": round(self.seconds, 1),
+            "data_plan": self.plan,
         }
 
 
@@ -181,7 +198,7 @@ def prepare(
     if cached.is_file():
         data = torch.load(cached)
         check_data_plan(data_dir, cfg, seed, record=False)  # the features are reused with the sequences they came from
-        check_cached(data, target, data_dir)
+        check_cached(data, target, data_dir, cfg["seq_len"])
         check_data_models(data_dir, models, record=True)  # a cache made before models.json: its shapes fit
     else:
         seqs, starts = load_sequences(target, cfg, data_dir, seed, progress)
@@ -204,8 +221,10 @@ def prepare(
     real = torch.arange(width)[None] < data["lengths"][:, None]
     counts = torch.bincount(data["tokens"][real & ~held[:, None]], minlength=target.vocab_size)
     vocab = counts.argsort(descending=True)[: min(train_vocab, target.vocab_size)].clone()  # a view would not save
+    plan_file = data_dir / PLAN_FILE
+    plan = {**(json.loads(plan_file.read_text()) if plan_file.is_file() else {}), "seq_len": width}
     data = FeatureData(
-        data["tokens"], data["lengths"], data["feats"], data["starts"], held, vocab, time.perf_counter() - began
+        data["tokens"], data["lengths"], data["feats"], data["starts"], held, vocab, time.perf_counter() - began, plan
     )
     data = data if cfg["text_chunks"] else data.subset(data.starts > 0)  # text_chunks=0: the responses only
     scored = data.lengths - 1 - data.starts  # predictions the loss counts, per sequence

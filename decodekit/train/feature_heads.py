@@ -67,7 +67,7 @@ def fit(
     shape = schedule.lr_lambdas[0]
     head, optimizer, loader, schedule = accelerator.prepare(head, optimizer, loader, schedule)
     checkpoints = Checkpoints(accelerator, out)
-    step, history = (checkpoints.resume() if resume else None) or (0, {"train": [], "val": [], "acc": []})
+    step, history = checkpoints.start(resume) or (0, {"train": [], "val": [], "acc": []})
     shape.total = total  # a checkpoint restores its own; this run's epochs (and budget) decide
     eval_s = 0.0  # the last validation's time (a time budget counts it)
 

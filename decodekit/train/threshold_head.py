@@ -133,7 +133,7 @@ def train(
     schedule = warmup_cosine(optimizer, total, cfg.warmup)
     head, optimizer, loader, schedule = accelerator.prepare(head, optimizer, loader, schedule)
     checkpoints = Checkpoints(accelerator, out)
-    step, history = (checkpoints.resume() if cfg.resume else None) or (0, {"train": [], "val": []})
+    step, history = checkpoints.start(cfg.resume) or (0, {"train": [], "val": []})
 
     def validate() -> float:
         with torch.no_grad():

@@ -416,6 +416,8 @@ def compose_bench(monkeypatch):
         (["settings=[{name:a,temperature:hot}]"], ConfigTypeError, r"settings\[0\].temperature must be a finite"),
         (["+settings.0.foo=1"], ConfigError, r"settings\[0\] has unknown keys \['foo'\]"),
         (["+methods.autoregressive.fresh=sometimes"], ConfigTypeError, "methods.autoregressive.fresh must be True"),
+        (["+task.num_promts=2"], ConfigError, r"task has unknown keys \['num_promts'\] \(did you mean 'num_prompts'"),
+        (["+max_new_token=4"], ConfigError, r"unknown keys \['max_new_token'\] \(did you mean 'max_new_tokens'"),
     ],
 )
 def test_cli_plain_values(compose_bench, overrides, error, match):
@@ -423,6 +425,15 @@ def test_cli_plain_values(compose_bench, overrides, error, match):
 
     with pytest.raises(error, match=match):
         check_bench_config(compose_bench(overrides))
+
+
+def test_every_packaged_experiment_passes_the_config_check(compose_bench):
+    """Their own top-level keys (``candidate``, ``dflash_weights``, ...) are not taken for a user's typo."""
+    from decodekit.bench.config import check_bench_config
+    from decodekit.cli import RECIPES
+
+    for path in sorted((Path(RECIPES) / "experiment").glob("*.yaml")):
+        check_bench_config(compose_bench([f"experiment={path.stem}"]))
 
 
 @pytest.mark.parametrize(

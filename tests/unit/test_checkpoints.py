@@ -47,3 +47,17 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path):
     _, _, other = run(tmp_path, trainable="head")
     with pytest.raises(ConfigError, match="lacks 2 of this run's trainable parameters .*head.bias"):
         other.resume()
+
+
+def test_a_fresh_run_removes_an_earlier_runs_checkpoints_so_a_later_resume_cannot_take_them(tmp_path):
+    """A rerun into the same directory without resume once kept the earlier run's checkpoints (a same-numbered step
+    was never replaced), and a later resume=true continued that earlier run in silence."""
+    _, _, earlier = run(tmp_path)
+    earlier.save(3, {"train": [[3, 9.0]]})
+    earlier.save(6, {"train": [[6, 9.0]]})
+    _, _, fresh = run(tmp_path)
+    with pytest.warns(UserWarning, match=r"a fresh run \(resume=false\) .* removing the 2 checkpoint\(s\)"):
+        assert fresh.start(resume=False) is None
+    fresh.save(3, {"train": [[3, 1.0]]})
+    _, _, resumed = run(tmp_path)
+    assert resumed.start(resume=True) == (3, {"train": [[3, 1.0]]})  # this run's, not the earlier run's step 6

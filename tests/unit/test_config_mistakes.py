@@ -10,6 +10,7 @@ import pytest
 
 import decodekit as dk
 from decodekit.cli import _named
+from decodekit.drafters.eagle3_head import default_layers
 from decodekit.errors import ConfigError, ConfigTypeError, UnknownComponentError
 from decodekit.instantiate import build_component
 from decodekit.train.arguments import check_arguments, chosen_layers
@@ -40,6 +41,7 @@ def test_training_arguments_that_cannot_mean_what_they_say_are_refused():
     with pytest.raises(ConfigError, match=r"layers names a layer twice \(\[2, 2\]\)"):
         chosen_layers([2, 2], (1,), 30)
     assert chosen_layers([15, 2], (1,), 30) == (2, 15)
+    assert chosen_layers(None, default_layers(4), 4) == (1, 2)  # EAGLE-3's defaults coincide on 4 layers: kept once
     with pytest.raises(ConfigError, match="vocab_sizes holds 99999, more than train_vocab=16384"):
         check_arguments({"vocab_sizes": [2048, 99999], "train_vocab": 16384})
 

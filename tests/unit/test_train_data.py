@@ -143,7 +143,13 @@ def test_cached_features_built_with_other_knobs_are_named_too(target, tmp_path):
     prepare(lm, cfg, tmp_path, train_vocab=16, val_fraction=0.4, seed=0, progress=False)
     assert (tmp_path / "features.pt").is_file()
     with pytest.warns(UserWarning, match="built with text_chunks=1; this run asks for text_chunks=8"):
-        prepare(lm, {**cfg, "text_chunks": 8}, tmp_path, train_vocab=16, val_fraction=0.4, seed=0, progress=False)
+        data = prepare(
+            lm, {**cfg, "text_chunks": 8}, tmp_path, train_vocab=16, val_fraction=0.4, seed=0, progress=False
+        )
+    assert data.summary()["data_plan"]["text_chunks"] == 1  # a head's metadata records the data it was trained on
+    with pytest.warns(UserWarning, match="built with seq_len=6; this run asks for seq_len=16"):  # cut when cached
+        data = prepare(lm, {**cfg, "seq_len": 16}, tmp_path, train_vocab=16, val_fraction=0.4, seed=0, progress=False)
+    assert data.summary()["data_plan"]["seq_len"] == 6
 
 
 def test_one_forward_gives_the_features_and_the_layer_states_the_second_pass_would(target, tmp_path):
