@@ -12,6 +12,7 @@ the adapted model started from): accuracy per task and forwards per item.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,11 +20,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from decodekit.bench.dlm_methods import check_gen_lengths, check_steps, method_spec, steps_of
 from decodekit.bench.dlm_report import agreement, ar_nll, markdown, method_row, similarity, synthetic_markdown
-from decodekit.checks import check_bool, check_choice, check_instance, check_int, describe, is_int, parse_device
+from decodekit.bench.load import RETRIES, disturbed_warning, least_disturbed
+from decodekit.bench.machine import machine_info
+from decodekit.checks import check_bool, check_choice, check_int, describe, parse_device
 from decodekit.dlm.synthetic import STYLES
 from decodekit.errors import ConfigError, ConfigTypeError
-from decodekit.models.compile_switch import CHOICES as COMPILE_CHOICES
 
 
 def run(
@@ -47,6 +50,7 @@ def run(
     progress: bool = True,
     device: str | None = None,
     kernels: str | None = None,
+    reruns: int = RETRIES,
 ) -> str:
     """Run the benchmark; write ``results.json`` and ``results.md`` to ``out_dir``; return the markdown.
 
@@ -73,7 +77,11 @@ def run(
         kernels: CPU linear kernels for both models (``"onednn"``, the recipe's default: prepacked linears,
             :mod:`decodekit.kernels.cpu`, faster forwards with the same tokens in docs/benchmarks.md's runs);
             None = stock. Not used when ``device`` is a GPU.
+        reruns: re-runs of a timed call during which other processes used more than 10% of the CPUs, the least
+            disturbed kept (:mod:`decodekit.bench.load`, as the bench does); a method still disturbed is named under
+            the table. ``results.json`` also records the machine and these settings.
     """
+    settings = {k: v for k, v in locals().items() if k not in ("out_dir", "methods", "base")}
     import decodekit as dk
     from decodekit.bench.tasks import TASKS, load_task
     from decodekit.dlm.parts import refusal
@@ -87,12 +95,13 @@ def run(
     check_choice("synthetic_style", synthetic_style, STYLES)
     check_int("synthetic_shots", synthetic_shots, low=0, hint=" (solved examples before each synthetic item)")
     progress = check_bool("progress", progress)
+    reruns = check_int("reruns", reruns, low=0, hint=" (re-runs of a timed call other processes disturbed)")
     block_length = check_int("block_length", block_length, low=1)
-    gen_lengths = _gen_lengths(gen_lengths, block_length)
+    gen_lengths = check_gen_lengths(gen_lengths, block_length)
     if device is not None and parse_device("device", device).type != "cpu":
         kernels = None  # CPU kernels: a GPU run keeps its own
     kernels = check_kernels(kernels)
-    base = {"rule": None, "cache": None} if base is None else dict(_spec("base", base))
+    base = {"rule": None, "cache": None} if base is None else dict(method_spec("base", base))
     if only is not None and (isinstance(only, str) or not isinstance(only, Sequence)):
         raise ConfigTypeError(f"only must be None or a list of method names, got {describe(only)}")
     if methods is not None and not isinstance(methods, Mapping):
@@ -102,7 +111,7 @@ def run(
     lengths += [("synthetic_length", synthetic_length, synthetic_length)] if synthetic else []
     for name, spec in {"base": base, **{f"methods.{k}": v for k, v in (methods or {}).items()}}.items():
         if spec is not None:
-            _check_steps(name, _spec(name, spec), lengths)
+            check_steps(name, method_spec(name, spec), lengths)
     check_choice("task", task, TASKS)
     if base.get("rule") is not None or int(base.get("tokens_per_step") or 1) != 1 or base.get("uncached"):
         raise ConfigError(
@@ -130,7 +139,7 @@ def run(
                 "trained block-causally): use a multiple of it"
             )
         for name, spec in [("base", base), *((f"methods.{k}", v) for k, v in enabled.items())]:
-            _check_steps(name, spec, [("synthetic_length", synthetic_length, block)])
+            check_steps(name, spec, [("synthetic_length", synthetic_length, block)])
     ar = dk.load_model(scorer, device=device, kernels=kernels)
     rows = load_task(task, dlm.tokenizer, num_prompts=num_prompts, max_prompt_tokens=max_prompt_tokens, seed=seed)
     prompts, texts = [list(r["input_ids"]) for r in rows], [r["prompt"] for r in rows]
@@ -143,33 +152,41 @@ def run(
     def save() -> str:  # after every section: a long run stopped midway keeps what it measured
         table = markdown(results) + ("\n" + synthetic_markdown(synth) if synth else "")
         table += "".join(f"\n- `{name}` not run, refused by this model: {why}" for name, why in refused.items())
-        payload = {"methods": results, "synthetic": synth, "refused": refused}
-        (folder / "results.json").write_text(json.dumps(payload, indent=1))
+        payload = {"methods": results, "synthetic": synth, "refused": refused, "machine": machine, "config": config}
+        (folder / "results.json").write_text(json.dumps(payload, indent=1, default=_plain))
         (folder / "results.md").write_text(table)
         return table
 
     if why := refusal(dlm, base, block_length):
         raise ConfigError(f"the base sampler cannot run on this model: {why}")
     refused = {name: why for name, spec in enabled.items() if (why := refusal(dlm, spec, block_length))}
+    machine, config = (
+        machine_info(dlm.lm),
+        {**settings, "base": repr(base), "methods": {k: repr(v) for k, v in enabled.items()}},
+    )
     plan = {"base": base, **{k: v for k, v in enabled.items() if k not in refused}}
     for name, spec in plan.items():
         if spec.get("uncached") in refused:  # its reference cannot run on this model: no vs_uncached column
             plan[name] = {**spec, "uncached": None}
     for gen in gen_lengths:
-        steps = {name: _steps(spec, gen) for name, spec in plan.items()}
+        steps = {name: steps_of(spec, gen) for name, spec in plan.items()}
         runs: dict[str, list[Any]] = {name: [] for name in plan}
+        shares: dict[str, list[float | None]] = {name: [] for name in plan}  # others' CPU share in each timed call
         bar = tqdm(total=len(plan) * (len(prompts) + 1), desc=f"dlm-bench G={gen}", disable=not progress)
         for i, prompt in enumerate([prompts[0], *prompts]):  # the first call of each method warms up
             for name, spec in plan.items():
-                out = _generate(dlm, [prompt], spec, gen, min(block_length, gen), seed)
+                call = functools.partial(_generate, dlm, [prompt], spec, gen, min(block_length, gen), seed)
+                out, share, _ = least_disturbed(call, reruns) if i else (call(), None, 1)
                 if i:
                     runs[name].append(out)
+                    shares[name].append(share)
                 bar.update()
         bar.close()
         for name, outs in runs.items():
             row = method_row(name, gen, outs, runs["base"], prompts, texts, code, dlm, ar)
             uncached = plan[name].get("uncached")
             row["vs_uncached"] = agreement(outs, runs[uncached]) if uncached else None
+            row["warnings"] = disturbed_warning(shares[name], reruns)
             results.append({**row, "steps": steps[name]})
         save()
     if synthetic:
@@ -179,71 +196,9 @@ def run(
     return save()
 
 
-METHOD_KEYS = ("rule", "cache", "schedule", "draft", "tokens_per_step", "uncached", "compile")
-"""What a method's spec may hold (:func:`run`'s ``methods``)."""
-
-
-def _gen_lengths(gen_lengths: Any, block_length: int) -> list[int]:
-    """``gen_lengths`` (an integer or a list of them, each >= 1) as a list; each must hold whole blocks."""
-    values = [gen_lengths] if is_int(gen_lengths) else gen_lengths
-    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
-        raise ConfigTypeError(f"gen_lengths must be a list of integers >= 1 (e.g. [128, 256]), got {describe(values)}")
-    lengths = [check_int("gen_lengths", g, low=1, hint=" (each entry)") for g in values]
-    for g in lengths:
-        if g % min(block_length, g):
-            raise ConfigError(
-                f"gen_lengths holds {g}, which is not a whole number of blocks of block_length={block_length}; use "
-                "multiples of block_length"
-            )
-    return lengths  # type: ignore[return-value]
-
-
-def _spec(name: str, spec: Any) -> dict[str, Any]:
-    """A method's spec, checked: a mapping of :data:`METHOD_KEYS`, each part an instance of its protocol (None = the
-    default), ``tokens_per_step`` an integer >= 1, ``uncached`` a method's name."""
-    from decodekit.dlm.interfaces import DLMCache, DLMDraft, RegionSchedule, UnmaskRule
-
-    if not isinstance(spec, Mapping):
-        raise ConfigTypeError(
-            f"{name} must be a mapping with keys among {', '.join(METHOD_KEYS)} (or null: off), got {describe(spec)}"
-        )
-    if unknown := sorted(str(k) for k in spec if k not in METHOD_KEYS):
-        raise ConfigError(f"{name} has unknown key(s) {unknown}; a method's keys: {', '.join(METHOD_KEYS)}")
-    parts = {
-        "rule": (UnmaskRule, "select(state, proposal, eligible)"),
-        "cache": (DLMCache, "logits(dlm, state)"),
-        "schedule": (RegionSchedule, "rounds() and region()"),
-        "draft": (DLMDraft, "variants(state, proposal, committed, left)"),
-    }
-    for key, (protocol, what) in parts.items():
-        check_instance(f"{name}.{key}", spec.get(key), protocol, what=what)
-    check_int(f"{name}.tokens_per_step", spec.get("tokens_per_step"), low=1, optional=True)
-    if spec.get("compile") is not None:
-        check_choice(f"{name}.compile", spec["compile"], COMPILE_CHOICES)
-    uncached = spec.get("uncached")
-    if uncached is not None and not isinstance(uncached, str):
-        raise ConfigTypeError(f"{name}.uncached must be None or a method's name, got {describe(uncached)}")
-    return dict(spec)
-
-
-def _check_steps(name: str, spec: dict[str, Any], lengths: list[tuple[str, int, int]]) -> None:
-    """Refuse a ``tokens_per_step`` that gives a generation length a step budget :func:`decodekit.dlm.generate`
-    refuses (fewer steps than blocks, or not a multiple of them), before any model loads. ``lengths``: ``(key,
-    generation length, block length)`` of each run."""
-    tokens = int(spec.get("tokens_per_step") or 1)
-    for key, gen, block in lengths:
-        blocks, steps = gen // block, gen // tokens
-        if steps < blocks or steps % blocks:
-            raise ConfigError(
-                f"{name}.tokens_per_step={tokens} gives {key} {gen} a budget of {steps} steps for its {blocks} "
-                f"block(s) of {block}: the steps must be a positive multiple of the blocks; use a tokens_per_step "
-                f"that divides {block} (a block's length)"
-            )
-
-
-def _steps(spec: dict[str, Any], gen: int) -> int:
-    """A method's step budget at generation length ``gen``: ``gen / tokens_per_step`` (default 1)."""
-    return gen // int(spec.get("tokens_per_step") or 1)
+def _plain(value: Any) -> Any:
+    """JSON for what ``json`` does not take: a config's list as a list, anything else as its ``repr``."""
+    return list(value) if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else repr(value)
 
 
 def _generate(dlm: Any, prompts: list[list[int]], spec: dict[str, Any], gen: int, block: int, seed: int) -> Any:
@@ -251,7 +206,7 @@ def _generate(dlm: Any, prompts: list[list[int]], spec: dict[str, Any], gen: int
     import decodekit as dk
 
     return dk.dlm.generate(
-        dlm, prompts, gen_length=gen, block_length=block, steps=_steps(spec, gen), rule=spec.get("rule"),
+        dlm, prompts, gen_length=gen, block_length=block, steps=steps_of(spec, gen), rule=spec.get("rule"),
         cache=spec.get("cache"), schedule=spec.get("schedule"), draft=spec.get("draft"), seed=[seed] * len(prompts),
         compile=spec.get("compile") or False,
     )  # fmt: skip

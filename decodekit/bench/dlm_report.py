@@ -120,6 +120,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
             cells = [_fmt(r[c]) for c in COLUMNS]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        lines += [f"- `{r['method']}`: {w}" for r in results if r["gen_length"] == gen for w in r.get("warnings", ())]
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 # the benchmark's runs on short prompts (a 48-token stdlib chunk, synthetic items after one solved example) with
 # SmolLM2 cut to 8 layers as the model and as the autoregressive scorer (smollm2_cut): what the tests check is the
 # report, and a SmolLM2 forward costs about its prompt's length and its depth
-SHORT = dict(task="stdlib", max_prompt_tokens=48, synthetic_shots=1, progress=False)  # + scorer=the cut
+SHORT = dict(task="stdlib", max_prompt_tokens=48, synthetic_shots=1, progress=False, reruns=0)  # + scorer=the cut
 
 
 def test_the_corpus_is_not_a_benchmark_source():
@@ -138,11 +138,18 @@ def test_loss_masks_never_the_first_token():
     assert float(loss) == pytest.approx(0.0, abs=1e-6)
 
 
-def test_dlm_bench_reports_speed_next_to_quality(tmp_path, smollm2_cut):
+def test_dlm_bench_reports_speed_next_to_quality(tmp_path, smollm2_cut, monkeypatch):
     """The benchmark on a real model (an untrained wrapping of SmolLM2 cut to 8 layers stands in for the adapter; the
     cut scores too): every method's row, the base sampler agreeing with itself, a threshold rule taking fewer
-    forwards; the synthetic table has every method (and the autoregressive reference) on every task."""
+    forwards; the synthetic table has every method (and the autoregressive reference) on every task; a timed call
+    other processes disturbed is named under the table, and results.json records the machine and the settings."""
+    from decodekit.bench import dlm
     from decodekit.bench.dlm import run
+
+    def disturbed(call, retries):  # as if other processes had used half the CPUs during every timed call
+        return call(), 0.5, 1 + retries
+
+    monkeypatch.setattr(dlm, "least_disturbed", disturbed)
 
     m = dk.dlm.load_model(dk.load_model(smollm2_cut), mask_token_id=16, shift_logits=True)
     rule = dk.dlm.ThresholdRule(0.0)
@@ -167,6 +174,8 @@ def test_dlm_bench_reports_speed_next_to_quality(tmp_path, smollm2_cut):
         len(synthetic) == 4 * 4 and synthetic["base", "sort"]["nfe"] == 4 and synthetic["threshold", "copy"]["nfe"] == 1
     )
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in synthetic.values()) and "**Synthetic tasks**" in table
+    assert "- `threshold`: 1 of 1 timed calls ran while other processes used up to 50% of the CPUs" in table
+    assert rows["threshold"]["warnings"] and report["machine"]["cpu_count"] and report["config"]["gen_lengths"] == [8]
 
 
 def test_dlm_bench_on_a_block_causal_model_runs_its_base_with_the_exact_cache_and_lists_refusals(tmp_path, smollm2_cut):
