@@ -19,13 +19,23 @@ output is named in one warning per model, with how to apply it (``generation_con
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from decodekit.checks import describe, did_you_mean
 from decodekit.errors import ConfigError, ConfigTypeError
 
-__all__ = ["ADVICE", "CONFIG_KEYWORDS", "REFUSED_PROCESSORS", "config_fields", "refuse_extra"]
+__all__ = [
+    "ADVICE",
+    "CONFIG_KEYWORDS",
+    "REFUSED_PROCESSORS",
+    "WARPING",
+    "config_fields",
+    "refuse_extra",
+    "warn_model_config",
+]
 
 _PROCESSOR = "pass a LogitsProcessor for it in logits_processor=[...] (called as f(input_ids, scores))"
 _WARPER = (
@@ -186,3 +196,35 @@ REFUSED_PROCESSORS = {
     "instead (counted per row)",
     "MinLengthLogitsProcessor": "counts from one padded length for the whole batch: pass min_new_tokens= instead",
 }
+
+
+WARPING = ("temperature", "top_k", "top_p")  # what shapes sampling (and changes nothing without it)
+_WARNED: weakref.WeakSet = weakref.WeakSet()  # models whose own GenerationConfig was reported
+
+
+def warn_model_config(model: Any, generation_config: Any, keywords: Mapping[str, Any]) -> None:
+    """Say once per model which options its own ``GenerationConfig`` (a checkpoint's ``generation_config.json``,
+    what ``model.generate`` starts from) sets that change the output and that this call, given no
+    ``generation_config``, does not apply: ``decodekit.generate`` takes only its EOS and pad ids."""
+    own = model.generation_config
+    if own is None or generation_config is not None or model in _WARNED:
+        return
+    _WARNED.add(model)
+    try:
+        fields = {k: v for k, v in own.to_diff_dict().items() if v is not None}
+    except (AttributeError, TypeError):  # not a transformers GenerationConfig
+        return
+    skipped = [k for k in CONFIG_KEYWORDS if k in fields and keywords.get(k) is None and k not in _TAKEN]
+    if not fields.get("do_sample"):  # without sampling transformers ignores these too
+        skipped = [k for k in skipped if k not in (*WARPING, "do_sample")]
+    if skipped:
+        warnings.warn(
+            f"{type(model).__name__}'s own generation_config sets "
+            + ", ".join(f"{k}={fields[k]!r}" for k in skipped)
+            + ", which model.generate applies and decodekit.generate does not (its defaults are its own: greedy, 64 "
+            "new tokens); pass generation_config=model.generation_config to apply them",
+            stacklevel=3,
+        )
+
+
+_TAKEN = ("eos_token_id", "pad_token_id")  # what decodekit.generate reads of a model's own GenerationConfig

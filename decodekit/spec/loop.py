@@ -28,6 +28,7 @@ from decodekit.models.prompts import prompt_ids
 from decodekit.sampling import begin_round, check_seed, make_generator, next_token
 from decodekit.spec.component_checks import check_components, check_progress, check_untouched, explain_failure
 from decodekit.spec.components import Components
+from decodekit.spec.conventions import warn_model_config
 from decodekit.spec.options import (
     build_processors,
     call_options,
@@ -38,7 +39,6 @@ from decodekit.spec.options import (
     padded_inputs,
     prompts_or_input_ids,
     tokenizer_for,
-    warn_model_config,
 )
 from decodekit.spec.outputs import Outputs, StopStrings, as_streamer, check_streamer, ended_on_error
 from decodekit.spec.parts import resolve_parts

@@ -5,7 +5,6 @@ the model or the prompts (processors, ``max_length``, the pad id, the stop strin
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +23,7 @@ from decodekit.checks import (
 )
 from decodekit.errors import ConfigError, ConfigTypeError
 from decodekit.models import LanguageModel
-from decodekit.spec.conventions import CONFIG_KEYWORDS, REFUSED_PROCESSORS, config_fields, refuse_extra
+from decodekit.spec.conventions import REFUSED_PROCESSORS, WARPING, config_fields, refuse_extra
 
 
 def max_lengths_for(rows: list[list[int]], max_new_tokens: int, model: LanguageModel) -> list[int]:
@@ -54,7 +53,6 @@ __all__ = [
     "max_new_tokens_for",
     "pad_id",
     "padded_inputs",
-    "warn_model_config",
     "prompts_or_input_ids",
     "tokenizer_for",
 ]
@@ -88,12 +86,12 @@ def call_options(generation_config: Any, keywords: dict[str, Any], extra: Mappin
     merged = from_config | {k: v for k, v in keywords.items() if v is not None}
     do_sample = merged.pop("do_sample", None)
     do_sample = None if do_sample is None else check_bool("do_sample", do_sample)
-    if do_sample is None and generation_config is not None and all(keywords.get(k) is None for k in _WARPING):
+    if do_sample is None and generation_config is not None and all(keywords.get(k) is None for k in WARPING):
         do_sample = False  # the config's own default, as transformers reads it: its temperature alone samples not
-        if any(k in from_config for k in _WARPING):
+        if any(k in from_config for k in WARPING):
             warnings.warn(
                 "generation_config sets "
-                + ", ".join(f"{k}={from_config[k]!r}" for k in _WARPING if k in from_config)
+                + ", ".join(f"{k}={from_config[k]!r}" for k in WARPING if k in from_config)
                 + " but not do_sample=True: decoding is greedy, as in transformers; set do_sample=True to sample",
                 stacklevel=3,
             )
@@ -130,38 +128,6 @@ def call_options(generation_config: Any, keywords: dict[str, Any], extra: Mappin
         logits_processor=_processors(processors),
         stop_strings=_strings(stop),
     )
-
-
-_WARPING = ("temperature", "top_k", "top_p")  # what shapes sampling (and changes nothing without it)
-_WARNED: weakref.WeakSet = weakref.WeakSet()  # models whose own GenerationConfig was reported
-
-
-def warn_model_config(model: LanguageModel, generation_config: Any, keywords: Mapping[str, Any]) -> None:
-    """Say once per model which options its own ``GenerationConfig`` (a checkpoint's ``generation_config.json``,
-    what ``model.generate`` starts from) sets that change the output and that this call, given no
-    ``generation_config``, does not apply: ``decodekit.generate`` takes only its EOS and pad ids."""
-    own = model.generation_config
-    if own is None or generation_config is not None or model in _WARNED:
-        return
-    _WARNED.add(model)
-    try:
-        fields = {k: v for k, v in own.to_diff_dict().items() if v is not None}
-    except (AttributeError, TypeError):  # not a transformers GenerationConfig
-        return
-    skipped = [k for k in CONFIG_KEYWORDS if k in fields and keywords.get(k) is None and k not in _TAKEN]
-    if not fields.get("do_sample"):  # without sampling transformers ignores these too
-        skipped = [k for k in skipped if k not in (*_WARPING, "do_sample")]
-    if skipped:
-        warnings.warn(
-            f"{type(model).__name__}'s own generation_config sets "
-            + ", ".join(f"{k}={fields[k]!r}" for k in skipped)
-            + ", which model.generate applies and decodekit.generate does not (its defaults are its own: greedy, 64 "
-            "new tokens); pass generation_config=model.generation_config to apply them",
-            stacklevel=3,
-        )
-
-
-_TAKEN = ("eos_token_id", "pad_token_id")  # what decodekit.generate reads of a model's own GenerationConfig
 
 
 def build_processors(options: CallOptions, vocab_size: int, eos: list[int], device: Any) -> list[Any]:
