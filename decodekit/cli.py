@@ -13,6 +13,7 @@ from typing import Any
 from decodekit.bench.config import check_bench_config, ran_config
 from decodekit.errors import ConfigError
 from decodekit.instantiate import keyed_error
+from decodekit.train.arguments import writable_dir
 
 RECIPES = Path(__file__).parent / "recipes"
 COMMANDS = {"bench": "bench", "train": "train", "dlm-bench": "dlm_bench"}
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         print(_or_exit(lambda: run_bench(cfg, out_dir)))
         print(f"results: {out_dir}/results.json, results.md, speedup.png")
 
+    _check_run_dirs(argv[1:])
     sys.argv = [f"{sys.argv[0]} {argv[0]}", *_named(argv[1:])]
     _bench()
     if sweep.jobs:  # a multirun: all its jobs as one interleaved benchmark
@@ -125,8 +127,18 @@ def _hydra_run(
     def _main(cfg: Any) -> None:
         body(cfg, Path(HydraConfig.get().runtime.output_dir))
 
+    _check_run_dirs(overrides)
     sys.argv = [f"{sys.argv[0]} {command}", *_named(overrides)]
     _main()
+
+
+def _check_run_dirs(overrides: list[str]) -> None:
+    """A literal ``hydra.run.dir=`` / ``hydra.sweep.dir=`` that cannot be made or written exits with a message
+    naming the key, not with Hydra's bare OS error."""
+    for arg in overrides:
+        key, _, value = arg.partition("=")
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and value and "${" not in value:
+            _or_exit(lambda key=key, value=value: writable_dir(key, value))
 
 
 def _named(overrides: list[str]) -> list[str]:

@@ -23,14 +23,25 @@ __all__ = ["add_oracle_costs", "build_baselines", "build_methods", "measure"]
 
 def build_methods(cfg: Any, build: Callable[[Any, str], Any] = build_component) -> dict[str, Method]:
     """The enabled decodekit methods of ``cfg.methods`` by config name, their components built by ``build``;
-    ``speculative`` (the one built from the drafter / verifier / policy groups) is labelled by what runs."""
-    from decodekit.bench.methods import Method
+    ``speculative`` (the one built from the drafter / verifier / policy groups) is labelled by what runs. A verifier
+    that refuses one of ``cfg.settings`` (``verifier=greedy`` with a sampled setting) is refused here, before the
+    model loads."""
+    from decodekit.bench.methods import Method, Setting
+    from decodekit.interfaces import ChecksSampling
 
     methods = {}
     for name, spec in cfg.methods.items():
         if spec is None:
             continue
         parts = {key: build(spec.get(key), f"methods.{name}.{key}") for key in COMPONENTS}
+        if isinstance(parts["verifier"], ChecksSampling):
+            for setting in cfg.get("settings") or ():
+                try:
+                    parts["verifier"].check(Setting(**setting))
+                except ConfigError as error:
+                    raise ConfigError(
+                        f"methods.{name}.verifier cannot run settings {setting['name']}: {error}"
+                    ) from None
         label = method_label(parts) if name == GENERIC_METHOD else str(name)
         methods[str(name)] = Method(
             label,

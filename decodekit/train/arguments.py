@@ -14,6 +14,7 @@ writes (``eagle_<stem>.safetensors``).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -55,6 +56,23 @@ def _text(optional: bool = False, what: str = "a non-empty string") -> Rule:
             raise ConfigTypeError(f"{name} must be {'None or ' if optional else ''}{what}, got {describe(value)}")
 
     return rule
+
+
+def writable_dir(name: str, value: Any) -> None:
+    """Refuse a directory (None: none) that cannot be created or written, naming the key, before any model loads
+    (an OS error from deep in a run would name neither the key nor what to change)."""
+    _text(optional=True, what="a directory")(name, value)
+    if value is None:
+        return
+    path = Path(str(value)).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(
+            f"{name}={value} cannot be created ({error.strerror or error}); pick another directory"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name}={value} is not writable; pick another directory")
 
 
 def _ints(low: int, optional: bool = False, what: str = "") -> Rule:
@@ -135,7 +153,7 @@ RULES: dict[str, Rule] = {
     "draft_kernels": lambda name, value: None if value is None else _choice(*KERNELS)(name, value),
     "device": _device,
     "online": _bool(optional=True),
-    "data_dir": _text(optional=True, what="a directory"),
+    "data_dir": writable_dir,
     "init": _file,
     "init_vocab": _bool(),
     "architecture": _choice("eagle3", "fc"),

@@ -427,6 +427,14 @@ def test_cli_plain_values(compose_bench, overrides, error, match):
         check_bench_config(compose_bench(overrides))
 
 
+def test_a_verifier_that_refuses_a_setting_is_refused_before_the_model_loads(compose_bench):
+    from decodekit.bench.sweep import build_methods
+
+    cfg = compose_bench(["verifier=greedy", "settings=[{name:t08,temperature:0.8}]"])
+    with pytest.raises(ConfigError, match="methods.speculative.verifier cannot run settings t08: GreedyVerifier"):
+        build_methods(cfg)  # compose_bench fails the test if a model loads
+
+
 def test_every_packaged_experiment_passes_the_config_check(compose_bench):
     """Their own top-level keys (``candidate``, ``dflash_weights``, ...) are not taken for a user's typo."""
     from decodekit.bench.config import check_bench_config

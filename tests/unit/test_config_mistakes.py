@@ -71,3 +71,19 @@ def test_export_head_refuses_a_file_that_is_no_head(tmp_path):
         dk.train.export_head(str(tmp_path / "afile"), str(tmp_path / "out"))
     with pytest.raises(ConfigTypeError, match="verifier must be the target's name or path"):
         dk.train.export_head(str(tmp_path / "afile"), str(tmp_path / "out"), verifier=123)
+
+
+def test_a_directory_that_cannot_be_made_is_named_by_its_key(tmp_path, capsys):
+    """An OS error from Hydra or deep in a run named neither ``hydra.run.dir`` nor ``data_dir``."""
+    from decodekit.cli import main
+    from decodekit.train.arguments import writable_dir
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(ConfigError, match=r"data_dir=.*file/data cannot be created \(Not a directory\)"):
+        writable_dir("data_dir", str(blocked / "data"))
+    writable_dir("data_dir", str(tmp_path / "new" / "data"))
+    assert (tmp_path / "new" / "data").is_dir()
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", f"hydra.run.dir={blocked}/run", "passes=1"])
+    assert exit_.value.code == 2 and "error: hydra.run.dir=" in capsys.readouterr().err
