@@ -12,12 +12,11 @@ that the resized logits give, and the verifier corrects towards the target's own
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from decodekit.cache import CacheView, KVCache
+from decodekit.cache import KVCache
 from decodekit.errors import VocabMismatchError
 from decodekit.models.base import LanguageModel, ModelOutput
 
@@ -73,30 +72,10 @@ class ResizedVocab(LanguageModel):
             return logits[..., : self.vocab_size]
         return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
 
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor,
-        view: CacheView,
-        logits_at: torch.Tensor | None = None,
-        *,
-        exit_layer: int | None = None,
-        hidden_layers: Sequence[int] = (),
-        return_hidden: bool = False,
-        skip_layers: Sequence[int] = (),
-    ) -> ModelOutput:
-        out = self.inner.forward(
-            self._ids(tokens),
-            positions,
-            mask,
-            view,
-            logits_at,
-            exit_layer=exit_layer,
-            hidden_layers=hidden_layers,
-            return_hidden=return_hidden,
-            skip_layers=skip_layers,
-        )
+    def forward(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> ModelOutput:
+        """The inner model's :meth:`~decodekit.models.base.LanguageModel.forward` (same arguments), its ``tokens``
+        mapped into its rows and its logits ``[..., V]`` resized."""
+        out = self.inner.forward(self._ids(tokens), *args, **kwargs)
         return ModelOutput(self._resize(out.logits), out.hidden, out.last_hidden)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
