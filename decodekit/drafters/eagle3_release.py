@@ -99,6 +99,18 @@ def llama_config(config: dict[str, Any]) -> Any:
                                                     "rope_theta": config.get("rope_theta", 10000.0)})  # fmt: skip
 
 
+def check_d2t(root: Any, d2t: torch.Tensor, vocab_size: int) -> None:
+    """Refuse a ``d2t`` that does not map draft ids to distinct target ids in ``[0, vocab_size)``, ascending: the
+    authors store offsets (target id = draft id + ``d2t[draft id]``); absolute ids there would draft wrong tokens or
+    fail deep in a forward."""
+    ids = torch.arange(len(d2t)) + d2t.long()
+    if d2t.dim() != 1 or (len(ids) and (ids.min() < 0 or ids.max() >= vocab_size or (ids.diff() <= 0).any())):
+        raise ConfigError(
+            f"{root}'s d2t does not map the draft vocabulary to distinct target ids in [0, {vocab_size}), ascending: "
+            "it must hold offsets (target id - draft id), as the EAGLE-3 authors' training code writes it"
+        )
+
+
 def build_release3(
     root: Any, config: dict[str, Any], tensors: dict[str, torch.Tensor], target: LanguageModel, taps: int = 3
 ) -> Eagle3ReleaseHead:
@@ -113,6 +125,15 @@ def build_release3(
         if tensors["lm_head.weight"].shape[0] != target.vocab_size:
             raise ConfigError(f"{root} lacks 'd2t', and its draft vocabulary is not the target's: not an EAGLE-3 head")
         tensors = {**tensors, "d2t": torch.zeros(target.vocab_size, dtype=torch.long)}
+    unused = sorted(
+        k for k in tensors if k not in NAMES and k not in ("d2t", "t2d") and not k.startswith("embed_tokens.")
+    )
+    if unused:  # biases, a second layer, ...: a head decodekit would run without them, silently less accepted
+        raise ConfigError(
+            f"{root} holds tensors the released EAGLE-3 head has no place for: {', '.join(unused[:6])}; decodekit runs "
+            "the authors' one-layer head without attention biases (attention_bias: true or more layers are not read)"
+        )
+    check_d2t(root, tensors["d2t"], target.vocab_size)
     before = bool(config.get("norm_before_residual", False))
     head = Eagle3ReleaseHead(llama_config(config), int(tensors["lm_head.weight"].shape[0]), taps * hidden, before)
     expected = head.state_dict()

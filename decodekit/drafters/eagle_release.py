@@ -84,6 +84,13 @@ def load_release(
         layers = list(layers or default_layers(target.num_layers))
         return head3, {"release": "eagle3", "config": config, "layers": layers}
     check_release_sizes(root, "EAGLE", config.get("hidden_size"), config.get("vocab_size"), target, HINT)
+    unused = sorted(k for k in tensors if not k.startswith(("fc.", "layers.0.", "embed_tokens.")))
+    if unused or int(config.get("num_hidden_layers") or 1) != 1:  # a head decodekit would run without them
+        raise ConfigError(
+            f"{root} is not the EAGLE-1/2 release layout decodekit reads (one decoder layer, fc, the target's "
+            f"embeddings and output head): it has num_hidden_layers={config.get('num_hidden_layers', 1)}"
+            + (f" and tensors {', '.join(unused[:6])}" if unused else "")
+        )
     head = EagleHead(_head_config(hf_config, config))
     layer = head.decoder.layers[0]
     layer.input_layernorm, head.decoder.norm = nn.Identity(), nn.Identity()  # the release has neither

@@ -84,6 +84,11 @@ def load_release(path: str | Path, target: LanguageModel) -> ReleasedMedusaHeads
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     heads = int(config.get("medusa_num_heads") or len(found))
     layers = int(config.get("medusa_num_layers") or sum(f"0.{j}.linear.weight" in tensors for j in range(64)))
+    if layers > 1 and not any(re.match(r"\d+\.[1-9]\d*\.linear\.", k) for k in tensors):
+        # the reference repeats one block ([ResBlock] * L: shared tensors), which safetensors' save_model keeps once
+        shared = {f"{i}.{j}.linear.{p}": f"{i}.0.linear.{p}" for i in range(heads) for j in range(1, layers)
+                  for p in ("weight", "bias")}  # fmt: skip
+        tensors = {**tensors, **{k: tensors[v] for k, v in shared.items() if v in tensors}}
     try:
         weight = torch.stack(
             [torch.stack([tensors[f"{i}.{j}.linear.weight"] for j in range(layers)]) for i in range(heads)]

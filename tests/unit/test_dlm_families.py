@@ -350,3 +350,38 @@ def test_block_causal_families_refuse_what_they_cannot_run(tmp_path, write, edit
     write(tmp_path, BLOCK_FAMILIES[write.__name__.removeprefix("write_")][0] | edit)
     with pytest.raises(UnsupportedModelError, match=match):
         dk.dlm.load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("write", [write_dream, write_sdar, write_fast_dllm_v2])
+def test_a_qwen_config_with_yarn_rope_scaling_loads_with_its_tokenizer(tmp_path, write):
+    """Qwen's long-context YaRN entry made transformers' generic config fail inside AutoTokenizer (an AttributeError
+    decodekit did not catch); the tokenizer now comes from its own files."""
+    config = {"dream": DREAM_CONFIG, "sdar": SDAR_CONFIG, "fast_dllm_v2": FAST_DLLM_V2_CONFIG}
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    write(tmp_path, config[write.__name__.removeprefix("write_")] | {"rope_scaling": yarn})
+    dlm = dk.dlm.load_model(str(tmp_path))
+    assert dlm.tokenizer is not None and dlm.lm.hf.config.rope_parameters["rope_type"] == "yarn"
+
+
+def test_a_release_with_float32_norms_beside_bfloat16_matrices_runs_in_one_dtype(tmp_path):
+    """Each tensor kept its own dtype, and the first forward failed deep in torch (``mat1 and mat2 must have the same
+    dtype``); the model now takes the dtype most of its weights have on disk."""
+    from safetensors.torch import save_file
+
+    tensors = write_dream(tmp_path)
+    save_file({k: v if "norm" in k else v.bfloat16() for k, v in tensors.items()}, str(tmp_path / "model.safetensors"))
+    dlm = dk.dlm.load_model(str(tmp_path))
+    assert {p.dtype for p in dlm.lm.hf.parameters()} == {torch.bfloat16}
+    out = dk.dlm.generate(dlm, ROWS[:1], gen_length=4, block_length=4, steps=4)
+    assert len(out.sequences[0]) == 4
+
+
+def test_llada2_keeps_its_router_in_float32_as_transformers_does(tmp_path):
+    """GLM-4 MoE's ``_keep_in_fp32_modules_strict`` (the router's weight and score bias), as LLaDA 2's own code
+    computes the router in float32, whatever dtype the rest takes."""
+    write_llada2(tmp_path)
+    dlm = dk.dlm.load_model(str(tmp_path), dtype="bfloat16")
+    dtypes = {name: t.dtype for name, t in dlm.lm.hf.state_dict().items()}
+    router = [n for n in dtypes if n.endswith(("mlp.gate.weight", "e_score_correction_bias"))]
+    assert router and all(dtypes[n] == torch.float32 for n in router)
+    assert dtypes["model.embed_tokens.weight"] == torch.bfloat16

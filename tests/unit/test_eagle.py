@@ -309,6 +309,29 @@ def test_a_released_eagle3_head_drafts_as_its_authors_code(tmp_path, ragged_prom
         dk.build("drafter", "eagle3", weights=str(tmp_path / "other"), target=lm)
 
 
+def test_a_released_eagle_head_with_parts_decodekit_would_drop_is_refused(tmp_path):
+    """Attention biases on an EAGLE-3 layer, a second EAGLE-1 layer with its own norm and output head, and a d2t of
+    absolute ids instead of the authors' offsets once loaded without a word (the biases or layers dropped: fewer
+    tokens accepted) or failed deep in a forward."""
+    from tests.unit.eagle_release import write_release, write_release3
+
+    hf = tiny_llama(0, layers=8)
+    lm = dk.load_model(hf)
+    draft_ids = list(range(0, lm.vocab_size, 2))
+    tensors = write_release3(tmp_path / "bias", hf.config, draft_ids, attention_bias=True)
+    torch.save({**tensors, "midlayer.self_attn.q_proj.bias": torch.ones(hf.config.hidden_size)},
+               tmp_path / "bias" / "pytorch_model.bin")  # fmt: skip
+    with pytest.raises(ConfigError, match="no place for: midlayer.self_attn.q_proj.bias"):
+        dk.build("drafter", "eagle3", weights=str(tmp_path / "bias"), target=lm)
+    torch.save({**tensors, "d2t": torch.tensor(draft_ids)}, tmp_path / "bias" / "pytorch_model.bin")
+    with pytest.raises(ConfigError, match=r"d2t does not map .* it must hold offsets"):
+        dk.build("drafter", "eagle3", weights=str(tmp_path / "bias"), target=lm)
+    tensors = write_release(tmp_path / "two", hf.config, num_hidden_layers=2)
+    torch.save({**tensors, "norm.weight": torch.ones(hf.config.hidden_size)}, tmp_path / "two" / "pytorch_model.bin")
+    with pytest.raises(ConfigError, match="num_hidden_layers=2 and tensors norm.weight"):
+        EagleDrafter(tmp_path / "two", target=lm)
+
+
 @pytest.mark.parametrize("before", [False, True])
 def test_a_speculators_eagle3_head_drafts_as_the_authors_head(tmp_path, ragged_prompts, before):
     """The same EAGLE-3 head saved as vLLM's ``speculators`` saves it (``layers.0.*``, ``transformer_layer_config``,

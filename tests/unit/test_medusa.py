@@ -161,7 +161,8 @@ def reference_medusa_head(hidden: int, vocab: int, heads: int, layers: int, seed
 
 def write_medusa_release(path, module: torch.nn.ModuleList, layers: int, fmt: str) -> None:
     """A Medusa-1 release directory: ``config.json`` and ``medusa_lm_head.pt`` (``torch.save`` of the head's state, as
-    the authors' training script writes it) or ``medusa_lm_head.safetensors``."""
+    the authors' training script writes it) or ``medusa_lm_head.safetensors`` (every tensor, or as ``save_model``
+    writes it: a head's repeated block once)."""
     import json
 
     path.mkdir(parents=True, exist_ok=True)
@@ -170,13 +171,17 @@ def write_medusa_release(path, module: torch.nn.ModuleList, layers: int, fmt: st
     state = module.state_dict()
     if fmt == "pt":
         torch.save(state, path / "medusa_lm_head.pt")
+    elif fmt == "save_model":  # safetensors' own writer for a module: the repeated block's tensors kept once
+        from safetensors.torch import save_model
+
+        save_model(module, str(path / "medusa_lm_head.safetensors"))
     else:
         from safetensors.torch import save_file
 
         save_file({k: v.contiguous() for k, v in state.items()}, str(path / "medusa_lm_head.safetensors"))
 
 
-@pytest.mark.parametrize(("layers", "fmt"), [(1, "safetensors"), (2, "pt")])
+@pytest.mark.parametrize(("layers", "fmt"), [(1, "safetensors"), (2, "pt"), (2, "save_model")])
 def test_released_medusa_heads_draft_what_the_reference_heads_predict(tmp_path, ragged_prompts, layers, fmt):
     """A Medusa-1 release (``medusa_lm_head.*`` + ``config.json``) for a tiny target: the first round's draft is each
     reference head's argmax on the target's final hidden state at the last prompt token; greedy output equals plain

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from decodekit.dlm.families.tokenizer import checkpoint_tokenizer
 from decodekit.errors import ConfigError, UnsupportedModelError
 from decodekit.models.checkpoint_files import iter_tensors, weight_files
 
@@ -68,7 +70,7 @@ class Family:
     model_types: tuple[str, ...]
     architectures: tuple[str, ...]
     convert: Callable[[dict[str, Any]], tuple[Any, dict[str, Source]]]
-    mask_token_id: Callable[[dict[str, Any], Any], int]
+    mask_token_id: MaskFrom
     shift_logits: bool
     block_length: Callable[[dict[str, Any]], int | None] = lambda config: None
     block_grid: str = "generation"
@@ -88,19 +90,33 @@ class Checkpoint:
     mask_source: str  # where mask_token_id came from, for messages
 
 
-def mask_from(default: int, ask_tokenizer: bool = True) -> Callable[[dict[str, Any], Any], int]:
+@dataclass(frozen=True)
+class MaskFrom:
+    """A family's mask-id rule (:func:`mask_from`), called as ``(config, tokenizer) -> id``."""
+
+    default: int
+    ask_tokenizer: bool = True
+
+    def __call__(self, config: dict[str, Any], tokenizer: Any) -> int:
+        if config.get("mask_token_id") is not None:
+            return int(config["mask_token_id"])
+        if self.ask_tokenizer and getattr(tokenizer, "mask_token_id", None) is not None:
+            return int(tokenizer.mask_token_id)
+        return self.default
+
+    def source(self, config: dict[str, Any], family: str) -> str:
+        """Where the id comes from, for messages about it."""
+        if config.get("mask_token_id") is not None:
+            return "config.json's mask_token_id"
+        asked = "the tokenizer's mask token or " if self.ask_tokenizer else ""
+        return f"config.json names no mask_token_id: {asked}{family}'s default"
+
+
+def mask_from(default: int, ask_tokenizer: bool = True) -> MaskFrom:
     """A family's mask-id rule: ``config.json``'s ``mask_token_id``, else the tokenizer's mask token (when
     ``ask_tokenizer``: LLaDA's and Dream's references read the config or their constant only), else ``default``
     (the id its reference ``generate`` uses)."""
-
-    def mask_token_id(config: dict[str, Any], tokenizer: Any) -> int:
-        if config.get("mask_token_id") is not None:
-            return int(config["mask_token_id"])
-        if ask_tokenizer and getattr(tokenizer, "mask_token_id", None) is not None:
-            return int(tokenizer.mask_token_id)
-        return default
-
-    return mask_token_id
+    return MaskFrom(default, ask_tokenizer)
 
 
 def _families() -> list[Family]:
@@ -174,7 +190,7 @@ def read_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -
     with torch.device("meta"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Initializing zero-element tensors")  # zero-width shared experts
         model = AutoModelForCausalLM.from_config(hf_config)
-    found = _gather(root, family, sources, dtype)
+    found = _cast(_gather(root, family, sources), dtype, model)
     expected = dict(model.state_dict())
     for target, tensor in found.items():
         if tuple(tensor.shape) != tuple(expected[target].shape):
@@ -187,7 +203,7 @@ def read_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -
         model.tie_weights()
     _materialise_buffers(model, hf_config)
     model.eval()
-    tokenizer = _tokenizer(root, family)
+    tokenizer = checkpoint_tokenizer(root, family)
     return Checkpoint(
         family,
         model,
@@ -195,9 +211,7 @@ def read_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -
         family.mask_token_id(config, tokenizer),
         family.shift_logits,
         family.block_length(config),
-        "config.json's mask_token_id"
-        if config.get("mask_token_id") is not None
-        else f"config.json names no mask_token_id: the tokenizer's mask token or {family.name}'s default",
+        family.mask_token_id.source(config, family.name),
     )
 
 
@@ -206,11 +220,30 @@ def _name(source: Source) -> str:
     return repr(source) if isinstance(source, str) else " + ".join(map(repr, source.sources)) or "(computed)"
 
 
-def _gather(
-    root: Path, family: Family, sources: dict[str, Source], dtype: torch.dtype | None
-) -> dict[str, torch.Tensor]:
+def _cast(found: dict[str, torch.Tensor], dtype: torch.dtype | None, model: Any) -> dict[str, torch.Tensor]:
+    """The floating tensors of ``found`` in one dtype: ``dtype``, else the one most of the weights have on disk (a
+    release storing its norms in float32 beside bfloat16 matrices would otherwise fail at its first forward); except
+    what transformers keeps in float32 for the architecture (``_keep_in_fp32_modules(_strict)``: GLM-4 MoE's router,
+    as LLaDA 2's own code computes it)."""
+    sizes: Counter[torch.dtype] = Counter()
+    for tensor in found.values():
+        if tensor.is_floating_point():
+            sizes[tensor.dtype] += tensor.numel()
+    dtype = dtype or (sizes.most_common(1)[0][0] if sizes else None)
+    keep = [
+        *(getattr(model, "_keep_in_fp32_modules", None) or ()),
+        *(getattr(model, "_keep_in_fp32_modules_strict", None) or ()),
+    ]
+    out = {}
+    for name, tensor in found.items():
+        fp32 = any(f".{k}." in f".{name}." or name.endswith(f".{k}") for k in keep)
+        out[name] = tensor.to(torch.float32 if fp32 else dtype) if tensor.is_floating_point() and dtype else tensor
+    return out
+
+
+def _gather(root: Path, family: Family, sources: dict[str, Source]) -> dict[str, torch.Tensor]:
     """``{parameter: tensor}`` for every parameter ``sources`` names, read in one pass over the weight files (only the
-    tensors named are kept) and cast to ``dtype``; a tensor missing from the weights is named."""
+    tensors named are kept); a tensor missing from the weights is named."""
     needed = {name for s in sources.values() for name in ((s,) if isinstance(s, str) else s.sources)}
     read, unused = {}, []
     for file in weight_files(root):
@@ -241,7 +274,7 @@ def _gather(
                     f"{family.name} checkpoint {root}: {_name(source)} (shapes {shapes}) do not make {target!r} as "
                     f"its config.json implies ({error})"
                 ) from error
-        found[target] = tensor if dtype is None else tensor.to(dtype)
+        found[target] = tensor
     return found
 
 
@@ -255,33 +288,3 @@ def _materialise_buffers(model: torch.nn.Module, hf_config: Any) -> None:
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise ConfigError(f"no values for {left[:3]} after loading the checkpoint")
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def _tokenizer(root: Path, family: Family) -> Any:
-    """The checkpoint's tokenizer, from its own files (never with ``trust_remote_code``), or None without them."""
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    if not any((root / f).is_file() for f in TOKENIZER_FILES):
-        return None
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # it reads config.json as a generic config: warnings about the family's keys
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            try:
-                return AutoTokenizer.from_pretrained(str(root), local_files_only=True, trust_remote_code=False)
-            except (OSError, ValueError):
-                if family.tokenizer is None:
-                    raise
-                return family.tokenizer(root)
-    except (OSError, ValueError) as error:
-        raise ConfigError(
-            f"{family.name} checkpoint {root}: its tokenizer does not load without the repository's own code "
-            f"({error}); load one yourself and pass it to dk.dlm.load_model(..., tokenizer=...)"
-        ) from error
-    finally:
-        hf_logging.set_verbosity(verbosity)
