@@ -140,6 +140,7 @@ def test_block_verification_in_the_loop_is_lossless(models, setting):  # noqa: F
     counts, stats = sample_counts(target, ModelDrafter(draft), BlockVerifier(), FixedLength(2), setting, seed=31)
     assert_matches(target, counts, setting)
     assert 0.05 < stats.draft_acceptance_rate < 0.95
+    assert stats.drafted >= 2 * sum(int(c.sum()) for c in counts)  # every row's first round verified a block of 2
 
 
 def test_block_verification_is_greedy_at_temperature_0(target, ragged_prompts):

@@ -55,9 +55,18 @@ def exact_joint(model, prompt: list[int], sampling: dk.SamplingParams) -> torch.
 def sample_counts(target, drafter, verifier, policy, setting: str, seed: int) -> list[torch.Tensor]:
     prompts = [p for p in PROMPTS for _ in range(ROWS_PER_PROMPT)]
     out = dk.generate(
-        target, prompts, drafter, verifier, policy, max_new_tokens=NEW, eos_token_id=(), seed=seed, **SETTINGS[setting]
-    )
-    seqs = torch.tensor(out.sequences).reshape(len(PROMPTS), ROWS_PER_PROMPT, NEW)
+        target,
+        prompts,
+        drafter,
+        verifier,
+        policy,
+        max_new_tokens=NEW + 1,
+        eos_token_id=(),
+        seed=seed,
+        **SETTINGS[setting],
+    )  # one token past the counted ones: a round never drafts past max_new_tokens, so the first round drafts a
+    # whole chain of 2 (or a tree of depth 2) over the counted tokens, not 1
+    seqs = torch.tensor(out.sequences).reshape(len(PROMPTS), ROWS_PER_PROMPT, NEW + 1)[..., :NEW]
     codes = seqs[..., 0] * VOCAB**2 + seqs[..., 1] * VOCAB + seqs[..., 2]
     return [torch.bincount(c, minlength=VOCAB**NEW) for c in codes], out.stats
 
@@ -145,7 +154,7 @@ class ResidualFromTarget:
             return RejectionVerifier().verify(draft, logits, sampling, generator)
         x = draft.tokens[..., None]
         ratio = p[:, :-1].gather(-1, x)[..., 0] / draft.q.gather(-1, x)[..., 0]
-        ok = torch.rand(ratio.shape, generator=generator) < ratio
+        ok = (torch.rand(ratio.shape, generator=generator) < ratio) & draft.valid  # a row's draft may be shorter
         num = ok.long().cumprod(-1).sum(-1)
         nxt = torch.multinomial(p[torch.arange(len(num)), num], 1, generator=generator)[:, 0]
         return dk.Verdict(accepted=draft.path(num - 1, num), num_accepted=num, next_token=nxt)

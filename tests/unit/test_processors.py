@@ -178,10 +178,18 @@ def exact_joint(model, prompt: list[int], sampling: dk.SamplingParams, processor
 def sample_counts(target, drafter, setting: dict, processor, seed: int) -> list[torch.Tensor]:
     prompts = [p for p in PROMPTS for _ in range(ROWS_PER_PROMPT)]
     out = dk.generate(
-        target, prompts, drafter, RejectionVerifier(), FixedLength(2), max_new_tokens=NEW, eos_token_id=(),
-        seed=seed, logits_processor=[processor], **setting,
-    )  # fmt: skip
-    seqs = torch.tensor(out.sequences).reshape(len(PROMPTS), ROWS_PER_PROMPT, NEW)
+        target,
+        prompts,
+        drafter,
+        RejectionVerifier(),
+        FixedLength(2),
+        max_new_tokens=NEW + 1,
+        eos_token_id=(),
+        seed=seed,
+        logits_processor=[processor],
+        **setting,
+    )  # fmt: skip  (one token past the counted ones, so the first round drafts its whole chain of 2 over them)
+    seqs = torch.tensor(out.sequences).reshape(len(PROMPTS), ROWS_PER_PROMPT, NEW + 1)[..., :NEW]
     codes = seqs[..., 0] * VOCAB**2 + seqs[..., 1] * VOCAB + seqs[..., 2]
     if drafter is not None:
         assert 0.05 < out.stats.draft_acceptance_rate < 0.95

@@ -45,6 +45,7 @@ def test_tree_verification_in_the_loop_is_lossless(models, verifier, drafter, se
     counts, stats = sample_counts(target, DRAFTERS[drafter](draft), VERIFIERS[verifier](), POLICY, setting, seed=41)
     assert_matches(target, counts, setting)
     assert stats.accepted > 0  # drafts were accepted, so the tree path was exercised
+    assert stats.acceptance_rate_per_pos[1] > 0  # depth-2 nodes were drafted and accepted, not siblings only
 
 
 def test_typical_acceptance_is_detected_as_lossy(models):  # noqa: F811
