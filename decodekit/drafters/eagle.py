@@ -46,7 +46,7 @@ from decodekit.drafters.eagle_head import DEFAULT_WEIGHTS, RETRAIN, EagleHead, d
 from decodekit.drafters.eagle_release import is_release, load_release
 from decodekit.drafters.feature_queue import requeue
 from decodekit.drafters.head_files import TrimmedHead, read_metadata
-from decodekit.drafters.staged import StagedTree, dynamic_tree
+from decodekit.drafters.staged import StagedTree, dynamic_tree, ignore_stop
 from decodekit.errors import ConfigError
 from decodekit.masks import chain_mask
 from decodekit.models.base import LanguageModel, ModelOutput
@@ -216,11 +216,7 @@ class EagleDrafter(SamplesLikeTheTarget):
 
     def _tree(self, state: DecodeState, budget: DraftBudget, g: torch.Tensor) -> Draft:
         """EAGLE-2's dynamic tree from the root's head output ``g [B, H]``, staged in the head's cache."""
-        if budget.stop is not None:
-            raise ConfigError(
-                "EagleDrafter(shape='dynamic') drafts trees level by level; the policy's per-step stop rule "
-                "(budget.stop) is for chains: use a policy without one (e.g. FixedLength)"
-            )
+        ignore_stop(budget, self)
         outputs = g[:, None]  # [B, 1 + T, H]: the head's output at the root, then at each staged slot
 
         def run(tokens: torch.Tensor, parents: torch.Tensor, positions: Any, mask: Any, view: Any) -> torch.Tensor:

@@ -17,7 +17,7 @@ from decodekit.draft.budget import DraftBudget
 from decodekit.draft.templates import TreeTemplate, resolve_template
 from decodekit.drafters.model import ModelDrafter
 from decodekit.drafters.model_template import template_tree
-from decodekit.drafters.staged import StagedTree, dynamic_tree, process_paths
+from decodekit.drafters.staged import StagedTree, dynamic_tree, ignore_stop, process_paths
 from decodekit.errors import ConfigError
 from decodekit.registry import register
 from decodekit.sampling import probs_from_logits, sample
@@ -112,11 +112,7 @@ class ModelTreeDrafter(ModelDrafter):
 
     @torch.no_grad()
     def propose(self, state: DecodeState, budget: DraftBudget) -> Draft:
-        if budget.stop is not None:
-            raise ConfigError(
-                f"{type(self).__name__} drafts trees level by level; the policy's per-step stop rule "
-                "(budget.stop) is for chain drafters: use a policy without one (e.g. FixedLength)"
-            )
+        ignore_stop(budget, self)
         self._staged = None
         logits = self.feed_unseen(state)[:, None]  # [B, 1, V]
         if budget.max_len == 0 or budget.width == 0:

@@ -7,6 +7,8 @@ vocabulary.
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -153,3 +155,19 @@ def dynamic_tree(
     draft = Draft.tree(tokens_t, parent, valid, kind=DraftKind.DETERMINISTIC, draft_probs=probs)
     draft.knowing_width(budget.host_tree_width(offered), exact=False)  # the candidates, level by level
     return draft, torch.cat(slots, 1).gather(1, pick), levels
+
+
+_STOP_IGNORED: weakref.WeakSet = weakref.WeakSet()  # tree drafters that said their budget's stop rule does not apply
+
+
+def ignore_stop(budget: DraftBudget, drafter: object) -> None:
+    """A tree drafter's answer to a budget with a per-step stop rule: trees are drafted level by level, so the rule
+    does not apply and the drafts are bounded by the budget's lengths alone (as for a model-free drafter); said once
+    per drafter in a warning, not refused in the middle of a call."""
+    if budget.stop is not None and drafter not in _STOP_IGNORED:
+        _STOP_IGNORED.add(drafter)
+        warnings.warn(
+            f"{type(drafter).__name__} drafts trees level by level: the policy's per-step stop rule does not apply, "
+            "its drafts are bounded by the budget's lengths only (use a chain drafter for the rule to act)",
+            stacklevel=3,
+        )

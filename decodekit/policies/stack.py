@@ -10,9 +10,10 @@ import torch
 from decodekit.checks import check_instance
 from decodekit.draft.budget import DraftBudget, DraftStep, call_stop, stop_needs_hidden
 from decodekit.errors import ConfigError
-from decodekit.interfaces import LengthPolicy, hidden_layers_of
+from decodekit.interfaces import LengthPolicy, SelectsRows, hidden_layers_of
 from decodekit.policies.lengths import batch_cap, check_batch_cap, host_batch_cap
 from decodekit.registry import register
+from decodekit.spec.hooks import select_component_rows
 from decodekit.spec.round import check_needs, needs_of
 from decodekit.spec.state import DecodeState
 
@@ -60,8 +61,11 @@ class Stack:
     def observe(self, state: DecodeState, round: Round) -> None:
         self._each("observe", state, round)
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        self._each("select_rows", rows)
+    def select_rows(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
+        """Each part's ``select_rows``, with ``host_rows`` where the part asks for them (its ``needs``)."""
+        for p in self.policies:
+            if isinstance(p, SelectsRows):
+                select_component_rows(p, rows, host_rows)
 
     def _each(self, hook: str, *args: Any) -> None:
         for p in self.policies:

@@ -33,7 +33,7 @@ def propose(parts: Components, state: DecodeState, debug: bool, index: int | Non
     check_untouched(before, state, parts.policy, "plan")
     budget = budget.capped(state.remaining - 1, max(caps, default=-1), caps)
     parts.check_budget_size(budget)
-    if budget.max_depth == 0 or budget.max_len == 0:
+    if budget.max_depth == 0 or budget.max_len == 0 or budget.width == 0:  # width 0: no node may have a child
         return empty_draft(state.batch_size, state.device)
     try:
         draft = parts.drafter.propose(state, budget)

@@ -273,9 +273,17 @@ class StopRule:
         return dk.DraftBudget(torch.full_like(state.lengths, 4), stop=lambda step: step.token_probs < 0.5)
 
 
-def test_a_stop_rule_is_refused(target, ragged_prompts):
-    with pytest.raises(ConfigError, match="budget.stop"):
-        dk.generate(target, ragged_prompts, ModelTreeDrafter(target), policy=StopRule(), max_new_tokens=4)
+def test_a_stop_rule_does_not_apply_to_trees_and_says_so_once(target, ragged_prompts):
+    """Trees are drafted level by level: the stop rule is left out (the lengths bound the drafts, as for a model-free
+    drafter), with one warning; it was refused in the middle of the call, after tokens were streamed."""
+    plain = dk.generate(target, ragged_prompts, max_new_tokens=12, eos_token_id=()).sequences
+    drafter = ModelTreeDrafter(target)
+    with pytest.warns(
+        UserWarning, match="ModelTreeDrafter drafts trees level by level: the policy's per-step stop"
+    ) as w:
+        out = dk.generate(target, ragged_prompts, drafter, policy=StopRule(), max_new_tokens=12, eos_token_id=())
+    assert out.sequences == plain and out.stats.drafted > 0
+    assert sum("level by level" in str(r.message) for r in w) == 1
 
 
 class SyncCounter(Recorder):

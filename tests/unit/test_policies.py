@@ -76,3 +76,37 @@ def test_budget_is_capped_by_what_rows_may_still_generate(target, ragged_prompts
     assert [len(s) for s in out.sequences] == [7] * 4
     first_round_budget = drafter.drafts[0][1].lengths
     assert first_round_budget.tolist() == [5] * 4  # 7 - 1 (prefill token) - 1 (the bonus token)
+
+
+class RowCounter(FixedLength):
+    """A user's policy that asks for the kept rows on the host (``needs = {"host_rows"}``)."""
+
+    needs = frozenset({"host_rows"})
+
+    def begin(self, state):
+        self.calls = []
+
+    def select_rows(self, rows, host_rows=None):
+        self.calls.append(host_rows)
+
+
+def test_a_stack_passes_host_rows_to_the_parts_that_ask_for_them(target, ragged_prompts):
+    """Stack took the parts' needs but its select_rows had no host_rows: such a part was refused inside a Stack."""
+    first = dk.generate(target, ragged_prompts, max_new_tokens=1, eos_token_id=()).sequences[1][0]  # row 1 stops early
+    counter = RowCounter(3)
+    policy = dk.policies.Stack(counter, FixedLength(2))
+    out = dk.generate(target, ragged_prompts, dk.drafters.NGramDrafter(), policy=policy, max_new_tokens=8,
+                      eos_token_id=first)  # fmt: skip
+    assert "eos" in out.finish_reasons and counter.calls and all(isinstance(r, list) for r in counter.calls)
+
+
+class NoChildren(FixedLength):
+    def plan(self, state):
+        return dk.DraftBudget.uniform(state.lengths, 3, width=0)
+
+
+def test_a_budget_of_width_zero_drafts_nothing(target, ragged_prompts):
+    """Width 0 (no node may have a child) made a chain drafter's draft malformed, blamed on the drafter."""
+    draft = dk.load_model(perturbed(target, 0.2, seed=1))
+    out = dk.generate(target, ragged_prompts, ModelDrafter(draft), policy=NoChildren(3), max_new_tokens=6)
+    assert out.sequences == dk.generate(target, ragged_prompts, max_new_tokens=6).sequences and out.stats.drafted == 0
