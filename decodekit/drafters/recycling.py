@@ -107,9 +107,11 @@ class RecyclingDrafter:
         previous = state.tokens.gather(1, (state.lengths - round.counts - 1)[:, None])  # the round's pending token
         scored = torch.cat([previous, draft.tokens], 1).flatten()  # [B * (N + 1)]
         keep = torch.cat([torch.ones_like(previous, dtype=torch.bool), draft.valid], 1).flatten()
-        later = torch.arange(scored.numel(), device=scored.device)
-        same = (scored[:, None] == scored[None, :]) & keep[None, :] & (later[None, :] > later[:, None])
-        keep &= ~same.any(1)  # one write per token: its last scored position
+        at = torch.where(keep, scored, vocab)  # row ``vocab``: the matrix's dump row for what is not kept
+        position = torch.arange(scored.numel(), device=scored.device)
+        last = torch.full((vocab + 1,), -1, dtype=torch.long, device=scored.device)
+        last = last.scatter_reduce(0, at, torch.where(keep, position, -1), "amax")
+        keep &= last[at] == position  # one write per token: its last scored position (linear in B * N, no B^2 mask)
         top = logits.reshape(-1, vocab).topk(min(self.k, vocab), dim=-1).indices
         if top.shape[1] < self.k:  # a vocabulary smaller than k
             top = torch.cat([top, top.new_full((top.shape[0], self.k - top.shape[1]), -1)], 1)
