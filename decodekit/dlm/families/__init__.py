@@ -96,27 +96,31 @@ class MaskFrom:
 
     default: int
     ask_tokenizer: bool = True
+    token: str | None = None  # the mask token's text in the vocabulary, where the tokenizer does not name it
 
     def __call__(self, config: dict[str, Any], tokenizer: Any) -> int:
         if config.get("mask_token_id") is not None:
             return int(config["mask_token_id"])
-        if self.ask_tokenizer and getattr(tokenizer, "mask_token_id", None) is not None:
-            return int(tokenizer.mask_token_id)
+        if self.ask_tokenizer and tokenizer is not None:
+            found = tokenizer.get_vocab().get(self.token) if self.token else getattr(tokenizer, "mask_token_id", None)
+            if found is not None:
+                return int(found)
         return self.default
 
     def source(self, config: dict[str, Any], family: str) -> str:
         """Where the id comes from, for messages about it."""
         if config.get("mask_token_id") is not None:
             return "config.json's mask_token_id"
-        asked = "the tokenizer's mask token or " if self.ask_tokenizer else ""
+        asked = f"the tokenizer's {self.token or 'mask token'} or " if self.ask_tokenizer else ""
         return f"config.json names no mask_token_id: {asked}{family}'s default"
 
 
-def mask_from(default: int, ask_tokenizer: bool = True) -> MaskFrom:
+def mask_from(default: int, ask_tokenizer: bool = True, token: str | None = None) -> MaskFrom:
     """A family's mask-id rule: ``config.json``'s ``mask_token_id``, else the tokenizer's mask token (when
-    ``ask_tokenizer``: LLaDA's and Dream's references read the config or their constant only), else ``default``
-    (the id its reference ``generate`` uses)."""
-    return MaskFrom(default, ask_tokenizer)
+    ``ask_tokenizer``: LLaDA's and Dream's references read the config or their constant only; ``token``: the
+    token's text in the vocabulary, where the tokenizer does not name it), else ``default`` (the id its reference
+    ``generate`` uses)."""
+    return MaskFrom(default, ask_tokenizer, token)
 
 
 def _families() -> list[Family]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from decodekit.dlm.families import Family
+from decodekit.dlm.families import Family, mask_from
 from decodekit.dlm.families.qwen import convert_qwen
 
 __all__ = ["FAST_DLLM_V2"]
@@ -34,20 +34,12 @@ def convert(config: dict[str, Any]) -> tuple[Any, dict[str, str]]:
     return convert_qwen(config, "Fast-dLLM v2")
 
 
-def mask_token_id(config: dict[str, Any], tokenizer: Any) -> int:
-    """``config.json``'s ``mask_token_id``, else the tokenizer's ``|<MASK>|``, else 151665."""
-    if config.get("mask_token_id") is not None:
-        return int(config["mask_token_id"])
-    vocab = tokenizer.get_vocab() if tokenizer is not None else {}
-    return int(vocab.get(MASK_TOKEN, MASK_TOKEN_ID))
-
-
 FAST_DLLM_V2 = Family(
     name="Fast-dLLM v2",
     model_types=("Fast_dLLM_Qwen",),
     architectures=("Fast_dLLM_QwenForCausalLM",),
     convert=convert,
-    mask_token_id=mask_token_id,
+    mask_token_id=mask_from(MASK_TOKEN_ID, token=MASK_TOKEN),  # config.json's, the tokenizer's |<MASK>|, 151665
     shift_logits=True,
     block_length=lambda config: int(config.get("bd_size") or BLOCK_SIZE),
     block_grid="absolute",
