@@ -5,7 +5,9 @@ the accepted draft tokens the round committed, none past an end of sequence, a s
 
 * ``mean_acceptance_length = 1 + accepted / num_drafts`` (vLLM; counts the bonus/correction token; 1.0 for AR).
 * ``acceptance_rate_per_pos[j] = accepted_per_pos[j] / drafted_per_pos[j]``: how often draft position ``j`` was
-  accepted when it was proposed (unconditional on earlier positions, as vLLM reports it).
+  accepted when it was proposed (unconditional on earlier positions, as vLLM reports it). A position is a depth:
+  a tree drafted position ``j`` when some valid node sits at depth ``j + 1`` (``drafted`` counts all its nodes, so
+  ``draft_acceptance_rate`` of a tree is accepted tokens over all nodes drafted).
 * ``tokens_per_step``: tokens committed per row per target forward after prefill (Spec-Bench's tau; 1.0 for AR).
 """
 
@@ -113,9 +115,12 @@ class RoundCounters:
         self.histogram = torch.zeros(1, dtype=torch.long, device=device)
         self.round_max = torch.zeros(1, dtype=torch.long, device=device)  # rounds that drafted, by most accepted
 
-    def add_round(self, drafted: torch.Tensor, accepted: torch.Tensor, width: int) -> None:
-        """One round: per live row, valid draft nodes ``drafted [B]`` and ``accepted [B]``; ``width`` (host) bounds
-        ``drafted`` (0: an autoregressive round, which costs no tensor op here)."""
+    def add_round(
+        self, drafted: torch.Tensor, accepted: torch.Tensor, width: int, reach: torch.Tensor | None = None
+    ) -> None:
+        """One round: per live row, valid draft nodes ``drafted [B]``, the deepest valid node's depth ``reach [B]``
+        (None: a chain's, ``drafted``) and ``accepted [B]``; ``width`` (host) bounds both (0: an autoregressive
+        round, which costs no tensor op here)."""
         self.rounds += 1
         self.row_steps += drafted.numel()
         if width == 0:
@@ -128,7 +133,8 @@ class RoundCounters:
             self.histogram = torch.cat([self.histogram, self.histogram.new_zeros(grow)])
             self.round_max = torch.cat([self.round_max, self.round_max.new_zeros(grow)])
         ar = torch.arange(width, device=drafted.device)
-        self.per_pos[:, :width] += torch.stack([(drafted[:, None] > ar).sum(0), (accepted[:, None] > ar).sum(0)])
+        reach = drafted if reach is None else reach
+        self.per_pos[:, :width] += torch.stack([(reach[:, None] > ar).sum(0), (accepted[:, None] > ar).sum(0)])
         self.histogram.scatter_add_(0, accepted.clamp(0, width), drew.long())
         self.round_max.scatter_add_(0, (accepted * drew).max().clamp(0, width)[None], drew.any().long()[None])
 

@@ -195,7 +195,8 @@ def _zero_overhead(runs: list[Run], ref_runs: list[Run], prompts: int) -> tuple[
     forward_rate = (ref_tokens - prompts) / ref.verify_time_s  # plain decoding, no loop overhead
     work = s.draft_time_s + s.verify_time_s
     tokens = sum(len(x) for run in runs for x in run.sequences)
-    return (tokens - prompts) / work / forward_rate, (s.row_steps + s.drafted) / work / forward_rate
+    deepest = sum(s.drafted_per_pos)  # each drafted row-round's deepest path (a tree accepts one path at most)
+    return (tokens - prompts) / work / forward_rate, (s.row_steps + deepest) / work / forward_rate
 
 
 __all__ = ["Call", "Result", "aggregate"]

@@ -15,7 +15,8 @@ passes, with their min-max spread. Every timed call is kept (:class:`Call`, in `
 * ``zero_overhead``: the speedup the measured acceptance and measured draft + verify costs would give if the loop's
   own bookkeeping cost nothing (tokens committed per second of draft + verify time over the reference's tokens per
   second of forward time; ``policies.md`` section 0 with every term measured). It is the speedup minus the
-  loop's overhead, not an upper bound over drafters; ``ceiling`` is the same with every drafted token accepted;
+  loop's overhead, not an upper bound over drafters; ``ceiling`` is the same with every drafted token accepted (a
+  tree's deepest path: a round accepts one path at most);
 * ``greedy_match``: at temperature 0, the fraction of prompts whose output equals the reference's, so a speedup
   is never reported for different output; ``greedy_diffs`` explains each prompt that differs (the first differing
   token and the target's top-2 margin there, :func:`decodekit.spec.diagnostics.first_divergence`), so a floating-point

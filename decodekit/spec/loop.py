@@ -244,7 +244,8 @@ def _loop(
             explain_failure(parts, error, state, draft, verdict, round_index=index)
             raise
         counts = out.commit(state, tokens, counts)
-        counters.add_round(draft.num_valid, torch.minimum(verdict.num_accepted, counts), draft.num_nodes)  # used
+        reach = None if not draft.num_nodes or draft.is_chain else draft.depth.max(-1).values  # a tree's depth
+        counters.add_round(draft.num_valid, torch.minimum(verdict.num_accepted, counts), draft.num_nodes, reach)
         times = timer.end_round()
         before = state.host_lengths
         out.sync(state, cache, check=debug)

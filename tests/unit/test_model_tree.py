@@ -319,3 +319,14 @@ def test_no_host_syncs_of_its_own(target, ragged_prompts, shape, temperature):
         eos_token_id=(), temperature=temperature, seed=0,
     )  # fmt: skip
     assert out.stats.rounds > 3 and drafter.syncs <= drafter.leaves  # the last leave ends the call
+
+
+def test_per_position_counts_follow_depth_for_trees(target, ragged_prompts):
+    """A position is a depth: a 7-node template of depth 3 drafts positions 1..3 (node counts once gave 7 positions,
+    the deeper ones understated and the last four always 0)."""
+    drafter = ModelTreeDrafter(target, shape="template", template=TEMPLATE)
+    out = dk.generate(target, ragged_prompts, drafter, policy=dk.policies.FixedLength(7, depth=3), max_new_tokens=12)
+    stats = out.stats
+    assert len(stats.drafted_per_pos) == 3 and stats.drafted_per_pos[0] == stats.num_drafts
+    assert stats.drafted > sum(stats.drafted_per_pos)  # every node counted in drafted, one per depth per position
+    assert stats.acceptance_rate_per_pos[2] > 0  # the target drafting for itself: deep paths accepted
