@@ -39,6 +39,7 @@ from decodekit.drafters.dflash_release import is_release, load_dflash_release, r
 from decodekit.drafters.feature_queue import requeue
 from decodekit.drafters.head_files import (
     TrimmedHead,
+    head_path,
     load_tensors,
     on_target,
     read_head,
@@ -94,7 +95,7 @@ class DFlashDrafter(ReadsAHeadPerTarget):
     target_parts = frozenset({"embed", "head", "layers", "config"})
 
     def __init__(self, weights: str | Path, temperature: float | None = None, target: Any = None) -> None:
-        self.weights = Path(weights)
+        self.weights = head_path(weights, "DFlash")
         meta = release_fields(self.weights) if is_release(self.weights) else read_metadata(self.weights)
         if not meta.get("layers") or not (self.weights.is_dir() or meta.get("architecture") == "dflash"):
             raise ConfigError(

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decodekit.checks import check_int
 from decodekit.models.grouped_attention import grouped_attention
 
 __all__ = ["DFlashHead", "DFlashLayer", "default_layers"]
@@ -131,6 +132,8 @@ class DFlashHead(nn.Module):
         super().__init__()
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+        check_int("num_layers", num_layers, low=1, hint=" (the head's decoder layers)")
+        check_int("block_size", block_size, low=2, hint=" (the pending token and at least one slot to draft)")
         hidden, eps = int(config.hidden_size), float(getattr(config, "rms_norm_eps", 1e-6))
         self.target_layers, self.block_size = tuple(int(i) for i in layers), int(block_size)
         self.fc = nn.Linear(len(self.target_layers) * hidden, hidden, bias=False)

@@ -68,6 +68,11 @@ def release_fields(path: str | Path) -> dict[str, Any]:
     if not ids or "block_size" not in config:
         missing = "dflash_config.target_layer_ids" if not ids else "block_size"
         raise ConfigError(f"the DFlash head at {path} has no {missing} in its config.json: decodekit needs both")
+    if int(config["block_size"]) < 2 or min(int(i) for i in ids) < 0:
+        raise ConfigError(
+            f"the DFlash head at {path} has block_size={config['block_size']} and target_layer_ids={ids}: a block "
+            "holds the pending token and at least one slot (block_size >= 2), and layer ids count from 0"
+        )
     return {"layers": [int(i) + 1 for i in ids], "block_size": int(config["block_size"])}
 
 
@@ -99,6 +104,14 @@ def load_dflash_release(path: str | Path, target: LanguageModel) -> tuple[DFlash
         if theirs is not None and not torch.allclose(theirs.float(), rows().detach().float().cpu(), atol=1e-2):
             raise ConfigError(f"the DFlash head at {root} ships its own {name}, not the target's: not read here")
     mask_id = int(config["dflash_config"].get("mask_token_id", 0))
+    if not 0 <= mask_id < target.vocab_size:
+        raise ConfigError(f"the DFlash head at {root} names mask_token_id={mask_id}, outside the target's vocabulary")
+    trained_on = config.get("num_target_layers")
+    if trained_on is not None and int(trained_on) != target.num_layers or max(fields["layers"]) > target.num_layers:
+        raise ConfigError(
+            f"the DFlash head at {root} reads target layers {fields['layers']} of a {trained_on}-layer target; this "
+            f"target has {target.num_layers} layers: pass a head released for this model"
+        )
     learned = root / "mask_embedding.pt"
     if learned.is_file():
         saved = torch.load(learned, map_location="cpu", weights_only=True)

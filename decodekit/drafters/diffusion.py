@@ -54,6 +54,7 @@ from decodekit.drafters.model import feed_unseen, unseen_tokens
 from decodekit.drafters.staged import process_paths
 from decodekit.errors import ConfigError
 from decodekit.masks import attend_layout, bidirectional_mask, block_causal_mask, causal_mask, staged_layout
+from decodekit.models.vocab_resize import warn_other_ids
 from decodekit.registry import register
 from decodekit.sampling import probs_from_logits, sample
 from decodekit.spec.state import DecodeState
@@ -103,6 +104,11 @@ class DiffusionDrafter(SamplesLikeTheTarget):
         self.candidates = check_choice("candidates", candidates, ("ranked", "sampled"))
         self.template = template
         self._template = None if template is None else resolve_template(template)
+        if self._template is None and self.candidates != "ranked":
+            raise ConfigError(
+                f"DiffusionDrafter: candidates={candidates!r} chooses a tree's nodes; without template= it drafts "
+                "chains, where it would change nothing: pass a template, or leave candidates out"
+            )
         if self._template is not None and self.steps > 1:
             raise ConfigError(
                 f"DiffusionDrafter: template= drafts each slot's ranked candidates from one forward; steps={steps} "
@@ -129,6 +135,11 @@ class DiffusionDrafter(SamplesLikeTheTarget):
     @property
     def vocab_size(self) -> int:
         return self.model.vocab_size
+
+    def check_model(self, target: Any) -> None:
+        """Warn when the diffusion LM's tokenizer maps tokens to other ids than the target's (the sizes are checked by
+        the loop): its drafts of those tokens would all be rejected."""
+        warn_other_ids(self.model.lm, target, type(self).__name__)
 
     def draft_kind(self, sampling: SamplingParams) -> DraftKind:
         if self._template is not None and (self.candidates == "ranked" or self.sampling(sampling).greedy):

@@ -45,7 +45,7 @@ from decodekit.draft import Draft
 from decodekit.draft.budget import DraftBudget
 from decodekit.drafters.chain import ReadsAHeadPerTarget, draft_block
 from decodekit.drafters.flexdraft_head import FlexDraftHead, block_slots_mask
-from decodekit.drafters.head_files import load_tensors, on_target, read_head, read_metadata
+from decodekit.drafters.head_files import head_path, load_tensors, on_target, read_head, read_metadata
 from decodekit.errors import ConfigError
 from decodekit.models.base import LanguageModel
 from decodekit.registry import register
@@ -106,7 +106,7 @@ class FlexDraftDrafter(ReadsAHeadPerTarget):
     def __init__(
         self, weights: str | Path, temperature: float | None = None, target: Any = None, confidence: float = 0.0
     ) -> None:
-        self.weights = Path(weights)
+        self.weights = head_path(weights, "FlexDraft")
         self.confidence = check_float("confidence", confidence, low=0.0, high=1.0, hint=" (a probability; 0 = off)")
         meta = read_metadata(self.weights)
         if not self.weights.is_file() or meta.get("architecture") != "flexdraft":

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from decodekit.checks import check_int
 from decodekit.errors import ConfigError
 from decodekit.models.grouped_attention import grouped_attention
 from decodekit.models.lean import COVERED_LAYERS
@@ -58,6 +59,7 @@ class FlexDraftHead(nn.Module):
     def __init__(self, target: Any, num_layers: int, block_size: int) -> None:
         super().__init__()
         check_target(target, num_layers)
+        check_int("block_size", block_size, low=1, hint=" (the mask slots drafted after the pending token)")
         self.first = target.num_layers - int(num_layers)  # layers 1 .. first run frozen everywhere
         self.block_size = int(block_size)
         self.tuned = nn.ModuleList()

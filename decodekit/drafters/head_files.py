@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from decodekit.errors import ConfigError, IncompatibleDraftError
+from decodekit.checks import describe
+from decodekit.errors import ConfigError, ConfigTypeError, IncompatibleDraftError
 from decodekit.kernels.cpu import match_kernels
 from decodekit.models.base import TARGET_PARTS, LanguageModel, hidden_size_of, num_layers_of
 
@@ -80,6 +81,15 @@ def on_target(head: nn.Module, target: LanguageModel, bf16: bool | None = None) 
     kernels (:func:`~decodekit.kernels.match_kernels`; ``bf16`` as there)."""
     head = head.to(device=target.device, dtype=getattr(target, "dtype", torch.float32)).eval()
     return match_kernels(head, target, bf16=bf16)
+
+
+def head_path(weights: Any, what: str) -> Path:
+    """``weights`` as a path (a head file or a release directory), or a :class:`ConfigTypeError` naming ``what``."""
+    if not isinstance(weights, (str, Path)):
+        raise ConfigTypeError(
+            f"weights must be the path of a {what} head file or release directory, got {describe(weights)}"
+        )
+    return Path(weights)
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:

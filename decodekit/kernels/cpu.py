@@ -18,6 +18,9 @@ Both are CPU-only and inference-only.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
+import re
 import warnings
 
 import torch
@@ -110,13 +113,24 @@ def onednn_linears(model: torch.nn.Module, dtype: torch.dtype | None = None) -> 
         return PackedLinear(model, dtype)  # type: ignore[arg-type]  # a bare linear: nothing to replace it in
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if _packable(child):
+            if _packable(child) and name not in _weights_read(type(module)):
                 setattr(module, name, PackedLinear(child, dtype))  # type: ignore[arg-type]
     return model
 
 
 def _packable(module: torch.nn.Module) -> bool:
     return type(module) is torch.nn.Linear and module.weight.dtype == torch.float32 and module.weight.is_cpu
+
+
+@functools.cache
+def _weights_read(cls: type) -> frozenset[str]:
+    """The children whose ``.weight`` ``cls.forward`` reads itself (``self.classifier.weight``: LongCat-Flash's
+    router): they stay plain linears, since a packed weight is an opaque oneDNN tensor no other op takes."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return frozenset()
+    return frozenset(re.findall(r"self\.(\w+)\.weight", source))
 
 
 def match_kernels(module: torch.nn.Module, like: object, bf16: bool | None = None) -> torch.nn.Module:

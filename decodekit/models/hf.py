@@ -20,7 +20,7 @@ from decodekit.models.compile_switch import capacity_bucket, compile_scope
 from decodekit.models.compiled import StaticForward, eager_reason
 from decodekit.models.grouped_attention import TORCH_HAS_GQA, grouped_query_sdpa
 from decodekit.models.hf_attention import attention_plan, per_layer_masks
-from decodekit.models.hf_support import CHAIN_ONLY, cache_argument, check_supported
+from decodekit.models.hf_support import CHAIN_ONLY, cache_argument, check_supported, logit_multiplier, rope_context
 from decodekit.models.lean import lean_decoder
 
 log = logging.getLogger(__name__)
@@ -102,9 +102,9 @@ class HFCausalLM(RecordsAttention, LanguageModel):
         config = model.config
         attn = getattr(config, "_attn_implementation", "eager")
         if attn not in _MASK_KINDS:
-            log.warning("attention implementation %r cannot take tree masks; switching the model to 'sdpa'", attn)
-            model.set_attn_implementation("sdpa")
-            attn = "sdpa"
+            given, attn = attn, "sdpa" if getattr(model, "_supports_sdpa", True) else "eager"  # eager-only: Gemma 2
+            log.warning("attention implementation %r cannot take tree masks; switching the model to %r", given, attn)
+            model.set_attn_implementation(attn)
         self._additive_mask = _MASK_KINDS[attn] == "additive"
         self._grouped = not self._additive_mask and TORCH_HAS_GQA  # sdpa: multi-query CPU calls without repeat_kv
         self._layers_attr = next(
@@ -114,15 +114,20 @@ class HFCausalLM(RecordsAttention, LanguageModel):
             selectable(getattr(self.decoder, self._layers_attr))  # per-call exits and skips (module docstring)
         self._norm = next((m for a in _FINAL_NORMS if (m := getattr(self.decoder, a, None)) is not None), None)
         self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.logit_multiplier = logit_multiplier(config)  # Cohere's, Granite's, ... scale after the head
         self.vocab_size = int(getattr(self.lm_head, "out_features", None) or config.vocab_size)
         self._embeddings = model.get_input_embeddings()
         self._embed_weight = self._embeddings.weight  # device / dtype (quantized heads have no .weight)
         gen_config = self.generation_config = getattr(model, "generation_config", None)
-        self.eos_token_ids = _as_tuple(
-            getattr(gen_config, "eos_token_id", None) or getattr(config, "eos_token_id", None)
-        )
+        source = gen_config if gen_config is not None else config  # model.generate reads its generation config's only
+        self.eos_token_ids = _as_tuple(getattr(source, "eos_token_id", None))
         context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         self.max_context = context if isinstance(context, int) and context > 0 else None  # XLNet: -1 = unbounded
+        if (exact := rope_context(model)) is not None:  # Phi-3's longrope: other rotary factors past it
+            log.warning("%s switches its rotary factors past %d tokens (transformers then recomputes the whole cache); "
+                        "decodekit runs it exactly up to there: its context is capped at %d", type(model).__name__,
+                        exact, exact)  # fmt: skip
+            self.max_context = exact
         self.tokenizer = tokenizer
         self._biases: dict[int, Any] = {}  # GPT-Neo's global causal biases, made once
         device_map = getattr(model, "hf_device_map", None) or {}
@@ -168,6 +173,8 @@ class HFCausalLM(RecordsAttention, LanguageModel):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)
+        if self.logit_multiplier is not None:
+            logits = logits * self.logit_multiplier
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.to(self.device) if self._spread else logits

@@ -12,6 +12,7 @@ build: each is either equal to ``model.generate`` token for token or refused her
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -127,3 +128,48 @@ def check_supported(model: torch.nn.Module, decoder: torch.nn.Module | None = No
                 "its decoder takes no position_ids (it derives positions from the cache length), so ragged rows and "
                 "token trees would get wrong positions"
             )
+
+
+LOGIT_SCALES: dict[
+    str, tuple[str, bool]
+] = {  # model type -> (config field, divide): what forward() does after the head
+    **{t: ("logit_scale", False) for t in ("cohere", "cohere2", "cohere2_moe")},
+    **{
+        t: ("logits_scaling", True)
+        for t in ("granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared", "minicpm3")
+    },  # fmt: skip
+    "hyperclovax": ("logits_scaling", False),
+}
+
+
+def logit_multiplier(config: Any) -> float | None:
+    """The factor the model's own ``forward`` puts on its logits after the output head (Cohere's ``logit_scale``,
+    Granite's and MiniCPM3's ``1 / logits_scaling``, HyperCLOVA X's ``logits_scaling``; :data:`LOGIT_SCALES`), or
+    None: greedy decoding would not see it, but sampling, top-k and top-p would draw from another distribution."""
+    field, divide = LOGIT_SCALES.get(getattr(config, "model_type", None), (None, False))
+    value = getattr(config, field, None) if field else None
+    if value is None or float(value) == 1.0:
+        return None
+    return 1.0 / float(value) if divide else float(value)
+
+
+def rope_context(model: torch.nn.Module) -> int | None:
+    """The context a model runs exactly with one KV cache where transformers' ``generate`` recomputes the whole cache
+    at ``original_max_position_embeddings`` (Phi-3's and PhiMoE's ``longrope``: other rotary factors past it, so
+    keys cached before it would be stale): that length when it is below the model's context, else None."""
+    config = model.config
+    original = getattr(config, "original_max_position_embeddings", None)
+    longest = getattr(config, "max_position_embeddings", None)
+    if not original or not longest or int(original) >= int(longest) or not _recomputes(type(model)):
+        return None
+    return int(original)
+
+
+@functools.cache
+def _recomputes(cls: type) -> bool:
+    """Whether ``cls.prepare_inputs_for_generation`` drops the cache at ``original_max_position_embeddings``."""
+    method = getattr(cls, "prepare_inputs_for_generation", None)
+    try:
+        return "original_max_position_embeddings" in inspect.getsource(method)
+    except (OSError, TypeError):
+        return False

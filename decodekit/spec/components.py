@@ -169,6 +169,8 @@ class Components:
         """Refuse a draft model (a drafter's ``model``) whose context is shorter than the ``max_length`` tokens a
         row of this call may reach (it would run past its position table, or extrapolate silently)."""
         draft_model = getattr(self.drafter, "model", None)
+        if not isinstance(draft_model, LanguageModel):  # a diffusion LM (the diffusion drafter's) wraps its decoder
+            draft_model = getattr(draft_model, "lm", None)
         context = getattr(draft_model, "max_context", None) if isinstance(draft_model, LanguageModel) else None
         if context is not None and context < max_length:
             raise ContextLengthError(

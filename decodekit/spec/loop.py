@@ -107,7 +107,8 @@ def generate(
             (``recycling``'s successor table, ``suffix``'s global cache) drafts differently in a later call or
             beside other rows, which changes sampled tokens (never their distribution); build a fresh one (or
             ``clear()`` it) for a call to repeat. Likewise a length policy that picks lengths for the whole batch
-            (``goodput``, ``batch_aware``, ``kld_stability``, a ``Stack``'s ``batch_cap``).
+            (``goodput``, ``batch_aware``, ``kld_stability``, a ``Stack``'s ``batch_cap``) and the ``diffusion``
+            drafter (its block is the batch's longest budget).
         streamer: called as ``streamer(row, tokens)`` with each row's newly committed tokens (and ``end()``, if it
             has one, when the call ends); or a transformers streamer (``TextStreamer``, any ``BaseStreamer``) for
             one prompt, fed as ``model.generate`` feeds it: the prompt, then each round's tokens, then ``end()``.

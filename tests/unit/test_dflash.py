@@ -364,6 +364,50 @@ def test_export_to_the_released_layout_drafts_what_the_file_drafts(trained, ragg
         load_dflash_release(tmp_path / "trimmed", dk.load_model(tiny_llama(0, vocab=8, hidden=32)))
 
 
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        ({"block_size": 1}, "block_size=1 .*block_size >= 2"),
+        ({"dflash_config": {"mask_token_id": 999, "target_layer_ids": [0, 1]}}, "mask_token_id=999, outside"),
+        ({"num_target_layers": 36}, "of a 36-layer target; this target has"),
+        (
+            {"dflash_config": {"mask_token_id": 31, "target_layer_ids": [-1, 1]}},
+            r"target_layer_ids=\[-1, 1\].*count from 0",
+        ),
+    ],
+)
+def test_a_release_config_that_does_not_fit_is_refused_by_its_key(trained, tmp_path, edit, match):
+    """Each once failed deep in a forward (an embedding lookup, an empty block) or loaded without a word (another
+    target's layer count; layer id -1 read as the embeddings)."""
+    import json
+
+    from decodekit.drafters.dflash_release import export_dflash
+
+    target, _, path, _ = trained
+    out = export_dflash(path, tmp_path / "release", target)
+    (out / "mask_embedding.pt").unlink()
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | edit))
+    with pytest.raises(ConfigError, match=match):
+        dk.generate(target, [[1, 2, 3, 4, 5]], DFlashDrafter(out), max_new_tokens=6, eos_token_id=())
+
+
+def test_sizes_the_drafters_cannot_run_are_refused_when_built(trained):
+    from decodekit.drafters.flexdraft_head import FlexDraftHead
+
+    target = trained[0]
+    with pytest.raises(ConfigError, match="block_size must be an integer >= 2"):
+        DFlashHead(target.hf.config, LAYERS, 1, 1)
+    with pytest.raises(ConfigError, match="num_layers must be an integer >= 1"):
+        DFlashHead(target.hf.config, LAYERS, 0, BLOCK)
+    with pytest.raises(ConfigError, match="block_size must be an integer >= 1"):
+        FlexDraftHead(target, 1, 0)
+    with pytest.raises(
+        dk.errors.ConfigTypeError, match="weights must be the path of a DFlash head file or release directory"
+    ):
+        DFlashDrafter(None)
+
+
 def test_the_exported_tensors_run_in_the_reference_forward(trained, tmp_path):
     """The reference forward (the transcription above) run on the exported directory's tensors, taken by their
     released names, gives the head file's block logits: each tensor went where the released model reads it."""

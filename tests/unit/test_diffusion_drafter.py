@@ -278,3 +278,25 @@ def test_draft_alignment_raises_acceptance_on_its_data(target):
         optimizer.zero_grad()
     draft.eval()
     assert acceptance() > before + 0.15
+
+
+def test_a_short_context_tokenizer_of_other_ids_and_a_chain_only_option_are_named():
+    """A diffusion LM shorter than the call ran past its positions (an IndexError or silent extrapolation); one whose
+    tokenizer numbers tokens otherwise drafted nothing accepted without a word; ``candidates`` without a template was
+    accepted and ignored."""
+    import tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    def words(order):
+        backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"w{i}": j for j, i in enumerate(order)}, "w0"))
+        return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0")
+
+    target = dk.load_model(tiny_llama(0), words(range(128)))
+    short = dk.dlm.DLMModel(dk.load_model(tiny_llama(1, max_position_embeddings=16)), 127, shift_logits=True)
+    with pytest.raises(dk.errors.ContextLengthError, match="DiffusionDrafter has a context of 16 tokens"):
+        dk.generate(target, [list(range(1, 13))], DiffusionDrafter(short), max_new_tokens=12)
+    other = dk.dlm.DLMModel(dk.load_model(tiny_llama(1), words(range(127, -1, -1))), 127, shift_logits=True)
+    with pytest.warns(UserWarning, match="maps 128 of the target's tokens to other ids"):
+        dk.generate(target, [[1, 2, 3]], DiffusionDrafter(other), max_new_tokens=4)
+    with pytest.raises(ConfigError, match="candidates='sampled' chooses a tree's nodes; without template="):
+        DiffusionDrafter(other, candidates="sampled")

@@ -98,3 +98,10 @@ def test_sampled_drafts_of_a_resized_model_keep_the_target_law():
     counts, stats = sample_counts(target, ModelDrafter(draft), RejectionVerifier(), FixedLength(2), "T1", seed=21)
     assert_matches(target, counts, "T1")
     assert 0.05 < stats.draft_acceptance_rate < 0.95
+
+
+def test_a_draft_of_the_same_size_with_another_tokenizer_is_named(target):
+    """Only the sizes were compared: a draft model numbering its tokens otherwise drafted nothing accepted, silently."""
+    draft = dk.load_model(tiny_llama(4, vocab=VOCAB, hidden=32), word_tokenizer(TOKENS, prefix="v"))
+    with pytest.warns(UserWarning, match=f"ModelDrafter's draft model has a tokenizer that maps {TOKENS} of the"):
+        dk.generate(target, PROMPTS[:1], ModelDrafter(draft), max_new_tokens=4, eos_token_id=())
