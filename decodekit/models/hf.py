@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,9 +125,9 @@ class HFCausalLM(RecordsAttention, LanguageModel):
         context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         self.max_context = context if isinstance(context, int) and context > 0 else None  # XLNet: -1 = unbounded
         if (exact := rope_context(model)) is not None:  # Phi-3's longrope: other rotary factors past it
-            log.warning("%s switches its rotary factors past %d tokens (transformers then recomputes the whole cache); "
-                        "decodekit runs it exactly up to there: its context is capped at %d", type(model).__name__,
-                        exact, exact)  # fmt: skip
+            warnings.warn(f"{type(model).__name__} switches its rotary factors past {exact} tokens (transformers then "
+                          "recomputes the whole cache); decodekit runs it exactly up to there: its context is capped "
+                          f"at {exact}", stacklevel=3)  # fmt: skip
             self.max_context = exact
         self.tokenizer = tokenizer
         self._biases: dict[int, Any] = {}  # GPT-Neo's global causal biases, made once

@@ -116,7 +116,14 @@ def fit_vocab(draft: LanguageModel, target: LanguageModel, owner: str) -> Langua
             "with their tokenizers (dk.load_model(model, tokenizer)), or wrap the draft in "
             "decodekit.models.ResizedVocab(draft, target.vocab_size) if you know the extra rows are padding"
         )
-    tokens = len(tokenizers[0])
+    vocabulary = _vocab(tokenizers[0])
+    tokens = len(vocabulary) if vocabulary is not None else None
+    if tokens is None:
+        raise VocabMismatchError(
+            f"{sizes}, and its tokenizer ({type(tokenizers[0]).__name__}) lists no vocabulary (get_vocab), so the "
+            "extra rows cannot be told to be padding; wrap the draft in decodekit.models.ResizedVocab(draft, "
+            "target.vocab_size) if you know they are"
+        )
     if tokens > min(draft.vocab_size, target.vocab_size):
         raise VocabMismatchError(
             f"{sizes}, and the tokenizer has {tokens} tokens: the smaller model lacks real tokens, so it was not "
@@ -142,8 +149,10 @@ def other_ids(first: Any, second: Any) -> int:
     key = (id(first), id(second))
     cached = _COMPARED.get(key)
     if cached is None or cached[0]() is not first or cached[1]() is not second:
-        theirs = second.get_vocab()
-        count = sum(theirs.get(t) != i for t, i in first.get_vocab().items())
+        ours, theirs = _vocab(first), _vocab(second)
+        if ours is None or theirs is None:  # a tokenizer that lists no vocabulary: nothing to compare
+            return 0
+        count = sum(theirs.get(t) != i for t, i in ours.items())
         try:
             cached = _COMPARED[key] = (weakref.ref(first), weakref.ref(second), count)
         except TypeError:  # an object without weak references: not cached
@@ -163,3 +172,9 @@ def warn_other_ids(draft: LanguageModel, target: LanguageModel, owner: str) -> N
             "of them will be rejected; use a draft model trained with the target's tokenizer",
             stacklevel=4,
         )
+
+
+def _vocab(tokenizer: Any) -> dict[str, int] | None:
+    """``tokenizer.get_vocab()`` (token -> id), or None for a tokenizer object without one."""
+    get = getattr(tokenizer, "get_vocab", None)
+    return get() if callable(get) else None
