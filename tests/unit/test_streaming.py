@@ -56,7 +56,7 @@ def test_string_prompts_use_the_tokenizer(target):
         def __call__(self, text):
             return {"input_ids": [ord(c) % 128 for c in text]}
 
-    model = dk.load_model(target, tokenizer=Tokenizer())
+    model = dk.models.HFCausalLM(target, Tokenizer())  # a fresh adapter: the session's target keeps its own (none)
     out = dk.generate(model, ["hello", "hi"], max_new_tokens=4, eos_token_id=())
     ref = dk.generate(model, [[ord(c) for c in "hello"], [ord(c) for c in "hi"]], max_new_tokens=4, eos_token_id=())
     assert out.sequences == ref.sequences
