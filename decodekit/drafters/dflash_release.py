@@ -85,6 +85,7 @@ def load_dflash_release(path: str | Path, target: LanguageModel) -> tuple[DFlash
     """
     from transformers import AutoConfig
 
+    from decodekit.drafters.eagle3_release import draft_vocab
     from decodekit.drafters.eagle_release import read_tensors
     from decodekit.drafters.head_files import head_rows
 
@@ -95,8 +96,7 @@ def load_dflash_release(path: str | Path, target: LanguageModel) -> tuple[DFlash
     tensors = {_ours(k): v for k, v in read_tensors(root).items()}
     vocab = torch.arange(target.vocab_size)
     if "d2t" in tensors:
-        offsets = tensors.pop("d2t").long()
-        vocab = torch.arange(len(offsets)) + offsets
+        vocab = draft_vocab(root, tensors.pop("d2t"), target.vocab_size)
     shared = {"lm_head.weight": lambda: head_rows(target, vocab.to(target.device))[0],
               "embed_tokens.weight": lambda: target.hf.get_input_embeddings().weight}  # fmt: skip
     for name, rows in shared.items():  # the target's own (vLLM shares them): anything else is not this head
@@ -107,7 +107,7 @@ def load_dflash_release(path: str | Path, target: LanguageModel) -> tuple[DFlash
     if not 0 <= mask_id < target.vocab_size:
         raise ConfigError(f"the DFlash head at {root} names mask_token_id={mask_id}, outside the target's vocabulary")
     trained_on = config.get("num_target_layers")
-    if trained_on is not None and int(trained_on) != target.num_layers or max(fields["layers"]) > target.num_layers:
+    if (trained_on is not None and int(trained_on) != target.num_layers) or max(fields["layers"]) > target.num_layers:
         raise ConfigError(
             f"the DFlash head at {root} reads target layers {fields['layers']} of a {trained_on}-layer target; this "
             f"target has {target.num_layers} layers: pass a head released for this model"

@@ -99,16 +99,18 @@ def llama_config(config: dict[str, Any]) -> Any:
                                                     "rope_theta": config.get("rope_theta", 10000.0)})  # fmt: skip
 
 
-def check_d2t(root: Any, d2t: torch.Tensor, vocab_size: int) -> None:
-    """Refuse a ``d2t`` that does not map draft ids to distinct target ids in ``[0, vocab_size)``, ascending: the
-    authors store offsets (target id = draft id + ``d2t[draft id]``); absolute ids there would draft wrong tokens or
-    fail deep in a forward."""
+def draft_vocab(root: Any, d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The target id of each draft id, ``[V_d]``, from a release's ``d2t`` (offsets: target id = draft id +
+    ``d2t[draft id]``, as the EAGLE-3 authors' training code writes them, and DFlash's releases after them). Refuses a
+    ``d2t`` that does not map to distinct target ids in ``[0, vocab_size)``, ascending: absolute ids stored there
+    would draft wrong tokens or fail deep in a forward."""
     ids = torch.arange(len(d2t)) + d2t.long()
     if d2t.dim() != 1 or (len(ids) and (ids.min() < 0 or ids.max() >= vocab_size or (ids.diff() <= 0).any())):
         raise ConfigError(
             f"{root}'s d2t does not map the draft vocabulary to distinct target ids in [0, {vocab_size}), ascending: "
             "it must hold offsets (target id - draft id), as the EAGLE-3 authors' training code writes it"
         )
+    return ids
 
 
 def build_release3(
@@ -133,7 +135,12 @@ def build_release3(
             f"{root} holds tensors the released EAGLE-3 head has no place for: {', '.join(unused[:6])}; decodekit runs "
             "the authors' one-layer head without attention biases (attention_bias: true or more layers are not read)"
         )
-    check_d2t(root, tensors["d2t"], target.vocab_size)
+    vocab = draft_vocab(root, tensors["d2t"], target.vocab_size)
+    if len(vocab) != tensors["lm_head.weight"].shape[0]:
+        raise ConfigError(
+            f"{root}'s d2t maps {len(vocab)} draft ids, its lm_head has {tensors['lm_head.weight'].shape[0]} rows: "
+            "they must be one per draft id"
+        )
     before = bool(config.get("norm_before_residual", False))
     head = Eagle3ReleaseHead(llama_config(config), int(tensors["lm_head.weight"].shape[0]), taps * hidden, before)
     expected = head.state_dict()
@@ -146,5 +153,5 @@ def build_release3(
     if problems:
         raise ConfigError(f"{root} does not fit a released EAGLE-3 head for this target: {'; '.join(problems[:4])}")
     head.load_state_dict({dst: tensors[src] for src, dst in NAMES.items()}, strict=False)
-    head.vocab = torch.arange(head.lm_head.out_features) + tensors["d2t"].long()
+    head.vocab = vocab
     return head

@@ -200,6 +200,7 @@ REFUSED_PROCESSORS = {
 
 WARPING = ("temperature", "top_k", "top_p")  # what shapes sampling (and changes nothing without it)
 _WARNED: weakref.WeakSet = weakref.WeakSet()  # models whose own GenerationConfig was reported
+_TAKEN = ("eos_token_id", "pad_token_id")  # what decodekit.generate reads of a model's own GenerationConfig
 
 
 def warn_model_config(model: Any, generation_config: Any, keywords: Mapping[str, Any]) -> None:
@@ -225,6 +226,3 @@ def warn_model_config(model: Any, generation_config: Any, keywords: Mapping[str,
             "new tokens); pass generation_config=model.generation_config to apply them",
             stacklevel=3,
         )
-
-
-_TAKEN = ("eos_token_id", "pad_token_id")  # what decodekit.generate reads of a model's own GenerationConfig

@@ -65,17 +65,22 @@ def check_streamer(streamer: Any) -> None:
         check_signature("streamer.end", end, 0, "end()")
 
 
+def end_stream(streamer: Any) -> None:
+    """Call ``streamer.end()``, if it has one: the end of the call, which releases a consumer waiting for it."""
+    end = getattr(streamer, "end", None)
+    if callable(end) and not isinstance(streamer, type):
+        end()
+
+
 @contextlib.contextmanager
 def ended_on_error(streamer: Any) -> Iterator[None]:
-    """Call ``streamer.end()`` (if it has one) when the block raises: a call refused before its :class:`Outputs`
-    takes the streamer over still releases a consumer waiting for the end (a ``TextIteratorStreamer``'s)."""
+    """:func:`end_stream` when the block raises: a call refused before its :class:`Outputs` takes the streamer over
+    still releases a consumer waiting for the end (a ``TextIteratorStreamer``'s)."""
     try:
         yield
     except BaseException:
-        end = getattr(streamer, "end", None)
-        if callable(end) and not isinstance(streamer, type):
-            with contextlib.suppress(Exception):  # the refusal is what the caller must see
-                end()
+        with contextlib.suppress(Exception):  # the refusal is what the caller must see
+            end_stream(streamer)
         raise
 
 
@@ -204,9 +209,7 @@ class Outputs:
 
     def end_stream(self) -> None:
         """Tell the streamer the call ended (also after an error, so a consumer waiting for the end is released)."""
-        end = getattr(self.streamer, "end", None)
-        if callable(end):
-            end()
+        end_stream(self.streamer)
 
     def result(self, make_stats: Callable[[int], SpecStats]) -> GenerationOutput:
         self.end_stream()
